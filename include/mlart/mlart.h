@@ -1,0 +1,223 @@
+/* mlart — decode step of MLA sparse attention (DeepSeek-V3.2 / GLM-5 style).
+ *
+ * Public runtime API: what a serving binary includes.  Every function returns
+ * an int: 0 on success, a negative mlart_status on failure, with the detail in
+ * mlart_last_error().  A failing call leaves its out-parameters untouched and
+ * leaks nothing.  *_destroy functions accept NULL.  Dimensions are int64_t,
+ * byte sizes size_t.  The library never calls exit() or abort() on user input
+ * and prints nothing except through MLART_LOG (debug|info|warn|error, stderr).
+ */
+#ifndef MLART_MLART_H
+#define MLART_MLART_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define MLART_API
+#else
+#define MLART_API __attribute__((visibility("default")))
+#endif
+
+#define MLART_VERSION_MAJOR 0
+#define MLART_VERSION_MINOR 1
+#define MLART_VERSION_PATCH 0
+
+/* ---- status ----------------------------------------------------------- */
+
+/* One list makes the enum, mlart_strerror and mlart_status_name. */
+#define MLART_STATUS_MAP(X)                                              \
+    X(OK, 0, "success")                                                 \
+    X(EINVAL, -1, "invalid argument")                                   \
+    X(ENOMEM, -2, "out of memory")                                      \
+    X(ESHAPE, -3, "shape mismatch")                                     \
+    X(EDTYPE, -4, "dtype mismatch")                                     \
+    X(ELAYOUT, -5, "layout or storage-span violation")                  \
+    X(ERANGE, -6, "value out of range")                                 \
+    X(ENOTSUP, -7, "not supported")                                     \
+    X(ENOBACKEND, -8, "unknown backend")                                \
+    X(EABI, -9, "backend ABI mismatch")                                 \
+    X(ECONFIG, -10, "configuration error")                              \
+    X(EIO, -11, "I/O error")                                            \
+    X(ECUDA, -12, "CUDA error")                                         \
+    X(ENODEV, -13, "no usable device")                                  \
+    X(ECOMM, -14, "communication error")                                \
+    X(ETIMEDOUT, -15, "timed out")                                      \
+    X(EINTERNAL, -16, "internal error")
+
+typedef enum mlart_status {
+#define MLART_STATUS_ENUM_(name, value, text) MLART_##name = value,
+    MLART_STATUS_MAP(MLART_STATUS_ENUM_)
+#undef MLART_STATUS_ENUM_
+} mlart_status;
+
+/* Static text for a status ("invalid argument"); "unknown status" otherwise. */
+MLART_API const char *mlart_strerror(int status);
+/* Static name of a status ("MLART_EINVAL"); "MLART_UNKNOWN" otherwise. */
+MLART_API const char *mlart_status_name(int status);
+/* Detail of the last failure on this thread ("" if none).  Valid until the
+ * next failing call on the same thread. */
+MLART_API const char *mlart_last_error(void);
+
+/* ---- dtypes ----------------------------------------------------------- */
+
+typedef enum mlart_dtype {
+    MLART_DTYPE_INVALID = 0,
+    MLART_DTYPE_BF16 = 1,
+    MLART_DTYPE_FP8_E4M3 = 2,
+    MLART_DTYPE_F32 = 3,
+    MLART_DTYPE_I32 = 4,
+    MLART_DTYPE_U8 = 5, /* raw bytes, e.g. fp8_ds_mla cache records */
+    MLART_DTYPE_I64 = 6
+} mlart_dtype;
+
+/* Bytes per element; 0 for an unknown dtype. */
+MLART_API size_t mlart_dtype_size(mlart_dtype dtype);
+/* "bf16", "fp8_e4m3", "f32", "i32", "u8", "i64"; "invalid" otherwise. */
+MLART_API const char *mlart_dtype_name(mlart_dtype dtype);
+
+/* ---- tensor views ----------------------------------------------------- */
+
+#define MLART_MAX_DIMS 4
+
+/* A strided view that carries the bounds of the storage holding it.
+ * The view's span (lowest..highest byte any element touches) must lie in
+ * [base, base + extent): ops check this at plan/bind time and refuse with
+ * MLART_ELAYOUT otherwise.  Strides are in elements and may be any value
+ * >= 0 (0 = broadcast).  A view with a zero-sized dimension touches nothing. */
+typedef struct mlart_tensor {
+    void *data;            /* address of element [0,...,0] */
+    mlart_dtype dtype;
+    int ndim;              /* 1..MLART_MAX_DIMS */
+    int64_t shape[MLART_MAX_DIMS];
+    int64_t stride[MLART_MAX_DIMS]; /* in elements */
+    const void *base;      /* start of the readable storage holding the view */
+    size_t extent;         /* bytes readable from base */
+    int device;            /* -1 = host, else CUDA ordinal */
+} mlart_tensor;
+
+/* A dense row-major view over [data, data + numel*size): base = data,
+ * extent = exact byte size.  ndim in 1..MLART_MAX_DIMS. */
+MLART_API mlart_tensor mlart_tensor_dense(void *data, mlart_dtype dtype, int device,
+                                          int ndim, const int64_t *shape);
+/* Number of elements (product of shape). */
+MLART_API int64_t mlart_tensor_numel(const mlart_tensor *t);
+/* Byte span of the view relative to its base: elements touch [*lo, *hi).
+ * Empty views give lo == hi == offset of data.  Returns MLART_EINVAL on
+ * negative shapes/strides, bad ndim or dtype, or data below base. */
+MLART_API int mlart_tensor_span(const mlart_tensor *t, size_t *lo, size_t *hi);
+/* Validate a view: ndim, dtype, non-negative shape and strides, and the span
+ * inside [base, base + extent).  On failure the message names `name`, the
+ * span and the extent.  Returns 0, MLART_EINVAL or MLART_ELAYOUT. */
+MLART_API int mlart_tensor_check(const mlart_tensor *t, const char *name);
+/* 1 when the view is dense row-major (strides match its shape), else 0. */
+MLART_API int mlart_tensor_is_dense(const mlart_tensor *t);
+
+/* ---- model geometry --------------------------------------------------- */
+
+typedef enum mlart_kv_format {
+    MLART_KV_BF16 = 0,       /* L+R bf16 values per token (1152 B at 512+64) */
+    MLART_KV_FP8_DS_MLA = 1  /* L e4m3, L/128 fp32 pow2 scales, R bf16 (656 B) */
+} mlart_kv_format;
+#define MLART_KV_FORMAT_BIT(f) (1u << (unsigned)(f))
+
+/* "bf16" / "fp8_ds_mla"; parse returns MLART_EINVAL on anything else. */
+MLART_API const char *mlart_kv_format_name(mlart_kv_format f);
+MLART_API int mlart_kv_format_parse(const char *s, mlart_kv_format *out);
+
+typedef struct mlart_geometry {
+    int32_t heads;      /* H: heads on this rank */
+    int32_t qk_nope;    /* P */
+    int32_t rope;       /* R */
+    int32_t kv_lora;    /* L */
+    int32_t v_head;     /* V */
+    int32_t topk;       /* index slots per query token */
+    int32_t page_size;  /* tokens per cache block */
+    mlart_kv_format kv_format;
+    float softmax_scale;
+} mlart_geometry;
+
+/* Check every field (positive sizes, fp8 needs L % 128 == 0, finite scale > 0). */
+MLART_API int mlart_geometry_check(const mlart_geometry *g);
+/* Bytes of one cached token in the geometry's format (0 if invalid). */
+MLART_API size_t mlart_kv_bytes_per_token(const mlart_geometry *g);
+
+/* Views of W_UK_T [H,P,L] and W_UV [H,L,V] inside a checkpoint-style
+ * kv_b_proj [H*(P+V), L] (per head: P rows of W_UK, then V rows of W_UV).
+ * No copy: the views are strided; a layer replaces them by dense copies when
+ * its backend's contract asks for dense weights. */
+MLART_API int mlart_weights_from_kv_b_proj(const mlart_geometry *g, const mlart_tensor *kv_b_proj,
+                                           mlart_tensor *w_uk_t, mlart_tensor *w_uv);
+
+/* ---- context ---------------------------------------------------------- */
+
+typedef struct mlart_context mlart_context;
+
+/* Number of usable CUDA devices; 0 (and success) on a machine without a
+ * driver or device, or a build without CUDA. */
+MLART_API int mlart_cuda_device_count(int *count);
+/* device = -1: host (CPU).  device >= 0: that CUDA ordinal (MLART_ENODEV if
+ * absent). */
+MLART_API int mlart_context_create(int device, mlart_context **out);
+MLART_API void mlart_context_destroy(mlart_context *ctx);
+MLART_API int mlart_context_device(const mlart_context *ctx);
+
+/* ---- layer ------------------------------------------------------------ */
+
+struct mlart_layout_contract; /* include/mlart/backend.h */
+typedef struct mlart_layer mlart_layer;
+
+typedef struct mlart_layer_desc {
+    mlart_geometry geom;
+    const char *backend;        /* NULL: "b12x_mla_sparse" on CUDA, "reference" on host */
+    int32_t max_tokens;         /* largest T of a step (largest graph bucket) */
+    int32_t max_requests;       /* largest B of a step */
+    int32_t max_blocks_per_req; /* columns of the block table */
+    int64_t num_slots;          /* cache rows (tokens) */
+    mlart_tensor w_uk_t;        /* [H,P,L] bf16, any strides, on the context's device */
+    mlart_tensor w_uv;          /* [H,L,V] bf16, any strides, on the context's device */
+    mlart_tensor kv_cache;      /* u8 [num_slots, mlart_kv_bytes_per_token] (dense rows) */
+    int validate_indices;       /* CUDA: copy indices to host and check them before each
+                                   step (not graph-safe; for debugging). Host: always on. */
+} mlart_layer_desc;
+
+/* One decode step: T query tokens from B requests. */
+typedef struct mlart_step_io {
+    int32_t T, B;
+    mlart_tensor q;            /* [T,H,P+R] bf16 (rope applied to the last R); inner stride 1 */
+    mlart_tensor idx;          /* [T,topk] i32 logical positions, -1 = empty */
+    mlart_tensor req_of_token; /* [T] i32, request of each token, in [0,B) */
+    mlart_tensor seq_lens;     /* [B] i32 */
+    mlart_tensor block_table;  /* [B,max_blocks_per_req] i32 */
+    mlart_tensor o;            /* out [T,H*V] bf16 */
+    mlart_tensor lse;          /* optional out [H,T] f32, natural log; data == NULL: not wanted */
+} mlart_step_io;
+
+/* Bind a layer to a backend, enforce the backend's layout contract (dense
+ * weights copied once here when given strided; compliant ones keep their
+ * address), plan and allocate every buffer for the largest step. */
+MLART_API int mlart_layer_create(mlart_context *ctx, const mlart_layer_desc *desc,
+                                 mlart_layer **out);
+MLART_API void mlart_layer_destroy(mlart_layer *layer);
+/* Run one decode step on `stream` (cudaStream_t, or NULL).  On CUDA this
+ * neither allocates nor synchronises and may be captured in a CUDA graph
+ * (unless validate_indices is set). */
+MLART_API int mlart_layer_decode(mlart_layer *layer, const mlart_step_io *io, void *stream);
+/* Write N new tokens' latent+rope rows [N,L+R] bf16 into cache slots [N]
+ * (i32 physical slot = block*page + offset), quantising to the layer's format. */
+MLART_API int mlart_layer_write_kv(mlart_layer *layer, const mlart_tensor *latent,
+                                   const mlart_tensor *slots, void *stream);
+MLART_API const char *mlart_layer_backend_name(const mlart_layer *layer);
+MLART_API const struct mlart_layout_contract *mlart_layer_contract(const mlart_layer *layer);
+/* The weights the backend actually sees (after contract enforcement). */
+MLART_API int mlart_layer_weights(const mlart_layer *layer, mlart_tensor *w_uk_t,
+                                  mlart_tensor *w_uv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MLART_MLART_H */

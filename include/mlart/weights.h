@@ -1,0 +1,26 @@
+/* Loading absorbed-attention weights from checkpoints. */
+#ifndef MLART_WEIGHTS_H
+#define MLART_WEIGHTS_H
+
+#include "mlart/mlart.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Read layer `layer`'s kv_b_proj weight ("model.layers.<layer>.self_attn.kv_b_proj.weight",
+ * shape [H_total*(P+V), L]) from a .safetensors file and write heads
+ * [head_offset, head_offset + g->heads) as dense bf16 [g->heads*(P+V), L] into
+ * dst (dst_bytes must be at least that size).  BF16 tensors are copied; FP8
+ * e4m3 tensors are dequantised with their 128x128 block "weight_scale_inv"
+ * (f32) companion.  Truncated files, headers that lie about offsets or sizes,
+ * wrong dtypes or shapes are refused with MLART_EIO / MLART_ESHAPE /
+ * MLART_EDTYPE and a message; nothing is read outside the file. */
+MLART_API int mlart_safetensors_load_kv_b_proj(const char *path, int layer,
+                                               const mlart_geometry *g, int head_offset,
+                                               void *dst, size_t dst_bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,83 @@
+#include "runtime/status.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static _Thread_local char last_error[1024];
+
+const char *mlart_strerror(int status)
+{
+    switch (status) {
+#define MLART_STATUS_TEXT_(name, value, text) \
+    case value:                             \
+        return text;
+        MLART_STATUS_MAP(MLART_STATUS_TEXT_)
+#undef MLART_STATUS_TEXT_
+    }
+    return "unknown status";
+}
+
+const char *mlart_status_name(int status)
+{
+    switch (status) {
+#define MLART_STATUS_NAME_(name, value, text) \
+    case value:                             \
+        return "MLART_" #name;
+        MLART_STATUS_MAP(MLART_STATUS_NAME_)
+#undef MLART_STATUS_NAME_
+    }
+    return "MLART_UNKNOWN";
+}
+
+const char *mlart_last_error(void)
+{
+    return last_error;
+}
+
+int mlart_set_error(int status, const char *fmt, ...)
+{
+    char msg[sizeof last_error];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap); /* fmt may use last_error itself */
+    va_end(ap);
+    memcpy(last_error, msg, sizeof msg);
+    mlart_log(MLART_LOG_DEBUG, "%s: %s", mlart_status_name(status), msg);
+    return status;
+}
+
+static int log_threshold(void)
+{
+    static int level = -1; /* read once; benign race: every reader computes the same value */
+    if (level < 0) {
+        const char *s = getenv("MLART_LOG");
+        int l = MLART_LOG_WARN;
+        if (s) {
+            if (!strcmp(s, "debug"))
+                l = MLART_LOG_DEBUG;
+            else if (!strcmp(s, "info"))
+                l = MLART_LOG_INFO;
+            else if (!strcmp(s, "warn"))
+                l = MLART_LOG_WARN;
+            else if (!strcmp(s, "error"))
+                l = MLART_LOG_ERROR;
+        }
+        level = l;
+    }
+    return level;
+}
+
+void mlart_log(int level, const char *fmt, ...)
+{
+    static const char *const names[] = {"debug", "info", "warn", "error"};
+    va_list ap;
+    if (level < log_threshold())
+        return;
+    fprintf(stderr, "mlart %s: ", names[level < 0 ? 0 : level > 3 ? 3 : level]);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
