@@ -166,6 +166,21 @@ MLART_API int mlart_context_create(int device, mlart_context **out);
 MLART_API void mlart_context_destroy(mlart_context *ctx);
 MLART_API int mlart_context_device(const mlart_context *ctx);
 
+/* ---- backends --------------------------------------------------------- */
+
+struct mlart_backend_vtable; /* include/mlart/backend.h */
+
+/* Find backend `name` (letters, digits, '_', '-'): the built-ins first, then
+ * libmlart-backend-<name>.so in each directory of the colon-separated
+ * MLART_BACKEND_PATH, entered through mlart_backend_entry_v1.  A loaded module
+ * stays loaded for the life of the process.  MLART_ENOBACKEND when no such
+ * backend exists (the message lists where it looked); MLART_EABI for a module
+ * that is not a usable v1 backend (other major ABI, struct_size too small,
+ * missing symbol or required slot, name mismatch), with the reason. */
+MLART_API int mlart_backend_lookup(const char *name, const struct mlart_backend_vtable **out);
+/* NULL-terminated list of the built-in backend names (static storage). */
+MLART_API const char *const *mlart_backend_builtins(void);
+
 /* ---- layer ------------------------------------------------------------ */
 
 struct mlart_layout_contract; /* include/mlart/backend.h */

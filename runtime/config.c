@@ -1,0 +1,456 @@
+/* Run configuration from INI files (inih), MLART_* environment and the command line. */
+#include "mlart/config.h"
+
+#include "runtime/status.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <ini.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum value_kind { V_INT, V_U64, V_FLOAT, V_STRING, V_KV_FORMAT, V_DEVICE, V_LIST, V_ROUTING };
+
+typedef struct key_def {
+    const char *name;
+    const char *section;
+    const char *env;
+    enum value_kind kind;
+    int required;
+    int64_t min, max; /* V_INT range */
+} key_def;
+
+enum {
+    K_HEADS, K_QK_NOPE, K_ROPE, K_KV_LORA, K_V_HEAD, K_TOPK, K_PAGE, K_SCALE, K_KV_FORMAT,
+    K_BACKEND, K_DEVICE, K_GRAPH_SIZES, K_LAYERS,
+    K_TP, K_DCP, K_ROUTING, K_INTERLEAVE,
+    K_BATCH, K_CONTEXT, K_STEPS, K_SEED,
+    K_COUNT
+};
+
+#define BIG_ (1 << 30)
+static const key_def keys[K_COUNT] = {
+    [K_HEADS] = {"heads", "model", "MLART_HEADS", V_INT, 1, 1, 65536},
+    [K_QK_NOPE] = {"qk_nope_dim", "model", "MLART_QK_NOPE_DIM", V_INT, 1, 1, 65536},
+    [K_ROPE] = {"rope_dim", "model", "MLART_ROPE_DIM", V_INT, 1, 1, 65536},
+    [K_KV_LORA] = {"kv_lora_rank", "model", "MLART_KV_LORA_RANK", V_INT, 1, 1, 65536},
+    [K_V_HEAD] = {"v_head_dim", "model", "MLART_V_HEAD_DIM", V_INT, 1, 1, 65536},
+    [K_TOPK] = {"topk", "model", "MLART_TOPK", V_INT, 1, 1, BIG_},
+    [K_PAGE] = {"page_size", "model", "MLART_PAGE_SIZE", V_INT, 0, 1, 65536},
+    [K_SCALE] = {"softmax_scale", "model", "MLART_SOFTMAX_SCALE", V_FLOAT, 0, 0, 0},
+    [K_KV_FORMAT] = {"kv_format", "model", "MLART_KV_FORMAT", V_KV_FORMAT, 0, 0, 0},
+    [K_BACKEND] = {"backend", "runtime", "MLART_BACKEND", V_STRING, 0, 0, 0},
+    [K_DEVICE] = {"device", "runtime", "MLART_DEVICE", V_DEVICE, 0, 0, 0},
+    [K_GRAPH_SIZES] = {"graph_sizes", "runtime", "MLART_GRAPH_SIZES", V_LIST, 0, 1, 65536},
+    [K_LAYERS] = {"layers", "runtime", "MLART_LAYERS", V_INT, 0, 1, 4096},
+    [K_TP] = {"tp_size", "parallel", "MLART_TP_SIZE", V_INT, 0, 1, 4096},
+    [K_DCP] = {"dcp_size", "parallel", "MLART_DCP_SIZE", V_INT, 0, 1, 4096},
+    [K_ROUTING] = {"dcp_routing", "parallel", "MLART_DCP_ROUTING", V_ROUTING, 0, 0, 0},
+    [K_INTERLEAVE] = {"dcp_interleave", "parallel", "MLART_DCP_INTERLEAVE", V_INT, 0, 1, 65536},
+    [K_BATCH] = {"batch", "run", "MLART_BATCH", V_INT, 0, 1, 1 << 20},
+    [K_CONTEXT] = {"context", "run", "MLART_CONTEXT", V_INT, 0, 1, BIG_},
+    [K_STEPS] = {"steps", "run", "MLART_STEPS", V_INT, 0, 1, BIG_},
+    [K_SEED] = {"seed", "run", "MLART_SEED", V_U64, 0, 0, 0},
+};
+_Static_assert(K_COUNT <= MLART_CONFIG_MAX_KEYS, "origin[] too small");
+
+const char *mlart_device_kind_name(mlart_device_kind d)
+{
+    switch (d) {
+    case MLART_DEVICE_AUTO:
+        return "auto";
+    case MLART_DEVICE_CPU:
+        return "cpu";
+    case MLART_DEVICE_CUDA:
+        return "cuda";
+    }
+    return "invalid";
+}
+
+const char *mlart_dcp_routing_name(mlart_dcp_routing r)
+{
+    switch (r) {
+    case MLART_DCP_AG_RS:
+        return "ag_rs";
+    case MLART_DCP_A2A:
+        return "a2a";
+    }
+    return "invalid";
+}
+
+void mlart_config_init(mlart_config *cfg)
+{
+    static const int32_t sizes[] = {1, 2, 4, 8, 16, 32, 64};
+    if (!cfg)
+        return;
+    memset(cfg, 0, sizeof *cfg);
+    cfg->geom.page_size = 64;
+    cfg->geom.kv_format = MLART_KV_BF16;
+    cfg->device = MLART_DEVICE_AUTO;
+    memcpy(cfg->graph_sizes, sizes, sizeof sizes);
+    cfg->num_graph_sizes = (int32_t)(sizeof sizes / sizeof sizes[0]);
+    cfg->layers = 1;
+    cfg->tp_size = 1;
+    cfg->dcp_size = 1;
+    cfg->dcp_routing = MLART_DCP_AG_RS;
+    cfg->dcp_interleave = 1;
+    cfg->batch = 4;
+    cfg->context = 2048;
+    cfg->steps = 16;
+    cfg->seed = 1;
+}
+
+static int find_key(const char *name)
+{
+    for (int k = 0; k < K_COUNT; k++)
+        if (!strcmp(keys[k].name, name))
+            return k;
+    return -1;
+}
+
+static int bad_value(int k, const char *value, const char *origin, const char *want)
+{
+    return mlart_set_error(MLART_ECONFIG, "%s: bad value '%s' for key '%s' (want %s)", origin,
+                           value, keys[k].name, want);
+}
+
+static int parse_int64(const char *s, int64_t *out)
+{
+    char *end;
+    long long v;
+    errno = 0;
+    while (isspace((unsigned char)*s))
+        s++;
+    if (!*s)
+        return -1;
+    v = strtoll(s, &end, 10);
+    while (isspace((unsigned char)*end))
+        end++;
+    if (errno || *end)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int set_value(mlart_config *cfg, int k, const char *value, const char *origin)
+{
+    const key_def *d = &keys[k];
+    char want[96];
+    switch (d->kind) {
+    case V_INT: {
+        int64_t v;
+        snprintf(want, sizeof want, "an integer in [%lld, %lld]", (long long)d->min,
+                 (long long)d->max);
+        if (parse_int64(value, &v) || v < d->min || v > d->max)
+            return bad_value(k, value, origin, want);
+        switch (k) {
+        case K_HEADS: cfg->heads_total = (int32_t)v; break;
+        case K_QK_NOPE: cfg->geom.qk_nope = (int32_t)v; break;
+        case K_ROPE: cfg->geom.rope = (int32_t)v; break;
+        case K_KV_LORA: cfg->geom.kv_lora = (int32_t)v; break;
+        case K_V_HEAD: cfg->geom.v_head = (int32_t)v; break;
+        case K_TOPK: cfg->geom.topk = (int32_t)v; break;
+        case K_PAGE: cfg->geom.page_size = (int32_t)v; break;
+        case K_LAYERS: cfg->layers = (int32_t)v; break;
+        case K_TP: cfg->tp_size = (int32_t)v; break;
+        case K_DCP: cfg->dcp_size = (int32_t)v; break;
+        case K_INTERLEAVE: cfg->dcp_interleave = (int32_t)v; break;
+        case K_BATCH: cfg->batch = (int32_t)v; break;
+        case K_CONTEXT: cfg->context = (int32_t)v; break;
+        case K_STEPS: cfg->steps = (int32_t)v; break;
+        default: return mlart_set_error(MLART_EINTERNAL, "config: key %s not wired", d->name);
+        }
+        break;
+    }
+    case V_U64: {
+        char *end;
+        unsigned long long v;
+        const char *s = value;
+        while (isspace((unsigned char)*s))
+            s++;
+        errno = 0;
+        v = strtoull(s, &end, 0);
+        while (isspace((unsigned char)*end))
+            end++;
+        if (!*s || *s == '-' || errno || *end)
+            return bad_value(k, value, origin, "an unsigned 64-bit integer");
+        cfg->seed = v;
+        break;
+    }
+    case V_FLOAT: {
+        char *end;
+        double v;
+        errno = 0;
+        v = strtod(value, &end);
+        while (isspace((unsigned char)*end))
+            end++;
+        if (end == value || errno || *end || !isfinite(v) || !(v > 0.0) || v > 1e30)
+            return bad_value(k, value, origin, "a finite number > 0");
+        cfg->geom.softmax_scale = (float)v;
+        break;
+    }
+    case V_STRING: {
+        size_t n = strlen(value);
+        if (n >= sizeof cfg->backend)
+            return bad_value(k, value, origin, "a name shorter than 64 characters");
+        for (size_t i = 0; i < n; i++)
+            if (!isalnum((unsigned char)value[i]) && value[i] != '_' && value[i] != '-')
+                return bad_value(k, value, origin, "a backend name of letters, digits, '_', '-'");
+        memcpy(cfg->backend, value, n + 1);
+        break;
+    }
+    case V_KV_FORMAT:
+        if (!strcmp(value, "bf16"))
+            cfg->geom.kv_format = MLART_KV_BF16;
+        else if (!strcmp(value, "fp8_ds_mla"))
+            cfg->geom.kv_format = MLART_KV_FP8_DS_MLA;
+        else
+            return bad_value(k, value, origin, "bf16 or fp8_ds_mla");
+        break;
+    case V_DEVICE:
+        if (!strcmp(value, "cpu"))
+            cfg->device = MLART_DEVICE_CPU;
+        else if (!strcmp(value, "cuda"))
+            cfg->device = MLART_DEVICE_CUDA;
+        else if (!strcmp(value, "auto"))
+            cfg->device = MLART_DEVICE_AUTO;
+        else
+            return bad_value(k, value, origin, "cpu, cuda or auto");
+        break;
+    case V_ROUTING:
+        if (!strcmp(value, "ag_rs"))
+            cfg->dcp_routing = MLART_DCP_AG_RS;
+        else if (!strcmp(value, "a2a"))
+            cfg->dcp_routing = MLART_DCP_A2A;
+        else
+            return bad_value(k, value, origin, "ag_rs or a2a");
+        break;
+    case V_LIST: {
+        int32_t sizes[MLART_CONFIG_MAX_GRAPH_SIZES];
+        int n = 0;
+        const char *p = value;
+        snprintf(want, sizeof want,
+                 "a comma-separated increasing list of at most %d integers in [1, %lld]",
+                 MLART_CONFIG_MAX_GRAPH_SIZES, (long long)d->max);
+        for (;;) {
+            char item[32];
+            const char *comma = strchr(p, ',');
+            size_t len = comma ? (size_t)(comma - p) : strlen(p);
+            int64_t v;
+            if (len >= sizeof item || n == MLART_CONFIG_MAX_GRAPH_SIZES)
+                return bad_value(k, value, origin, want);
+            memcpy(item, p, len);
+            item[len] = 0;
+            if (parse_int64(item, &v) || v < d->min || v > d->max ||
+                (n > 0 && v <= sizes[n - 1]))
+                return bad_value(k, value, origin, want);
+            sizes[n++] = (int32_t)v;
+            if (!comma)
+                break;
+            p = comma + 1;
+        }
+        memcpy(cfg->graph_sizes, sizes, sizeof sizes[0] * (size_t)n);
+        cfg->num_graph_sizes = n;
+        break;
+    }
+    }
+    snprintf(cfg->origin[k], sizeof cfg->origin[k], "%s", origin);
+    return 0;
+}
+
+int mlart_config_set(mlart_config *cfg, const char *key, const char *value, const char *origin)
+{
+    int k;
+    if (!cfg || !key || !value)
+        return mlart_set_error(MLART_EINVAL, "mlart_config_set: NULL argument");
+    if (!origin)
+        origin = "mlart_config_set";
+    k = find_key(key);
+    if (k < 0)
+        return mlart_set_error(MLART_ECONFIG, "%s: unknown key '%s'", origin, key);
+    return set_value(cfg, k, value, origin);
+}
+
+/* ---- file -------------------------------------------------------------- */
+
+typedef struct file_reader {
+    FILE *f;
+    const char *path;
+    int line;          /* line just handed to inih */
+    int too_long_line; /* first line longer than inih's buffer, 0 if none */
+    int rc;            /* first error */
+    int seen[K_COUNT]; /* line of each key in this file */
+    mlart_config *cfg;
+} file_reader;
+
+/* fgets that counts lines, so the handler knows the line number (Debian's
+ * inih is built without INI_HANDLER_LINENO). */
+static char *read_line(char *str, int num, void *stream)
+{
+    file_reader *r = stream;
+    size_t len;
+    if (!fgets(str, num, r->f))
+        return NULL;
+    r->line++;
+    len = strlen(str);
+    if (len > 0 && str[len - 1] != '\n' && !feof(r->f)) {
+        int c;
+        while ((c = fgetc(r->f)) != EOF && c != '\n')
+            ;
+        if (!r->too_long_line)
+            r->too_long_line = r->line;
+        str[0] = '\0'; /* parse nothing of it */
+    }
+    return str;
+}
+
+static int on_key(void *user, const char *section, const char *name, const char *value)
+{
+    file_reader *r = user;
+    char origin[560];
+    int k, rc;
+    if (r->rc < 0)
+        return 1; /* report the first error only */
+    snprintf(origin, sizeof origin, "%s:%d", r->path, r->line);
+    k = find_key(name);
+    if (k < 0) {
+        r->rc = mlart_set_error(MLART_ECONFIG, "%s: unknown key '%s' in [%s]", origin, name,
+                                section);
+        return 0;
+    }
+    if (strcmp(section, keys[k].section)) {
+        r->rc = mlart_set_error(MLART_ECONFIG, "%s: key '%s' belongs in section [%s], found in "
+                                "[%s]", origin, name, keys[k].section, section);
+        return 0;
+    }
+    if (r->seen[k]) {
+        r->rc = mlart_set_error(MLART_ECONFIG, "%s: duplicate key '%s' (first set at line %d)",
+                                origin, name, r->seen[k]);
+        return 0;
+    }
+    r->seen[k] = r->line;
+    rc = set_value(r->cfg, k, value, origin);
+    if (rc < 0) {
+        r->rc = rc;
+        return 0;
+    }
+    return 1;
+}
+
+int mlart_config_read_file(mlart_config *cfg, const char *path)
+{
+    file_reader r;
+    mlart_config tmp;
+    int line;
+    if (!cfg || !path)
+        return mlart_set_error(MLART_EINVAL, "mlart_config_read_file: NULL argument");
+    memset(&r, 0, sizeof r);
+    r.path = path;
+    r.f = fopen(path, "r");
+    if (!r.f)
+        return mlart_set_error(MLART_EIO, "cannot open config file '%s': %s", path,
+                               strerror(errno));
+    tmp = *cfg; /* a failing read leaves cfg untouched */
+    r.cfg = &tmp;
+    line = ini_parse_stream(read_line, &r, on_key, &r);
+    fclose(r.f);
+    if (r.rc < 0)
+        return r.rc;
+    if (r.too_long_line)
+        return mlart_set_error(MLART_ECONFIG, "%s:%d: line longer than %d characters", path,
+                               r.too_long_line, INI_MAX_LINE - 2);
+    if (line > 0)
+        return mlart_set_error(MLART_ECONFIG, "%s:%d: syntax error (want 'key = value', "
+                               "'[section]' or a comment)", path, line);
+    if (line < 0)
+        return mlart_set_error(MLART_ENOMEM, "%s: out of memory while parsing", path);
+    snprintf(tmp.path, sizeof tmp.path, "%s", path);
+    *cfg = tmp;
+    return 0;
+}
+
+int mlart_config_read_env(mlart_config *cfg)
+{
+    mlart_config tmp;
+    if (!cfg)
+        return mlart_set_error(MLART_EINVAL, "mlart_config_read_env: NULL config");
+    tmp = *cfg;
+    for (int k = 0; k < K_COUNT; k++) {
+        const char *v = getenv(keys[k].env);
+        char origin[64];
+        if (!v || !*v)
+            continue;
+        snprintf(origin, sizeof origin, "environment %s", keys[k].env);
+        MLART_CHECK(set_value(&tmp, k, v, origin));
+    }
+    *cfg = tmp;
+    return 0;
+}
+
+/* "set at X" or "default" for messages about relations between keys */
+static const char *where(const mlart_config *cfg, int k)
+{
+    return cfg->origin[k][0] ? cfg->origin[k] : "default";
+}
+
+int mlart_config_finish(mlart_config *cfg)
+{
+    mlart_geometry g;
+    int rc;
+    if (!cfg)
+        return mlart_set_error(MLART_EINVAL, "mlart_config_finish: NULL config");
+    for (int k = 0; k < K_COUNT; k++)
+        if (keys[k].required && !cfg->origin[k][0])
+            return mlart_set_error(MLART_ECONFIG, "missing required key '%s' in section [%s]%s%s",
+                                   keys[k].name, keys[k].section, cfg->path[0] ? " of " : "",
+                                   cfg->path);
+    if (cfg->heads_total % cfg->tp_size)
+        return mlart_set_error(MLART_ECONFIG,
+                               "heads = %d (%s) is not divisible by tp_size = %d (%s): every "
+                               "tensor-parallel rank needs the same number of heads",
+                               cfg->heads_total, where(cfg, K_HEADS), cfg->tp_size,
+                               where(cfg, K_TP));
+    if (cfg->tp_size % cfg->dcp_size)
+        return mlart_set_error(MLART_ECONFIG,
+                               "tp_size = %d (%s) is not divisible by dcp_size = %d (%s): the "
+                               "decode-context-parallel group lies inside the TP group",
+                               cfg->tp_size, where(cfg, K_TP), cfg->dcp_size, where(cfg, K_DCP));
+    g = cfg->geom;
+    g.heads = cfg->heads_total / cfg->tp_size;
+    if (!cfg->origin[K_SCALE][0] && g.qk_nope + g.rope > 0)
+        g.softmax_scale = (float)(1.0 / sqrt((double)(g.qk_nope + g.rope)));
+    if (g.kv_format == MLART_KV_FP8_DS_MLA && g.kv_lora % 128)
+        return mlart_set_error(MLART_ECONFIG,
+                               "kv_format = fp8_ds_mla (%s) needs kv_lora_rank to be a multiple "
+                               "of 128, got %d (%s)",
+                               where(cfg, K_KV_FORMAT), g.kv_lora, where(cfg, K_KV_LORA));
+    rc = mlart_geometry_check(&g);
+    if (rc < 0)
+        return mlart_set_error(MLART_ECONFIG, "%s%s%s", mlart_last_error(),
+                               cfg->path[0] ? " in " : "", cfg->path);
+    cfg->geom = g;
+    return 0;
+}
+
+int mlart_config_load(const char *path, mlart_config *out)
+{
+    mlart_config *cfg;
+    int rc;
+    if (!out)
+        return mlart_set_error(MLART_EINVAL, "mlart_config_load: NULL out");
+    cfg = malloc(sizeof *cfg);
+    if (!cfg)
+        return mlart_set_error(MLART_ENOMEM, "mlart_config_load: out of memory");
+    mlart_config_init(cfg);
+    rc = path ? mlart_config_read_file(cfg, path) : 0;
+    if (rc == 0)
+        rc = mlart_config_read_env(cfg);
+    if (rc == 0)
+        rc = mlart_config_finish(cfg);
+    if (rc == 0)
+        *out = *cfg;
+    free(cfg);
+    return rc;
+}

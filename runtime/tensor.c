@@ -1,0 +1,269 @@
+/* dtypes, tensor views and their span checks, model geometry, kv formats, and
+ * the absorbed-weight views of a checkpoint's kv_b_proj. */
+#include "runtime/status.h"
+
+#include <math.h>
+#include <string.h>
+
+size_t mlart_dtype_size(mlart_dtype dtype)
+{
+    switch (dtype) {
+    case MLART_DTYPE_BF16:
+        return 2;
+    case MLART_DTYPE_FP8_E4M3:
+    case MLART_DTYPE_U8:
+        return 1;
+    case MLART_DTYPE_F32:
+    case MLART_DTYPE_I32:
+        return 4;
+    case MLART_DTYPE_I64:
+        return 8;
+    case MLART_DTYPE_INVALID:
+        break;
+    }
+    return 0;
+}
+
+const char *mlart_dtype_name(mlart_dtype dtype)
+{
+    switch (dtype) {
+    case MLART_DTYPE_BF16:
+        return "bf16";
+    case MLART_DTYPE_FP8_E4M3:
+        return "fp8_e4m3";
+    case MLART_DTYPE_F32:
+        return "f32";
+    case MLART_DTYPE_I32:
+        return "i32";
+    case MLART_DTYPE_U8:
+        return "u8";
+    case MLART_DTYPE_I64:
+        return "i64";
+    case MLART_DTYPE_INVALID:
+        break;
+    }
+    return "invalid";
+}
+
+mlart_tensor mlart_tensor_dense(void *data, mlart_dtype dtype, int device, int ndim,
+                                const int64_t *shape)
+{
+    mlart_tensor t;
+    int64_t stride = 1;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.base = data;
+    t.dtype = dtype;
+    t.device = device;
+    t.ndim = ndim;
+    if (ndim < 1 || ndim > MLART_MAX_DIMS || !shape)
+        return t; /* mlart_tensor_check refuses the bad ndim */
+    for (int i = ndim - 1; i >= 0; i--) {
+        t.shape[i] = shape[i];
+        t.stride[i] = stride;
+        stride *= shape[i] > 0 ? shape[i] : 1;
+    }
+    t.extent = mlart_tensor_numel(&t) > 0 ? (size_t)mlart_tensor_numel(&t) * mlart_dtype_size(dtype)
+                                          : 0;
+    return t;
+}
+
+int64_t mlart_tensor_numel(const mlart_tensor *t)
+{
+    int64_t n = 1;
+    if (!t || t->ndim < 1 || t->ndim > MLART_MAX_DIMS)
+        return 0;
+    for (int i = 0; i < t->ndim; i++)
+        n *= t->shape[i] > 0 ? t->shape[i] : 0;
+    return n;
+}
+
+int mlart_tensor_span(const mlart_tensor *t, size_t *lo, size_t *hi)
+{
+    size_t esize, off, last = 0;
+    int empty = 0;
+    if (!t || !lo || !hi)
+        return mlart_set_error(MLART_EINVAL, "mlart_tensor_span: NULL argument");
+    if (t->ndim < 1 || t->ndim > MLART_MAX_DIMS)
+        return mlart_set_error(MLART_EINVAL, "tensor has ndim %d (want 1..%d)", t->ndim,
+                               MLART_MAX_DIMS);
+    esize = mlart_dtype_size(t->dtype);
+    if (!esize)
+        return mlart_set_error(MLART_EINVAL, "tensor has invalid dtype %d", (int)t->dtype);
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] < 0 || t->stride[i] < 0)
+            return mlart_set_error(MLART_EINVAL, "tensor dim %d has shape %lld stride %lld "
+                                   "(both must be >= 0)", i, (long long)t->shape[i],
+                                   (long long)t->stride[i]);
+        if (t->shape[i] == 0)
+            empty = 1;
+    }
+    if ((uintptr_t)t->data < (uintptr_t)t->base)
+        return mlart_set_error(MLART_EINVAL, "tensor data %p lies below its base %p", t->data,
+                               t->base);
+    off = (size_t)((uintptr_t)t->data - (uintptr_t)t->base);
+    if (empty) {
+        *lo = *hi = off;
+        return 0;
+    }
+    if (!t->data)
+        return mlart_set_error(MLART_EINVAL, "non-empty tensor has NULL data");
+    for (int i = 0; i < t->ndim; i++) {
+        size_t term;
+        if (__builtin_mul_overflow((size_t)(t->shape[i] - 1), (size_t)t->stride[i], &term) ||
+            __builtin_add_overflow(last, term, &last))
+            return mlart_set_error(MLART_EINVAL, "tensor span overflows size_t");
+    }
+    /* elements touch [off, off + (last + 1) * esize) */
+    if (__builtin_add_overflow(last, (size_t)1, &last) ||
+        __builtin_mul_overflow(last, esize, &last) || __builtin_add_overflow(last, off, &last))
+        return mlart_set_error(MLART_EINVAL, "tensor span overflows size_t");
+    *lo = off;
+    *hi = last;
+    return 0;
+}
+
+int mlart_tensor_check(const mlart_tensor *t, const char *name)
+{
+    size_t lo, hi;
+    int rc;
+    if (!name)
+        name = "tensor";
+    if (!t)
+        return mlart_set_error(MLART_EINVAL, "%s: NULL tensor", name);
+    rc = mlart_tensor_span(t, &lo, &hi);
+    if (rc < 0)
+        return mlart_set_error(rc, "%s: %s", name, mlart_last_error());
+    if (hi > t->extent)
+        return mlart_set_error(MLART_ELAYOUT,
+                               "%s: span [%zu, %zu) bytes from its base exceeds its extent of "
+                               "%zu bytes (by %zu bytes)",
+                               name, lo, hi, t->extent, hi - t->extent);
+    return 0;
+}
+
+int mlart_tensor_is_dense(const mlart_tensor *t)
+{
+    int64_t want = 1;
+    if (!t || t->ndim < 1 || t->ndim > MLART_MAX_DIMS)
+        return 0;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] < 0)
+            return 0;
+        if (t->shape[i] > 1 && t->stride[i] != want)
+            return 0; /* a size-1 dim's stride addresses nothing */
+        want *= t->shape[i];
+    }
+    return 1;
+}
+
+/* ---- geometry ---------------------------------------------------------- */
+
+const char *mlart_kv_format_name(mlart_kv_format f)
+{
+    switch (f) {
+    case MLART_KV_BF16:
+        return "bf16";
+    case MLART_KV_FP8_DS_MLA:
+        return "fp8_ds_mla";
+    }
+    return "invalid";
+}
+
+int mlart_kv_format_parse(const char *s, mlart_kv_format *out)
+{
+    if (s && !strcmp(s, "bf16")) {
+        *out = MLART_KV_BF16;
+        return 0;
+    }
+    if (s && !strcmp(s, "fp8_ds_mla")) {
+        *out = MLART_KV_FP8_DS_MLA;
+        return 0;
+    }
+    return mlart_set_error(MLART_EINVAL, "unknown kv format '%s' (want bf16 or fp8_ds_mla)",
+                           s ? s : "(null)");
+}
+
+int mlart_geometry_check(const mlart_geometry *g)
+{
+    if (!g)
+        return mlart_set_error(MLART_EINVAL, "geometry: NULL");
+#define POSITIVE_(field, what)                                                              \
+    if (g->field <= 0)                                                                      \
+        return mlart_set_error(MLART_EINVAL, "geometry: %s (%s) is %d, must be > 0", #field, \
+                               what, (int)g->field);
+    POSITIVE_(heads, "heads on this rank")
+    POSITIVE_(qk_nope, "P")
+    POSITIVE_(rope, "R")
+    POSITIVE_(kv_lora, "L")
+    POSITIVE_(v_head, "V")
+    POSITIVE_(topk, "index slots per token")
+    POSITIVE_(page_size, "tokens per block")
+#undef POSITIVE_
+    if (g->kv_format != MLART_KV_BF16 && g->kv_format != MLART_KV_FP8_DS_MLA)
+        return mlart_set_error(MLART_EINVAL, "geometry: kv_format %d is not a known format",
+                               (int)g->kv_format);
+    if (g->kv_format == MLART_KV_FP8_DS_MLA && g->kv_lora % 128)
+        return mlart_set_error(MLART_EINVAL,
+                               "geometry: fp8_ds_mla needs kv_lora (L) to be a multiple of 128 "
+                               "(one scale per 128-value tile); L is %d",
+                               (int)g->kv_lora);
+    if (!isfinite(g->softmax_scale) || !(g->softmax_scale > 0.0f))
+        return mlart_set_error(MLART_EINVAL, "geometry: softmax_scale %g must be finite and > 0",
+                               (double)g->softmax_scale);
+    return 0;
+}
+
+size_t mlart_kv_bytes_per_token(const mlart_geometry *g)
+{
+    if (!g || g->kv_lora <= 0 || g->rope <= 0)
+        return 0;
+    switch (g->kv_format) {
+    case MLART_KV_BF16:
+        return (size_t)(g->kv_lora + g->rope) * 2;
+    case MLART_KV_FP8_DS_MLA:
+        if (g->kv_lora % 128)
+            return 0;
+        return (size_t)g->kv_lora + (size_t)(g->kv_lora / 128) * 4 + (size_t)g->rope * 2;
+    }
+    return 0;
+}
+
+int mlart_weights_from_kv_b_proj(const mlart_geometry *g, const mlart_tensor *kv_b_proj,
+                                 mlart_tensor *w_uk_t, mlart_tensor *w_uv)
+{
+    mlart_tensor uk, uv;
+    int64_t H, P, V, L, rs, cs;
+    if (!g || !kv_b_proj || !w_uk_t || !w_uv)
+        return mlart_set_error(MLART_EINVAL, "mlart_weights_from_kv_b_proj: NULL argument");
+    MLART_CHECK(mlart_geometry_check(g));
+    MLART_CHECK(mlart_tensor_check(kv_b_proj, "kv_b_proj"));
+    H = g->heads, P = g->qk_nope, V = g->v_head, L = g->kv_lora;
+    if (kv_b_proj->dtype != MLART_DTYPE_BF16)
+        return mlart_set_error(MLART_EDTYPE, "kv_b_proj: dtype %s, want bf16",
+                               mlart_dtype_name(kv_b_proj->dtype));
+    if (kv_b_proj->ndim != 2 || kv_b_proj->shape[0] != H * (P + V) || kv_b_proj->shape[1] != L)
+        return mlart_set_error(MLART_ESHAPE,
+                               "kv_b_proj: shape [%lld, %lld] (ndim %d), want [H*(P+V), L] = "
+                               "[%lld, %lld]",
+                               (long long)kv_b_proj->shape[0],
+                               (long long)(kv_b_proj->ndim > 1 ? kv_b_proj->shape[1] : 0),
+                               kv_b_proj->ndim, (long long)(H * (P + V)), (long long)L);
+    rs = kv_b_proj->stride[0];
+    cs = kv_b_proj->stride[1];
+    /* per head h: rows h*(P+V) .. +P are W_UK [P,L]; the next V rows are W_UV^T [V,L] */
+    uk = *kv_b_proj;
+    uk.ndim = 3;
+    uk.shape[0] = H, uk.shape[1] = P, uk.shape[2] = L;
+    uk.stride[0] = (P + V) * rs, uk.stride[1] = rs, uk.stride[2] = cs;
+    uv = *kv_b_proj;
+    uv.ndim = 3;
+    uv.data = (char *)kv_b_proj->data + (size_t)(P * rs) * 2;
+    uv.shape[0] = H, uv.shape[1] = L, uv.shape[2] = V;
+    uv.stride[0] = (P + V) * rs, uv.stride[1] = cs, uv.stride[2] = rs;
+    uv.shape[3] = uk.shape[3] = 0;
+    uv.stride[3] = uk.stride[3] = 0;
+    *w_uk_t = uk;
+    *w_uv = uv;
+    return 0;
+}
