@@ -1,0 +1,148 @@
+/* Cache write on CUDA (ops/ops.h): the same bytes as mlart_kv_write_cpu.
+ * One warp per row.  The fp8_ds_mla encoder repeats the CPU twin's steps
+ * (ops/numerics.h) operation for operation, with the same exact-power-of-two
+ * scale and the same round-to-nearest-even e4m3 conversion, so the records
+ * match bit for bit.
+ *
+ * What the host twin refuses by reading the inputs (slots outside
+ * [-1, num_slots), non-finite latent values) this op cannot see without a
+ * host read: out-of-range slots are skipped, and non-finite values give
+ * unspecified record bytes.  Callers validate on the host when they need
+ * the error.  When two rows name one slot the later row wins, as on the
+ * host: a row is written only if no later row names its slot. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "ops/ops.h"
+#include "runtime/status.h"
+
+namespace {
+
+constexpr int KVW_WARPS = 8;
+
+__device__ float kvw_bf16(uint16_t h)
+{
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+/* mlart_f32_to_e4m3 of ops/numerics.h, line for line. */
+__device__ uint8_t kvw_f32_to_e4m3(float x)
+{
+    uint8_t sign = signbit(x) ? 0x80 : 0;
+    float a = fabsf(x);
+    int e, m, E;
+    if (isnan(x))
+        return (uint8_t)(sign | 0x7f);
+    if (a >= 464.0f)
+        return (uint8_t)(sign | 0x7e);
+    if (a < 0.015625f) {
+        m = (int)rintf(a * 512.0f);
+        return (uint8_t)(sign | m);
+    }
+    (void)frexpf(a, &e);
+    m = (int)rintf((ldexpf(a, 1 - e) - 1.0f) * 8.0f);
+    E = e + 6;
+    if (m == 8) {
+        m = 0;
+        E++;
+    }
+    return (uint8_t)(sign | (E << 3) | m);
+}
+
+/* mlart_fp8_ds_mla_tile_scale of ops/numerics.h. */
+__device__ float kvw_tile_scale(float amax)
+{
+    int e, k;
+    if (!isfinite(amax))
+        return __int_as_float(0x7fc00000);
+    if (!(amax > 0.0f))
+        return 1.0f;
+    (void)frexpf(amax, &e);
+    k = e - 9;
+    if (ldexp(448.0, k) < (double)amax)
+        k++;
+    if (k < -149)
+        k = -149;
+    return ldexpf(1.0f, k);
+}
+
+__global__ void kvw_kernel(uint8_t *cache, int64_t cache_row, int64_t num_slots,
+                           const uint16_t *latent, int64_t lat_row, const int32_t *slots,
+                           int64_t slot_stride, int64_t N, int L, int R, int fp8)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t n = (int64_t)blockIdx.x * KVW_WARPS + (threadIdx.x >> 5);
+    if (n >= N)
+        return;
+    const int32_t s = slots[n * slot_stride];
+    if (s < 0 || s >= num_slots)
+        return;
+    /* The later row wins: skip this one if any later row names the same slot. */
+    int later = 0;
+    for (int64_t j = n + 1 + lane; j < N && !later; j += 32)
+        later = slots[j * slot_stride] == s;
+    if (__any_sync(0xffffffffu, later))
+        return;
+
+    const uint16_t *row = latent + n * lat_row;
+    uint8_t *rec = cache + (int64_t)s * cache_row;
+    if (!fp8) {
+        uint16_t *dst = (uint16_t *)rec;
+        for (int i = lane; i < L + R; i += 32)
+            dst[i] = row[i];
+        return;
+    }
+    const int tiles = L / 128;
+    for (int t = 0; t < tiles; t++) {
+        const uint16_t *src = row + t * 128;
+        float amax = 0.0f;
+        for (int i = lane; i < 128; i += 32) {
+            float a = fabsf(kvw_bf16(src[i]));
+            if (a > amax)
+                amax = a;
+        }
+        for (int off = 16; off > 0; off >>= 1)
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+        const float scale = kvw_tile_scale(amax);
+        int e;
+        (void)frexpf(scale, &e);
+        for (int i = lane; i < 128; i += 32)
+            rec[t * 128 + i] = kvw_f32_to_e4m3(ldexpf(kvw_bf16(src[i]), 1 - e));
+        if (lane == 0)
+            *(float *)(rec + L + 4 * t) = scale;
+    }
+    uint16_t *rope = (uint16_t *)(rec + L + 4 * tiles);
+    for (int r = lane; r < R; r += 32)
+        rope[r] = row[L + r];
+}
+
+} /* namespace */
+
+extern "C" int mlart_kv_write_cuda(const mlart_geometry *g, const mlart_tensor *cache,
+                                   const mlart_tensor *latent, const mlart_tensor *slots,
+                                   void *stream)
+{
+    MLART_CHECK(mlart_kv_write_check(g, cache, latent, slots));
+    if (cache->device < 0)
+        return mlart_set_error(MLART_EINVAL,
+                               "kv_write_cuda: cache is in host memory; use mlart_kv_write_cpu");
+    const int64_t N = latent->shape[0];
+    if (N == 0)
+        return 0;
+    /* Records hold fp32 scales and bf16 values: rows must keep their alignment. */
+    if (g->kv_format == MLART_KV_FP8_DS_MLA && (((uintptr_t)cache->data | cache->stride[0]) & 3))
+        return mlart_set_error(MLART_ELAYOUT,
+                               "kv_write_cuda: fp8_ds_mla cache rows must be 4-byte aligned");
+    if ((((uintptr_t)cache->data | cache->stride[0]) & 1) || ((uintptr_t)latent->data & 1))
+        return mlart_set_error(MLART_ELAYOUT, "kv_write_cuda: rows must be 2-byte aligned");
+    const unsigned blocks = (unsigned)((N + KVW_WARPS - 1) / KVW_WARPS);
+    kvw_kernel<<<blocks, 32 * KVW_WARPS, 0, (cudaStream_t)stream>>>(
+        (uint8_t *)cache->data, cache->stride[0], cache->shape[0],
+        (const uint16_t *)latent->data, latent->stride[0], (const int32_t *)slots->data,
+        slots->stride[0], N, g->kv_lora, g->rope, g->kv_format == MLART_KV_FP8_DS_MLA);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return mlart_set_error(MLART_ECUDA, "kv_write_cuda: launch: %s", cudaGetErrorString(e));
+    return 0;
+}
