@@ -13,8 +13,21 @@ extern "C" {
 /* The reference vtable (built in; devices = host | cuda when built with CUDA). */
 const mlart_backend_vtable *mlart_backend_reference_vtable(void);
 
-/* Host: sparse attention of one step (q_mqa, cache, idx -> attn_out, lse). */
+/* Host: sparse attention of one step (q_mqa, cache, idx -> attn_out, lse).
+ * attn_out is head-major [H,T,L]; lse (skipped when its data is NULL) is
+ * [H,T].  Validates every view and every index first (MLART_ERANGE names
+ * the first bad one) and writes nothing on failure.  Uses s->workspace when
+ * it holds mlart_reference_attend_cpu_workspace() bytes (8-aligned), else
+ * allocates its own scratch. */
 int mlart_reference_attend_cpu(const mlart_step *s);
+/* Scratch bytes mlart_reference_attend_cpu needs for geometry g. */
+size_t mlart_reference_attend_cpu_workspace(const mlart_geometry *g);
+
+/* Validate one view of a step for `who`: rank, dtype, shape (entries of
+ * `shape` < 0 match any size), span inside its extent, inner stride 1 when
+ * inner_unit.  Messages name who and name.  Returns 0 or a negative status. */
+int mlart_reference_check_view(const char *who, const char *name, const mlart_tensor *t, int ndim,
+                               mlart_dtype dtype, const int64_t *shape, int inner_unit);
 
 #ifdef MLART_WITH_CUDA
 /* CUDA: plain kernels for the three stages of a step. */

@@ -1,0 +1,229 @@
+/* Plan-time checks of the ops' operands (ops/ops.h): ndim, dtype, shapes
+ * that agree, inner stride 1 where the kernels need it, spans inside their
+ * storage, one device, outputs that neither alias themselves nor overlap an
+ * input.  Shared by the CPU twins and the CUDA entry points, so both refuse
+ * exactly the same views. */
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ops/ops.h"
+#include "runtime/status.h"
+
+/* One operand: present, rank, dtype, span in its extent, inner stride 1. */
+static int check_operand(const char *op, const char *name, const mlart_tensor *t, int ndim,
+                         mlart_dtype dtype, int inner_unit)
+{
+    char what[96];
+    if (!t)
+        return mlart_set_error(MLART_EINVAL, "%s: operand %s is NULL", op, name);
+    if (t->ndim != ndim)
+        return mlart_set_error(MLART_ESHAPE, "%s: %s must have %d dims, has %d", op, name, ndim,
+                               t->ndim);
+    if (t->dtype != dtype)
+        return mlart_set_error(MLART_EDTYPE, "%s: %s must be %s, is %s", op, name,
+                               mlart_dtype_name(dtype), mlart_dtype_name(t->dtype));
+    snprintf(what, sizeof what, "%s: %s", op, name);
+    MLART_CHECK(mlart_tensor_check(t, what));
+    if (inner_unit && t->stride[ndim - 1] != 1)
+        return mlart_set_error(MLART_ELAYOUT,
+                               "%s: %s must have inner stride 1 (contiguous last dim), has %" PRId64,
+                               op, name, t->stride[ndim - 1]);
+    return 0;
+}
+
+static void shape_str(const mlart_tensor *t, char *buf, size_t n)
+{
+    size_t k = 0;
+    k += (size_t)snprintf(buf + k, n - k, "[");
+    for (int d = 0; d < t->ndim && k < n; d++)
+        k += (size_t)snprintf(buf + k, n - k, d ? ",%" PRId64 : "%" PRId64, t->shape[d]);
+    if (k < n)
+        snprintf(buf + k, n - k, "]");
+}
+
+/* Absolute byte range [lo, hi) of a checked view. */
+static void abs_span(const mlart_tensor *t, uintptr_t *lo, uintptr_t *hi)
+{
+    size_t l = 0, h = 0;
+    (void)mlart_tensor_span(t, &l, &h); /* already validated by check_operand */
+    *lo = (uintptr_t)t->base + l;
+    *hi = (uintptr_t)t->base + h;
+}
+
+/* An output must not overlap an input's bytes: the ops read inputs while
+ * writing outputs. */
+static int check_no_overlap(const char *op, const char *oname, const mlart_tensor *o,
+                            const char *iname, const mlart_tensor *in)
+{
+    uintptr_t olo, ohi, ilo, ihi;
+    abs_span(o, &olo, &ohi);
+    abs_span(in, &ilo, &ihi);
+    if (olo < ohi && ilo < ihi && olo < ihi && ilo < ohi)
+        return mlart_set_error(MLART_ELAYOUT,
+                               "%s: output %s (bytes %#" PRIxPTR "..%#" PRIxPTR
+                               ") overlaps input %s (bytes %#" PRIxPTR "..%#" PRIxPTR ")",
+                               op, oname, olo, ohi, iname, ilo, ihi);
+    return 0;
+}
+
+/* Sufficient test that no two elements of an output share an address:
+ * taking the dims of size > 1 by increasing stride, each stride must step
+ * past everything the smaller dims cover. */
+static int check_no_self_alias(const char *op, const char *name, const mlart_tensor *t)
+{
+    int order[MLART_MAX_DIMS], n = 0;
+    int64_t covered = 1; /* elements spanned by the dims taken so far */
+    for (int d = 0; d < t->ndim; d++)
+        if (t->shape[d] > 1)
+            order[n++] = d;
+    for (int i = 1; i < n; i++) /* insertion sort by stride */
+        for (int j = i; j > 0 && t->stride[order[j]] < t->stride[order[j - 1]]; j--) {
+            int x = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = x;
+        }
+    for (int i = 0; i < n; i++) {
+        int d = order[i];
+        if (t->stride[d] < covered)
+            return mlart_set_error(MLART_ELAYOUT,
+                                   "%s: output %s has overlapping elements (dim %d: stride %" PRId64
+                                   " < %" PRId64 " elements covered by the smaller dims)",
+                                   op, name, d, t->stride[d], covered);
+        covered = t->stride[d] * (t->shape[d] - 1) + covered;
+    }
+    return 0;
+}
+
+static int check_same_device(const char *op, const mlart_tensor *const *ts, const char *const *names,
+                             int n)
+{
+    for (int i = 1; i < n; i++)
+        if (ts[i]->device != ts[0]->device)
+            return mlart_set_error(MLART_EINVAL, "%s: operands on different devices (%s on %d, %s on %d)",
+                                   op, names[0], ts[0]->device, names[i], ts[i]->device);
+    return 0;
+}
+
+int mlart_query_bmm_check(const mlart_tensor *a, const mlart_tensor *w, const mlart_tensor *out,
+                          const mlart_tensor *pe_in, const mlart_tensor *pe_out)
+{
+    static const char op[] = "query_bmm";
+    char sa[64], sw[64], so[64];
+    MLART_CHECK(check_operand(op, "a [H,T,P]", a, 3, MLART_DTYPE_BF16, 1));
+    MLART_CHECK(check_operand(op, "w [H,P,L]", w, 3, MLART_DTYPE_BF16, 1));
+    MLART_CHECK(check_operand(op, "out [H,T,L]", out, 3, MLART_DTYPE_BF16, 1));
+    if (a->shape[0] != w->shape[0] || a->shape[0] != out->shape[0] || a->shape[1] != out->shape[1] ||
+        a->shape[2] != w->shape[1] || w->shape[2] != out->shape[2]) {
+        shape_str(a, sa, sizeof sa);
+        shape_str(w, sw, sizeof sw);
+        shape_str(out, so, sizeof so);
+        return mlart_set_error(MLART_ESHAPE,
+                               "%s: shapes disagree: a %s, w %s, out %s (want a [H,T,P], w [H,P,L], "
+                               "out [H,T,L])",
+                               op, sa, sw, so);
+    }
+    if ((pe_in == NULL) != (pe_out == NULL))
+        return mlart_set_error(MLART_EINVAL, "%s: pe_in and pe_out must both be given or both be NULL",
+                               op);
+    {
+        const mlart_tensor *ts[3] = {a, w, out};
+        const char *names[3] = {"a", "w", "out"};
+        MLART_CHECK(check_same_device(op, ts, names, 3));
+    }
+    MLART_CHECK(check_no_self_alias(op, "out", out));
+    MLART_CHECK(check_no_overlap(op, "out", out, "a", a));
+    MLART_CHECK(check_no_overlap(op, "out", out, "w", w));
+    if (pe_in) {
+        MLART_CHECK(check_operand(op, "pe_in [T,H,R]", pe_in, 3, MLART_DTYPE_BF16, 1));
+        MLART_CHECK(check_operand(op, "pe_out [T,H,R]", pe_out, 3, MLART_DTYPE_BF16, 1));
+        if (pe_in->shape[0] != a->shape[1] || pe_in->shape[1] != a->shape[0] ||
+            pe_out->shape[0] != pe_in->shape[0] || pe_out->shape[1] != pe_in->shape[1] ||
+            pe_out->shape[2] != pe_in->shape[2]) {
+            shape_str(pe_in, sa, sizeof sa);
+            shape_str(pe_out, sw, sizeof sw);
+            shape_str(a, so, sizeof so);
+            return mlart_set_error(MLART_ESHAPE,
+                                   "%s: shapes disagree: pe_in %s, pe_out %s, a %s (want pe_in = "
+                                   "pe_out = [T,H,R] with a [H,T,P])",
+                                   op, sa, sw, so);
+        }
+        {
+            const mlart_tensor *ts[3] = {a, pe_in, pe_out};
+            const char *names[3] = {"a", "pe_in", "pe_out"};
+            MLART_CHECK(check_same_device(op, ts, names, 3));
+        }
+        MLART_CHECK(check_no_self_alias(op, "pe_out", pe_out));
+        MLART_CHECK(check_no_overlap(op, "pe_out", pe_out, "pe_in", pe_in));
+        MLART_CHECK(check_no_overlap(op, "pe_out", pe_out, "a", a));
+        MLART_CHECK(check_no_overlap(op, "pe_out", pe_out, "w", w));
+        MLART_CHECK(check_no_overlap(op, "out", out, "pe_in", pe_in));
+    }
+    return 0;
+}
+
+int mlart_v_up_bmm_check(const mlart_tensor *x, const mlart_tensor *w, const mlart_tensor *o)
+{
+    static const char op[] = "v_up_bmm";
+    char sx[64], sw[64], so[64];
+    MLART_CHECK(check_operand(op, "x [H,T,L]", x, 3, MLART_DTYPE_BF16, 1));
+    MLART_CHECK(check_operand(op, "w [H,L,V]", w, 3, MLART_DTYPE_BF16, 1));
+    MLART_CHECK(check_operand(op, "o [H,T,V]", o, 3, MLART_DTYPE_BF16, 1));
+    if (x->shape[0] != w->shape[0] || x->shape[0] != o->shape[0] || x->shape[1] != o->shape[1] ||
+        x->shape[2] != w->shape[1] || w->shape[2] != o->shape[2]) {
+        shape_str(x, sx, sizeof sx);
+        shape_str(w, sw, sizeof sw);
+        shape_str(o, so, sizeof so);
+        return mlart_set_error(MLART_ESHAPE,
+                               "%s: shapes disagree: x %s, w %s, o %s (want x [H,T,L], w [H,L,V], "
+                               "o [H,T,V])",
+                               op, sx, sw, so);
+    }
+    {
+        const mlart_tensor *ts[3] = {x, w, o};
+        const char *names[3] = {"x", "w", "o"};
+        MLART_CHECK(check_same_device(op, ts, names, 3));
+    }
+    MLART_CHECK(check_no_self_alias(op, "o", o));
+    MLART_CHECK(check_no_overlap(op, "o", o, "x", x));
+    MLART_CHECK(check_no_overlap(op, "o", o, "w", w));
+    return 0;
+}
+
+int mlart_kv_write_check(const mlart_geometry *g, const mlart_tensor *cache,
+                         const mlart_tensor *latent, const mlart_tensor *slots)
+{
+    static const char op[] = "kv_write";
+    size_t bpt;
+    char sc[64], sl[64], ss[64];
+    if (!g)
+        return mlart_set_error(MLART_EINVAL, "%s: geometry is NULL", op);
+    MLART_CHECK(mlart_geometry_check(g));
+    bpt = mlart_kv_bytes_per_token(g);
+    MLART_CHECK(check_operand(op, "cache [num_slots,bytes_per_token]", cache, 2, MLART_DTYPE_U8, 1));
+    MLART_CHECK(check_operand(op, "latent [N,L+R]", latent, 2, MLART_DTYPE_BF16, 1));
+    MLART_CHECK(check_operand(op, "slots [N]", slots, 1, MLART_DTYPE_I32, 0));
+    if (cache->shape[1] != (int64_t)bpt) {
+        shape_str(cache, sc, sizeof sc);
+        return mlart_set_error(MLART_ESHAPE,
+                               "%s: cache %s rows must be %zu bytes (%s, L=%d, R=%d), are %" PRId64,
+                               op, sc, bpt, mlart_kv_format_name(g->kv_format), (int)g->kv_lora,
+                               (int)g->rope, cache->shape[1]);
+    }
+    if (latent->shape[1] != (int64_t)g->kv_lora + g->rope || slots->shape[0] != latent->shape[0]) {
+        shape_str(latent, sl, sizeof sl);
+        shape_str(slots, ss, sizeof ss);
+        return mlart_set_error(MLART_ESHAPE,
+                               "%s: shapes disagree: latent %s, slots %s (want latent [N,%d], slots [N])",
+                               op, sl, ss, (int)(g->kv_lora + g->rope));
+    }
+    {
+        const mlart_tensor *ts[3] = {cache, latent, slots};
+        const char *names[3] = {"cache", "latent", "slots"};
+        MLART_CHECK(check_same_device(op, ts, names, 3));
+    }
+    MLART_CHECK(check_no_self_alias(op, "cache", cache));
+    MLART_CHECK(check_no_overlap(op, "cache", cache, "latent", latent));
+    MLART_CHECK(check_no_overlap(op, "cache", cache, "slots", slots));
+    return 0;
+}
