@@ -1,0 +1,717 @@
+/* A layer: one MLA attention layer bound to a backend, its weights and its KV
+ * cache.  This is where the runtime enforces the backend's layout contract
+ * (DESIGN section 4): weights made dense once at create, the query operand
+ * materialised or passed as a strided view, buffers for q_mqa / attention
+ * output / LSE / workspace preallocated for the largest step, and every view
+ * of a step validated before the backend sees it. */
+#include "runtime/registry.h"
+#include "runtime/status.h"
+
+#include "ops/ops.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef MLART_WITH_CUDA
+#include <cuda_runtime_api.h>
+#define CUDA_TRY_(stmt)                                                                     \
+    do {                                                                                    \
+        cudaError_t e_ = (stmt);                                                            \
+        if (e_ != cudaSuccess)                                                              \
+            return mlart_set_error(MLART_ECUDA, "%s: %s (%s:%d)", #stmt,                    \
+                                   cudaGetErrorString(e_), __FILE__, __LINE__);             \
+    } while (0)
+#endif
+
+struct mlart_layer {
+    int device;
+    mlart_geometry geom;
+    const mlart_backend_vtable *vt;
+    mlart_layout_contract contract;
+    void *state;
+    int32_t max_tokens, max_requests, max_blocks;
+    int64_t num_slots;
+    int validate_indices;
+    mlart_tensor w_uk_t, w_uv; /* what the backend sees */
+    void *w_uk_t_own, *w_uv_own; /* dense copies, NULL when the caller's were kept */
+    mlart_tensor kv_cache;
+    void *q_nope_buf; /* CONTIGUOUS: dense [H,max_T,P] */
+    size_t q_nope_bytes;
+    void *q_mqa_buf; /* [max_T,H,L+R] */
+    size_t q_mqa_bytes;
+    void *attn_buf; /* [H,max_T,L] or [max_T,H,L] */
+    size_t attn_bytes;
+    void *lse_buf; /* [H,max_T] f32 when the caller wants none or gives a strided one */
+    size_t lse_bytes;
+    void *workspace;
+    size_t workspace_bytes;
+    int32_t *h_meta; /* CUDA + validate_indices: host copies of idx, req_of_token, seq_lens, bt */
+};
+
+/* ---- memory on the layer's device --------------------------------------- */
+
+static int mem_alloc(int device, size_t bytes, void **out)
+{
+    void *p = NULL;
+    if (bytes == 0) {
+        *out = NULL;
+        return 0;
+    }
+    if (device < 0) {
+        p = calloc(1, bytes);
+        if (!p)
+            return mlart_set_error(MLART_ENOMEM, "out of host memory allocating %zu bytes",
+                                   bytes);
+        *out = p;
+        return 0;
+    }
+#ifdef MLART_WITH_CUDA
+    {
+        cudaError_t e = cudaMalloc(&p, bytes);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return mlart_set_error(MLART_ENOMEM, "cudaMalloc(%zu bytes) on device %d: %s",
+                                   bytes, device, cudaGetErrorString(e));
+        }
+        e = cudaMemset(p, 0, bytes);
+        if (e != cudaSuccess) {
+            cudaFree(p);
+            return mlart_set_error(MLART_ECUDA, "cudaMemset: %s", cudaGetErrorString(e));
+        }
+        *out = p;
+        return 0;
+    }
+#else
+    return mlart_set_error(MLART_ENODEV, "device %d: this build has no CUDA", device);
+#endif
+}
+
+static void mem_free(int device, void *p)
+{
+    if (!p)
+        return;
+    if (device < 0) {
+        free(p);
+        return;
+    }
+#ifdef MLART_WITH_CUDA
+    cudaFree(p);
+#endif
+}
+
+/* ---- view checks -------------------------------------------------------- */
+
+static void shape_text(const int64_t *shape, int ndim, char *buf, size_t n)
+{
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < ndim && k < n; d++)
+        k += (size_t)snprintf(buf + k, n - k, d ? ", %" PRId64 : "%" PRId64, shape[d]);
+    if (k < n)
+        snprintf(buf + k, n - k, "]");
+}
+
+enum { INNER_ANY = 0, INNER_UNIT = 1, DENSE = 2 };
+
+/* Check one caller view: dtype, shape, device, inner stride or density, span
+ * inside its extent, and `tail` readable bytes past the span. */
+static int check_view(const mlart_tensor *t, const char *name, mlart_dtype dtype, int ndim,
+                      const int64_t *shape, int device, int layout, size_t tail)
+{
+    char got[96], want[96];
+    size_t lo, hi;
+    int same = t->ndim == ndim;
+    for (int d = 0; same && d < ndim; d++)
+        same = t->shape[d] == shape[d];
+    if (!same) {
+        shape_text(t->shape, t->ndim > 0 && t->ndim <= MLART_MAX_DIMS ? t->ndim : 0, got,
+                   sizeof got);
+        shape_text(shape, ndim, want, sizeof want);
+        return mlart_set_error(MLART_ESHAPE, "%s: shape %s, want %s", name, got, want);
+    }
+    if (t->dtype != dtype)
+        return mlart_set_error(MLART_EDTYPE, "%s: dtype %s, want %s", name,
+                               mlart_dtype_name(t->dtype), mlart_dtype_name(dtype));
+    if (t->device != device)
+        return mlart_set_error(MLART_EINVAL, "%s: lives on device %d, the layer on device %d "
+                               "(-1 = host)", name, t->device, device);
+    if (layout == INNER_UNIT && t->shape[ndim - 1] > 1 && t->stride[ndim - 1] != 1)
+        return mlart_set_error(MLART_ELAYOUT, "%s: inner stride %" PRId64 ", want 1", name,
+                               t->stride[ndim - 1]);
+    if (layout == DENSE && !mlart_tensor_is_dense(t))
+        return mlart_set_error(MLART_ELAYOUT, "%s: must be dense row-major", name);
+    MLART_CHECK(mlart_tensor_check(t, name));
+    MLART_CHECK(mlart_tensor_span(t, &lo, &hi));
+    if (tail && hi > lo && t->extent - hi < tail)
+        return mlart_set_error(MLART_ELAYOUT,
+                               "%s: the backend needs %zu readable bytes past the span [%zu, %zu), "
+                               "the extent %zu leaves %zu",
+                               name, tail, lo, hi, t->extent, t->extent - hi);
+    return 0;
+}
+
+/* ---- weights ------------------------------------------------------------ */
+
+/* Gather a bf16 3-d view (strides in elements, any order) into dense dst. */
+static void gather3(uint16_t *dst, const uint16_t *src, const int64_t *shape,
+                    const int64_t *stride)
+{
+    size_t n = 0;
+    for (int64_t i = 0; i < shape[0]; i++)
+        for (int64_t j = 0; j < shape[1]; j++) {
+            const uint16_t *row = src + i * stride[0] + j * stride[1];
+            if (stride[2] == 1) {
+                memcpy(dst + n, row, (size_t)shape[2] * 2);
+                n += (size_t)shape[2];
+            } else {
+                for (int64_t k = 0; k < shape[2]; k++)
+                    dst[n++] = row[k * stride[2]];
+            }
+        }
+}
+
+/* Keep a compliant dense weight at its address; copy anything else once into
+ * a dense buffer (with the contract's tail padding) on the layer's device. */
+static int enforce_weight(mlart_layer *ly, const mlart_tensor *w, const char *name,
+                          const int64_t *shape, mlart_tensor *out, void **owned)
+{
+    size_t tail = ly->contract.tail_pad, bytes, lo, hi;
+    mlart_tensor d;
+    void *buf = NULL;
+    int rc;
+    MLART_CHECK(check_view(w, name, MLART_DTYPE_BF16, 3, shape, ly->device, INNER_ANY, 0));
+    MLART_CHECK(mlart_tensor_span(w, &lo, &hi));
+    if (mlart_tensor_is_dense(w) && w->extent - hi >= tail) {
+        *out = *w;
+        *owned = NULL;
+        mlart_log(MLART_LOG_DEBUG, "%s: dense, kept at %p", name, w->data);
+        return 0;
+    }
+    bytes = (size_t)(shape[0] * shape[1] * shape[2]) * 2;
+    MLART_CHECK(mem_alloc(ly->device, bytes + tail, &buf));
+    if (ly->device < 0) {
+        gather3(buf, w->data, shape, w->stride);
+        rc = 0;
+    } else {
+#ifdef MLART_WITH_CUDA
+        /* Once per layer: stage the source span through the host, where any
+         * strides (also the transposed W_UV view) are a plain gather. */
+        unsigned char *span = malloc(hi - lo), *dense = malloc(bytes);
+        cudaError_t e = cudaSuccess;
+        rc = 0;
+        if (!span || !dense)
+            rc = mlart_set_error(MLART_ENOMEM, "%s: out of host memory staging %zu bytes", name,
+                                 hi - lo + bytes);
+        if (rc == 0)
+            e = cudaMemcpy(span, (const char *)w->base + lo, hi - lo, cudaMemcpyDeviceToHost);
+        if (rc == 0 && e == cudaSuccess) {
+            gather3((uint16_t *)dense,
+                    (const uint16_t *)(span + ((const char *)w->data - (const char *)w->base - lo)),
+                    shape, w->stride);
+            e = cudaMemcpy(buf, dense, bytes, cudaMemcpyHostToDevice);
+        }
+        if (rc == 0 && e != cudaSuccess)
+            rc = mlart_set_error(MLART_ECUDA, "%s: copying to a dense buffer: %s", name,
+                                 cudaGetErrorString(e));
+        free(span);
+        free(dense);
+#else
+        rc = mlart_set_error(MLART_ENODEV, "this build has no CUDA");
+#endif
+    }
+    if (rc < 0) {
+        mem_free(ly->device, buf);
+        return rc;
+    }
+    d = mlart_tensor_dense(buf, MLART_DTYPE_BF16, ly->device, 3, shape);
+    d.extent = bytes + tail;
+    mlart_log(MLART_LOG_DEBUG, "%s: strided, replaced by a dense copy at %p", name, buf);
+    *out = d;
+    *owned = buf;
+    return 0;
+}
+
+/* ---- create / destroy -------------------------------------------------- */
+
+static int check_contract(const mlart_layer *ly, const char *name)
+{
+    const mlart_layout_contract *c = &ly->contract;
+    const mlart_geometry *g = &ly->geom;
+    uint32_t dev = ly->device < 0 ? MLART_DEV_HOST : MLART_DEV_CUDA;
+    if (c->query_bmm != MLART_QBMM_SAFE_OP && c->query_bmm != MLART_QBMM_CONTIGUOUS)
+        return mlart_set_error(MLART_EABI, "backend '%s': contract.query_bmm = %u is not "
+                               "MLART_QBMM_SAFE_OP or MLART_QBMM_CONTIGUOUS", name, c->query_bmm);
+    if (c->weights != MLART_W_DENSE)
+        return mlart_set_error(MLART_EABI, "backend '%s': contract.weights = %u is not "
+                               "MLART_W_DENSE", name, c->weights);
+    if (c->output != MLART_OUT_HEAD_MAJOR && c->output != MLART_OUT_TOKEN_MAJOR)
+        return mlart_set_error(MLART_EABI, "backend '%s': contract.output = %u is not "
+                               "MLART_OUT_HEAD_MAJOR or MLART_OUT_TOKEN_MAJOR", name, c->output);
+    if (!(c->devices & dev))
+        return mlart_set_error(MLART_ENOTSUP, "backend '%s' does not run on %s (its contract "
+                               "lists:%s%s); pick another backend or device", name,
+                               ly->device < 0 ? "the host" : "CUDA",
+                               c->devices & MLART_DEV_HOST ? " host" : "",
+                               c->devices & MLART_DEV_CUDA ? " cuda" : "");
+    if (!(c->kv_formats & MLART_KV_FORMAT_BIT(g->kv_format)))
+        return mlart_set_error(MLART_ENOTSUP, "backend '%s' does not support kv_format %s "
+                               "(supported:%s%s)", name, mlart_kv_format_name(g->kv_format),
+                               c->kv_formats & MLART_KV_FORMAT_BIT(MLART_KV_BF16) ? " bf16" : "",
+                               c->kv_formats & MLART_KV_FORMAT_BIT(MLART_KV_FP8_DS_MLA)
+                                   ? " fp8_ds_mla" : "");
+    if (c->max_heads && (uint32_t)g->heads > c->max_heads)
+        return mlart_set_error(MLART_ENOTSUP, "backend '%s' serves at most %u heads per rank, "
+                               "the layer has %d (raise tp_size or pick another backend)",
+                               name, c->max_heads, g->heads);
+    if (c->head_multiple > 1 && (uint32_t)g->heads % c->head_multiple)
+        return mlart_set_error(MLART_ENOTSUP, "backend '%s' needs heads per rank to be a "
+                               "multiple of %u, the layer has %d", name, c->head_multiple,
+                               g->heads);
+    if (c->max_topk && (uint32_t)g->topk > c->max_topk)
+        return mlart_set_error(MLART_ENOTSUP, "backend '%s' serves topk <= %u, the layer has %d",
+                               name, c->max_topk, g->topk);
+    return 0;
+}
+
+void mlart_layer_destroy(mlart_layer *ly)
+{
+    if (!ly)
+        return;
+    if (ly->state)
+        ly->vt->destroy(ly->state);
+    mem_free(ly->device, ly->w_uk_t_own);
+    mem_free(ly->device, ly->w_uv_own);
+    mem_free(ly->device, ly->q_nope_buf);
+    mem_free(ly->device, ly->q_mqa_buf);
+    mem_free(ly->device, ly->attn_buf);
+    mem_free(ly->device, ly->lse_buf);
+    mem_free(ly->device, ly->workspace);
+    free(ly->h_meta);
+    free(ly);
+}
+
+int mlart_layer_create(mlart_context *ctx, const mlart_layer_desc *desc, mlart_layer **out)
+{
+    mlart_layer *ly;
+    const mlart_geometry *g;
+    const char *name;
+    mlart_backend_init init;
+    mlart_plan plan;
+    int64_t H, P, R, L, V, T;
+    size_t tail;
+    int rc;
+    if (!ctx || !desc || !out)
+        return mlart_set_error(MLART_EINVAL, "mlart_layer_create: NULL argument");
+    g = &desc->geom;
+    MLART_CHECK(mlart_geometry_check(g));
+    if (desc->max_tokens <= 0 || desc->max_requests <= 0 || desc->max_blocks_per_req <= 0 ||
+        desc->num_slots <= 0)
+        return mlart_set_error(MLART_EINVAL, "layer: max_tokens %d, max_requests %d, "
+                               "max_blocks_per_req %d, num_slots %" PRId64 " must all be > 0",
+                               desc->max_tokens, desc->max_requests, desc->max_blocks_per_req,
+                               desc->num_slots);
+    ly = calloc(1, sizeof *ly);
+    if (!ly)
+        return mlart_set_error(MLART_ENOMEM, "mlart_layer_create: out of memory");
+    ly->device = mlart_context_device(ctx);
+    ly->geom = *g;
+    ly->max_tokens = desc->max_tokens;
+    ly->max_requests = desc->max_requests;
+    ly->max_blocks = desc->max_blocks_per_req;
+    ly->num_slots = desc->num_slots;
+    ly->validate_indices = ly->device < 0 ? 1 : desc->validate_indices;
+    name = desc->backend && desc->backend[0] ? desc->backend
+                                             : ly->device >= 0 ? "b12x_mla_sparse" : "reference";
+    rc = mlart_backend_lookup(name, &ly->vt);
+    if (rc < 0)
+        goto fail;
+    ly->contract = ly->vt->contract;
+    rc = check_contract(ly, name);
+    if (rc < 0)
+        goto fail;
+    tail = ly->contract.tail_pad;
+    H = g->heads, P = g->qk_nope, R = g->rope, L = g->kv_lora, V = g->v_head;
+    T = desc->max_tokens;
+    {
+        int64_t cache_shape[2] = {desc->num_slots, (int64_t)mlart_kv_bytes_per_token(g)};
+        rc = check_view(&desc->kv_cache, "kv_cache", MLART_DTYPE_U8, 2, cache_shape, ly->device,
+                        DENSE, tail);
+        if (rc < 0)
+            goto fail;
+        ly->kv_cache = desc->kv_cache;
+    }
+    {
+        int64_t uk_shape[3] = {H, P, L}, uv_shape[3] = {H, L, V};
+        rc = enforce_weight(ly, &desc->w_uk_t, "w_uk_t", uk_shape, &ly->w_uk_t, &ly->w_uk_t_own);
+        if (rc == 0)
+            rc = enforce_weight(ly, &desc->w_uv, "w_uv", uv_shape, &ly->w_uv, &ly->w_uv_own);
+        if (rc < 0)
+            goto fail;
+    }
+    /* activations, sized once for the largest step */
+    ly->q_mqa_bytes = (size_t)(T * H * (L + R)) * 2 + tail;
+    ly->attn_bytes = (size_t)(H * T * L) * 2 + tail;
+    ly->lse_bytes = (size_t)(H * T) * 4 + tail;
+    if (ly->contract.query_bmm == MLART_QBMM_CONTIGUOUS)
+        ly->q_nope_bytes = (size_t)(H * T * P) * 2 + tail;
+    if ((rc = mem_alloc(ly->device, ly->q_mqa_bytes, &ly->q_mqa_buf)) < 0 ||
+        (rc = mem_alloc(ly->device, ly->attn_bytes, &ly->attn_buf)) < 0 ||
+        (rc = mem_alloc(ly->device, ly->lse_bytes, &ly->lse_buf)) < 0 ||
+        (rc = mem_alloc(ly->device, ly->q_nope_bytes, &ly->q_nope_buf)) < 0)
+        goto fail;
+    if (ly->device >= 0 && ly->validate_indices) {
+        size_t n = (size_t)T * ((size_t)g->topk + 1) +
+                   (size_t)desc->max_requests * ((size_t)desc->max_blocks_per_req + 1);
+        ly->h_meta = malloc(n * sizeof(int32_t));
+        if (!ly->h_meta) {
+            rc = mlart_set_error(MLART_ENOMEM, "layer: out of host memory");
+            goto fail;
+        }
+    }
+    memset(&init, 0, sizeof init);
+    init.struct_size = sizeof init;
+    init.device = ly->device;
+    init.geom = *g;
+    init.error = mlart_set_error;
+    init.log = mlart_log;
+    rc = ly->vt->create(&init, &ly->state);
+    if (rc < 0)
+        goto fail;
+    memset(&plan, 0, sizeof plan);
+    plan.struct_size = sizeof plan;
+    plan.geom = *g;
+    plan.device = ly->device;
+    plan.max_tokens = desc->max_tokens;
+    plan.max_requests = desc->max_requests;
+    plan.max_blocks_per_req = desc->max_blocks_per_req;
+    plan.num_slots = desc->num_slots;
+    rc = ly->vt->plan(ly->state, &plan, &ly->workspace_bytes);
+    if (rc < 0)
+        goto fail;
+    rc = mem_alloc(ly->device, ly->workspace_bytes, &ly->workspace);
+    if (rc < 0)
+        goto fail;
+    mlart_log(MLART_LOG_INFO, "layer: backend '%s' on device %d, query %s, output %s, "
+              "workspace %zu B", ly->vt->name, ly->device,
+              ly->contract.query_bmm == MLART_QBMM_SAFE_OP ? "safe-op view" : "contiguous copy",
+              ly->contract.output == MLART_OUT_HEAD_MAJOR ? "head-major" : "token-major",
+              ly->workspace_bytes);
+    *out = ly;
+    return 0;
+fail:
+    mlart_layer_destroy(ly);
+    return rc;
+}
+
+const char *mlart_layer_backend_name(const mlart_layer *ly)
+{
+    return ly ? ly->vt->name : NULL;
+}
+
+const struct mlart_layout_contract *mlart_layer_contract(const mlart_layer *ly)
+{
+    return ly ? &ly->contract : NULL;
+}
+
+int mlart_layer_weights(const mlart_layer *ly, mlart_tensor *w_uk_t, mlart_tensor *w_uv)
+{
+    if (!ly || !w_uk_t || !w_uv)
+        return mlart_set_error(MLART_EINVAL, "mlart_layer_weights: NULL argument");
+    *w_uk_t = ly->w_uk_t;
+    *w_uv = ly->w_uv;
+    return 0;
+}
+
+/* ---- decode ------------------------------------------------------------- */
+
+/* Host values of the step's metadata: every index -1 or in [0, seq_len), and
+ * the cache slot it maps to inside the cache. */
+static int check_indices(const mlart_layer *ly, int32_t T, int32_t B, const int32_t *idx,
+                         const int32_t *req, const int32_t *lens, const int32_t *bt)
+{
+    const int32_t K = ly->geom.topk, page = ly->geom.page_size, MB = ly->max_blocks;
+    const int64_t capacity = (int64_t)MB * page;
+    for (int32_t b = 0; b < B; b++)
+        if (lens[b] < 0 || lens[b] > capacity)
+            return mlart_set_error(MLART_ERANGE, "seq_lens[%d] = %d, want 0..%" PRId64
+                                   " (max_blocks_per_req %d x page %d)", b, lens[b], capacity,
+                                   MB, page);
+    for (int32_t t = 0; t < T; t++) {
+        int32_t r = req[t];
+        if (r < 0 || r >= B)
+            return mlart_set_error(MLART_ERANGE, "req_of_token[%d] = %d, want 0..%d", t, r,
+                                   B - 1);
+        for (int32_t k = 0; k < K; k++) {
+            int32_t i = idx[(size_t)t * K + k];
+            int64_t slot;
+            if (i == -1)
+                continue;
+            if (i < -1 || i >= lens[r])
+                return mlart_set_error(MLART_ERANGE, "idx[%d][%d] = %d, want -1 or 0..seq_len-1 "
+                                       "(token %d belongs to request %d, seq_len %d)", t, k, i,
+                                       t, r, lens[r]);
+            slot = (int64_t)bt[(size_t)r * MB + i / page] * page + i % page;
+            if (slot < 0 || slot >= ly->num_slots)
+                return mlart_set_error(MLART_ERANGE, "idx[%d][%d] = %d maps through "
+                                       "block_table[%d][%d] = %d to cache slot %" PRId64
+                                       ", outside 0..%" PRId64, t, k, i, r, i / page,
+                                       bt[(size_t)r * MB + i / page], slot, ly->num_slots - 1);
+        }
+    }
+    return 0;
+}
+
+static mlart_tensor view3(void *data, const mlart_tensor *storage, mlart_dtype dt, int64_t d0,
+                          int64_t d1, int64_t d2, int64_t s0, int64_t s1, int64_t s2)
+{
+    mlart_tensor t = *storage;
+    t.data = data;
+    t.dtype = dt;
+    t.ndim = 3;
+    t.shape[0] = d0, t.shape[1] = d1, t.shape[2] = d2, t.shape[3] = 0;
+    t.stride[0] = s0, t.stride[1] = s1, t.stride[2] = s2, t.stride[3] = 0;
+    return t;
+}
+
+/* A view over one of the layer's own buffers. */
+static mlart_tensor own_view(const mlart_layer *ly, void *buf, size_t bytes, mlart_dtype dt,
+                             int ndim, const int64_t *shape)
+{
+    mlart_tensor t = mlart_tensor_dense(buf, dt, ly->device, ndim, shape);
+    t.extent = bytes;
+    return t;
+}
+
+/* q_nope [H,T,P] (strides P+R, H*(P+R), 1 in q) into dense [H,T,P]. */
+static int materialise_q_nope(const mlart_layer *ly, const mlart_tensor *q, int32_t T,
+                              void *stream)
+{
+    const int64_t H = ly->geom.heads, P = ly->geom.qk_nope;
+    const uint16_t *src = q->data;
+    uint16_t *dst = ly->q_nope_buf;
+    if (ly->device < 0) {
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t t = 0; t < T; t++)
+                memcpy(dst + (h * T + t) * P, src + t * q->stride[0] + h * q->stride[1],
+                       (size_t)P * 2);
+        return 0;
+    }
+#ifdef MLART_WITH_CUDA
+    /* 2-d copies, one per token or per head, whichever is fewer: async,
+     * allocation-free and capturable. */
+    if (T <= H) {
+        for (int64_t t = 0; t < T; t++)
+            CUDA_TRY_(cudaMemcpy2DAsync(dst + t * P, (size_t)(T * P) * 2,
+                                        src + t * q->stride[0], (size_t)q->stride[1] * 2,
+                                        (size_t)P * 2, (size_t)H, cudaMemcpyDeviceToDevice,
+                                        (cudaStream_t)stream));
+    } else {
+        for (int64_t h = 0; h < H; h++)
+            CUDA_TRY_(cudaMemcpy2DAsync(dst + h * T * P, (size_t)P * 2,
+                                        src + h * q->stride[1], (size_t)q->stride[0] * 2,
+                                        (size_t)P * 2, (size_t)T, cudaMemcpyDeviceToDevice,
+                                        (cudaStream_t)stream));
+    }
+    return 0;
+#else
+    return mlart_set_error(MLART_ENODEV, "this build has no CUDA");
+#endif
+}
+
+/* Bring the step's integer metadata to the host for check_indices. */
+static int host_metadata(mlart_layer *ly, const mlart_step_io *io, void *stream,
+                         const int32_t **idx, const int32_t **req, const int32_t **lens,
+                         const int32_t **bt)
+{
+    if (ly->device < 0) {
+        *idx = io->idx.data, *req = io->req_of_token.data, *lens = io->seq_lens.data;
+        *bt = io->block_table.data;
+        return 0;
+    }
+#ifdef MLART_WITH_CUDA
+    {
+        size_t nidx = (size_t)io->T * (size_t)ly->geom.topk, nbt = (size_t)io->B * ly->max_blocks;
+        int32_t *h = ly->h_meta;
+        cudaStream_t st = (cudaStream_t)stream;
+        CUDA_TRY_(cudaMemcpyAsync(h, io->idx.data, nidx * 4, cudaMemcpyDeviceToHost, st));
+        CUDA_TRY_(cudaMemcpyAsync(h + nidx, io->req_of_token.data, (size_t)io->T * 4,
+                                  cudaMemcpyDeviceToHost, st));
+        CUDA_TRY_(cudaMemcpyAsync(h + nidx + io->T, io->seq_lens.data, (size_t)io->B * 4,
+                                  cudaMemcpyDeviceToHost, st));
+        CUDA_TRY_(cudaMemcpyAsync(h + nidx + io->T + io->B, io->block_table.data, nbt * 4,
+                                  cudaMemcpyDeviceToHost, st));
+        CUDA_TRY_(cudaStreamSynchronize(st));
+        *idx = h, *req = h + nidx, *lens = h + nidx + io->T, *bt = h + nidx + io->T + io->B;
+        return 0;
+    }
+#else
+    return mlart_set_error(MLART_ENODEV, "this build has no CUDA");
+#endif
+}
+
+static int copy_lse(const mlart_layer *ly, const mlart_tensor *lse, int32_t T, void *stream)
+{
+    const int64_t H = ly->geom.heads;
+    if (ly->device < 0) {
+        for (int64_t h = 0; h < H; h++)
+            memcpy((float *)lse->data + h * lse->stride[0], (const float *)ly->lse_buf + h * T,
+                   (size_t)T * 4);
+        return 0;
+    }
+#ifdef MLART_WITH_CUDA
+    CUDA_TRY_(cudaMemcpy2DAsync(lse->data, (size_t)lse->stride[0] * 4, ly->lse_buf, (size_t)T * 4,
+                                (size_t)T * 4, (size_t)H, cudaMemcpyDeviceToDevice,
+                                (cudaStream_t)stream));
+    return 0;
+#else
+    return mlart_set_error(MLART_ENODEV, "this build has no CUDA");
+#endif
+}
+
+int mlart_layer_decode(mlart_layer *ly, const mlart_step_io *io, void *stream)
+{
+    const mlart_geometry *g;
+    mlart_step s;
+    int64_t H, P, R, L, V, T, B;
+    size_t tail;
+    int lse_direct = 0;
+    if (!ly || !io)
+        return mlart_set_error(MLART_EINVAL, "mlart_layer_decode: NULL argument");
+    g = &ly->geom;
+    H = g->heads, P = g->qk_nope, R = g->rope, L = g->kv_lora, V = g->v_head;
+    T = io->T, B = io->B;
+    tail = ly->contract.tail_pad;
+    if (T < 1 || T > ly->max_tokens)
+        return mlart_set_error(MLART_ERANGE, "step: T = %" PRId64 " tokens, the layer was "
+                               "planned for 1..%d (max_tokens)", T, ly->max_tokens);
+    if (B < 1 || B > ly->max_requests)
+        return mlart_set_error(MLART_ERANGE, "step: B = %" PRId64 " requests, the layer was "
+                               "planned for 1..%d (max_requests)", B, ly->max_requests);
+    {
+        int64_t q_shape[3] = {T, H, P + R}, idx_shape[2] = {T, g->topk}, t_shape[1] = {T},
+                b_shape[1] = {B}, bt_shape[2] = {B, ly->max_blocks}, o_shape[2] = {T, H * V},
+                lse_shape[2] = {H, T};
+        MLART_CHECK(check_view(&io->q, "q", MLART_DTYPE_BF16, 3, q_shape, ly->device, INNER_UNIT,
+                               tail));
+        MLART_CHECK(check_view(&io->idx, "idx", MLART_DTYPE_I32, 2, idx_shape, ly->device, DENSE,
+                               tail));
+        MLART_CHECK(check_view(&io->req_of_token, "req_of_token", MLART_DTYPE_I32, 1, t_shape,
+                               ly->device, DENSE, tail));
+        MLART_CHECK(check_view(&io->seq_lens, "seq_lens", MLART_DTYPE_I32, 1, b_shape, ly->device,
+                               DENSE, tail));
+        MLART_CHECK(check_view(&io->block_table, "block_table", MLART_DTYPE_I32, 2, bt_shape,
+                               ly->device, DENSE, tail));
+        MLART_CHECK(check_view(&io->o, "o", MLART_DTYPE_BF16, 2, o_shape, ly->device, INNER_UNIT,
+                               0));
+        if (io->lse.data) {
+            MLART_CHECK(check_view(&io->lse, "lse", MLART_DTYPE_F32, 2, lse_shape, ly->device,
+                                   INNER_UNIT, 0));
+            lse_direct = io->lse.stride[0] == T || H == 1;
+        }
+    }
+    if (ly->validate_indices) {
+        const int32_t *idx = NULL, *req = NULL, *lens = NULL, *bt = NULL;
+        MLART_CHECK(host_metadata(ly, io, stream, &idx, &req, &lens, &bt));
+        MLART_CHECK(check_indices(ly, (int32_t)T, (int32_t)B, idx, req, lens, bt));
+    }
+
+    memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    s.geom = *g;
+    s.device = ly->device;
+    s.T = (int32_t)T;
+    s.B = (int32_t)B;
+    s.q_pe = view3((uint16_t *)io->q.data + P, &io->q, MLART_DTYPE_BF16, T, H, R, io->q.stride[0],
+                   io->q.stride[1], 1);
+    if (ly->contract.query_bmm == MLART_QBMM_CONTIGUOUS) {
+        int64_t shape[3] = {H, T, P};
+        MLART_CHECK(materialise_q_nope(ly, &io->q, (int32_t)T, stream));
+        s.q_nope = own_view(ly, ly->q_nope_buf, ly->q_nope_bytes, MLART_DTYPE_BF16, 3, shape);
+    } else {
+        s.q_nope = view3(io->q.data, &io->q, MLART_DTYPE_BF16, H, T, P, io->q.stride[1],
+                         io->q.stride[0], 1);
+    }
+    s.w_uk_t = ly->w_uk_t;
+    s.w_uv = ly->w_uv;
+    {
+        int64_t shape[3] = {T, H, L + R};
+        s.q_mqa = own_view(ly, ly->q_mqa_buf, ly->q_mqa_bytes, MLART_DTYPE_BF16, 3, shape);
+    }
+    s.kv_cache = ly->kv_cache;
+    s.idx = io->idx;
+    s.req_of_token = io->req_of_token;
+    s.seq_lens = io->seq_lens;
+    s.block_table = io->block_table;
+    {
+        int64_t head_major[3] = {H, T, L}, token_major[3] = {T, H, L}, lse_shape[2] = {H, T};
+        s.attn_out = own_view(ly, ly->attn_buf, ly->attn_bytes, MLART_DTYPE_BF16, 3,
+                              ly->contract.output == MLART_OUT_HEAD_MAJOR ? head_major
+                                                                          : token_major);
+        s.lse = lse_direct ? io->lse
+                           : own_view(ly, ly->lse_buf, ly->lse_bytes, MLART_DTYPE_F32, 2,
+                                      lse_shape);
+    }
+    s.o = io->o;
+    s.workspace = ly->workspace;
+    s.workspace_bytes = ly->workspace_bytes;
+
+    if (ly->vt->absorb_query) {
+        MLART_CHECK(ly->vt->absorb_query(ly->state, &s, stream));
+    } else {
+        mlart_tensor lat = view3(s.q_mqa.data, &s.q_mqa, MLART_DTYPE_BF16, H, T, L, L + R,
+                                 H * (L + R), 1);
+        mlart_tensor pe = view3((uint16_t *)s.q_mqa.data + L, &s.q_mqa, MLART_DTYPE_BF16, T, H, R,
+                                H * (L + R), L + R, 1);
+        if (ly->device < 0)
+            MLART_CHECK(mlart_query_bmm_cpu(&s.q_nope, &s.w_uk_t, &lat, &s.q_pe, &pe));
+        else
+#ifdef MLART_WITH_CUDA
+            MLART_CHECK(mlart_query_bmm_cuda(&s.q_nope, &s.w_uk_t, &lat, &s.q_pe, &pe, stream));
+#else
+            return mlart_set_error(MLART_ENODEV, "this build has no CUDA");
+#endif
+    }
+    MLART_CHECK(ly->vt->attend(ly->state, &s, stream));
+    if (ly->vt->v_up) {
+        MLART_CHECK(ly->vt->v_up(ly->state, &s, stream));
+    } else {
+        mlart_tensor x = ly->contract.output == MLART_OUT_HEAD_MAJOR
+                             ? view3(s.attn_out.data, &s.attn_out, MLART_DTYPE_BF16, H, T, L,
+                                     T * L, L, 1)
+                             : view3(s.attn_out.data, &s.attn_out, MLART_DTYPE_BF16, H, T, L, L,
+                                     H * L, 1);
+        mlart_tensor o = view3(io->o.data, &io->o, MLART_DTYPE_BF16, H, T, V, V, io->o.stride[0],
+                               1);
+        if (ly->device < 0)
+            MLART_CHECK(mlart_v_up_bmm_cpu(&x, &s.w_uv, &o));
+        else
+#ifdef MLART_WITH_CUDA
+            MLART_CHECK(mlart_v_up_bmm_cuda(&x, &s.w_uv, &o, stream));
+#else
+            return mlart_set_error(MLART_ENODEV, "this build has no CUDA");
+#endif
+    }
+    if (io->lse.data && !lse_direct)
+        MLART_CHECK(copy_lse(ly, &io->lse, (int32_t)T, stream));
+    return 0;
+}
+
+int mlart_layer_write_kv(mlart_layer *ly, const mlart_tensor *latent, const mlart_tensor *slots,
+                         void *stream)
+{
+    if (!ly || !latent || !slots)
+        return mlart_set_error(MLART_EINVAL, "mlart_layer_write_kv: NULL argument");
+    if (latent->device != ly->device || slots->device != ly->device)
+        return mlart_set_error(MLART_EINVAL, "write_kv: latent on device %d, slots on device %d, "
+                               "the layer on device %d (-1 = host)", latent->device,
+                               slots->device, ly->device);
+    MLART_CHECK(mlart_kv_write_check(&ly->geom, &ly->kv_cache, latent, slots));
+    if (ly->device < 0)
+        return mlart_kv_write_cpu(&ly->geom, &ly->kv_cache, latent, slots);
+#ifdef MLART_WITH_CUDA
+    return mlart_kv_write_cuda(&ly->geom, &ly->kv_cache, latent, slots, stream);
+#else
+    return mlart_set_error(MLART_ENODEV, "this build has no CUDA");
+#endif
+}
