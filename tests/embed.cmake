@@ -1,5 +1,53 @@
 # Embedding: safetensors weights, the serving example, the installed package.
 set(_embed ${CMAKE_CURRENT_SOURCE_DIR}/embed)
+set(_st_sources ${PROJECT_SOURCE_DIR}/runtime/safetensors.c ${PROJECT_SOURCE_DIR}/runtime/status.c)
 
 mlart_test(test_embed_safetensors LABELS cpu
   SOURCES ${_embed}/test_safetensors.c ${_embed}/st_writer.c)
+
+# The mutation test compiles the parser itself with AddressSanitizer and UBSan
+# (the library is built without them), so it links no mlart library.
+include(CheckCSourceCompiles)
+set(CMAKE_REQUIRED_FLAGS "-fsanitize=address,undefined")
+set(CMAKE_REQUIRED_LINK_OPTIONS "-fsanitize=address,undefined")
+check_c_source_compiles("int main(void){return 0;}" MLART_EMBED_HAVE_ASAN)
+unset(CMAKE_REQUIRED_FLAGS)
+unset(CMAKE_REQUIRED_LINK_OPTIONS)
+set(_st_san "")
+if(MLART_EMBED_HAVE_ASAN)
+  set(_st_san -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
+endif()
+add_executable(test_embed_st_mutate ${_embed}/st_mutate.c ${_embed}/st_writer.c ${_st_sources})
+target_include_directories(test_embed_st_mutate PRIVATE
+  ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR} ${_embed})
+target_compile_options(test_embed_st_mutate PRIVATE ${MLART_C_WARNINGS} ${_st_san})
+target_link_options(test_embed_st_mutate PRIVATE ${_st_san})
+target_link_libraries(test_embed_st_mutate PRIVATE ${MLART_CHECK_LIBS})
+add_test(NAME test_embed_st_mutate COMMAND test_embed_st_mutate)
+set_tests_properties(test_embed_st_mutate PROPERTIES LABELS cpu TIMEOUT 300)
+
+# libFuzzer target: only with clang.  The ctest entry runs a bounded session
+# from the text seeds (new inputs go to the build folder, not the sources).
+if(CMAKE_C_COMPILER_ID MATCHES "Clang")
+  set(CMAKE_REQUIRED_FLAGS "-fsanitize=fuzzer")
+  set(CMAKE_REQUIRED_LINK_OPTIONS "-fsanitize=fuzzer")
+  check_c_source_compiles(
+    "#include <stdint.h>\n#include <stddef.h>\nint LLVMFuzzerTestOneInput(const uint8_t *d, size_t n){(void)d;(void)n;return 0;}"
+    MLART_EMBED_HAVE_LIBFUZZER)
+  unset(CMAKE_REQUIRED_FLAGS)
+  unset(CMAKE_REQUIRED_LINK_OPTIONS)
+  if(MLART_EMBED_HAVE_LIBFUZZER)
+    add_executable(fuzz_embed_st_header ${_embed}/st_fuzz.c ${_st_sources})
+    target_include_directories(fuzz_embed_st_header PRIVATE
+      ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR})
+    target_compile_options(fuzz_embed_st_header PRIVATE -fsanitize=fuzzer,address,undefined
+                           -fno-sanitize-recover=all)
+    target_link_options(fuzz_embed_st_header PRIVATE -fsanitize=fuzzer,address,undefined)
+    set(_corpus ${CMAKE_CURRENT_BINARY_DIR}/st_fuzz_corpus)
+    file(MAKE_DIRECTORY ${_corpus})
+    add_test(NAME fuzz_embed_st_header
+             COMMAND fuzz_embed_st_header -runs=200000 -max_total_time=120 -seed=1
+                     -dict=${_embed}/st_fuzz.dict ${_corpus} ${_embed}/st_fuzz_corpus)
+    set_tests_properties(fuzz_embed_st_header PROPERTIES LABELS cpu TIMEOUT 300)
+  endif()
+endif()
