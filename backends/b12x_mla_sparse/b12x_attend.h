@@ -1,0 +1,45 @@
+/* Internal interface between the b12x backend's table (b12x_backend.c) and
+ * its kernels (b12x_attend.cu).  Nothing outside this folder includes it. */
+#ifndef MLART_BACKENDS_B12X_ATTEND_H
+#define MLART_BACKENDS_B12X_ATTEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mlart/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The kernels are written for these latent and rope widths (DeepSeek-V3.2
+ * and GLM-5 both use them). */
+#define B12X_KV_LORA 512
+#define B12X_ROPE 64
+/* Largest head count and top-k the kernels serve. */
+#define B12X_MAX_HEADS 128
+#define B12X_MAX_TOPK 2048
+
+/* How one step is cut into thread blocks: `splits` chunks of top-k per
+ * (token, head tile), each `blocks_per_split` blocks of 32 slots long. */
+typedef struct b12x_split {
+    int splits;
+    int blocks_per_split;
+} b12x_split;
+
+/* Prepare the kernels on the current device (shared-memory limits) and
+ * return its multiprocessor count.  Returns 0 or a negative status. */
+int b12x_attend_setup(int *num_sms, mlart_error_fn err);
+/* The split chosen for T tokens: a function of T, heads, topk and the
+ * multiprocessor count only, so plan() and attend() agree. */
+b12x_split b12x_attend_split(int T, int heads, int topk, int num_sms);
+/* Workspace bytes attend() needs for T tokens (0 when it does not split). */
+size_t b12x_attend_workspace(int T, int heads, int topk, int num_sms);
+/* The sparse attention of one step on `stream`.  Views were validated by
+ * the runtime; this checks only what the kernels assume about alignment. */
+int b12x_attend_launch(const mlart_step *s, int num_sms, void *stream, mlart_error_fn err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,105 @@
+/* The b12x_mla_sparse backend table: the sm_90 sparse MLA decode kernels
+ * (b12x_attend.cu) behind the backend ABI.  Query absorption and V
+ * up-projection are the runtime's safe ops (absorb_query = v_up = NULL). */
+#include "backends/b12x_mla_sparse/b12x.h"
+
+#include <stdlib.h>
+
+#include "backends/b12x_mla_sparse/b12x_attend.h"
+
+typedef struct b12x_state {
+    mlart_backend_init init;
+    int num_sms;
+} b12x_state;
+
+static int b12x_create(const mlart_backend_init *init, void **state)
+{
+    const mlart_geometry *g = &init->geom;
+    b12x_state *st;
+    int sms = 0, rc;
+    if (init->device < 0)
+        return init->error(MLART_ENOTSUP, "b12x_mla_sparse: runs on CUDA devices only (device %d)",
+                           init->device);
+    if (g->kv_lora != B12X_KV_LORA || g->rope != B12X_ROPE)
+        return init->error(MLART_ENOTSUP,
+                           "b12x_mla_sparse: kernels are built for kv_lora %d and rope %d, the "
+                           "geometry has %d and %d; use backend = reference",
+                           B12X_KV_LORA, B12X_ROPE, (int)g->kv_lora, (int)g->rope);
+    if (g->heads < 1 || g->heads > B12X_MAX_HEADS)
+        return init->error(MLART_ENOTSUP, "b12x_mla_sparse: serves 1..%d heads per rank, got %d",
+                           B12X_MAX_HEADS, (int)g->heads);
+    if (g->topk < 1 || g->topk > B12X_MAX_TOPK)
+        return init->error(MLART_ENOTSUP, "b12x_mla_sparse: serves topk 1..%d, got %d",
+                           B12X_MAX_TOPK, (int)g->topk);
+    if (g->page_size < 1)
+        return init->error(MLART_EINVAL, "b12x_mla_sparse: page_size %d", (int)g->page_size);
+    rc = b12x_attend_setup(&sms, init->error);
+    if (rc < 0)
+        return rc;
+    st = calloc(1, sizeof *st);
+    if (!st)
+        return init->error(MLART_ENOMEM, "b12x_mla_sparse: out of host memory");
+    st->init = *init;
+    st->num_sms = sms;
+    *state = st;
+    return 0;
+}
+
+static void b12x_destroy(void *state)
+{
+    free(state);
+}
+
+static int b12x_plan(void *state, const mlart_plan *plan, size_t *workspace_bytes)
+{
+    b12x_state *st = state;
+    size_t most = 0;
+    if (plan->max_tokens < 0)
+        return st->init.error(MLART_EINVAL, "b12x_mla_sparse: max_tokens %d", (int)plan->max_tokens);
+    /* The split depends on T, so size for the largest need over every T a
+     * step may have, not just for max_tokens. */
+    for (int32_t T = 1; T <= plan->max_tokens; T++) {
+        size_t b = b12x_attend_workspace(T, plan->geom.heads, plan->geom.topk, st->num_sms);
+        if (b > most)
+            most = b;
+    }
+    *workspace_bytes = most;
+    return 0;
+}
+
+static int b12x_attend(void *state, const mlart_step *s, void *stream)
+{
+    b12x_state *st = state;
+    return b12x_attend_launch(s, st->num_sms, stream, st->init.error);
+}
+
+static const mlart_backend_vtable b12x_vtable = {
+    .abi_version = MLART_BACKEND_ABI_VERSION,
+    .struct_size = sizeof(mlart_backend_vtable),
+    .name = "b12x_mla_sparse",
+    .contract =
+        {
+            .query_bmm = MLART_QBMM_SAFE_OP,
+            .weights = MLART_W_DENSE,
+            .output = MLART_OUT_HEAD_MAJOR,
+            .kv_formats = MLART_KV_FORMAT_BIT(MLART_KV_BF16) |
+                          MLART_KV_FORMAT_BIT(MLART_KV_FP8_DS_MLA),
+            .max_heads = B12X_MAX_HEADS,
+            .head_multiple = 1,
+            .max_topk = B12X_MAX_TOPK,
+            .tail_pad = 0,
+            .graph_safe = 1,
+            .devices = MLART_DEV_CUDA,
+        },
+    .create = b12x_create,
+    .destroy = b12x_destroy,
+    .plan = b12x_plan,
+    .absorb_query = NULL,
+    .attend = b12x_attend,
+    .v_up = NULL,
+};
+
+const mlart_backend_vtable *mlart_backend_b12x_mla_sparse_vtable(void)
+{
+    return &b12x_vtable;
+}
