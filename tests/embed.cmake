@@ -51,3 +51,10 @@ if(CMAKE_C_COMPILER_ID MATCHES "Clang")
     set_tests_properties(fuzz_embed_st_header PROPERTIES LABELS cpu TIMEOUT 300)
   endif()
 endif()
+
+# cmake --install into a temp prefix, then out-of-tree consumers of the
+# installed package (the example of docs/embedding.md, verbatim).
+add_test(NAME test_embed_install
+         COMMAND sh ${_embed}/install_consumer.sh ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR}
+                 ${CMAKE_C_COMPILER} ${CMAKE_COMMAND})
+set_tests_properties(test_embed_install PROPERTIES LABELS cpu TIMEOUT 300 SKIP_RETURN_CODE 77)
