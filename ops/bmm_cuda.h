@@ -1,0 +1,58 @@
+/* Internal: the batched BF16 product shared by the query absorption and the
+ * V up-projection, c[h,t,n] = sum_k a[h,t,k] * w[h,k,n] (FP32 accumulate,
+ * BF16 round-to-nearest-even out), with an optional copy of a [T,H,R] side
+ * tensor (q_pe) in the same launch.  Every kernel reads only elements of the
+ * views and writes only elements of the output views.
+ *
+ * Not part of the public API: ops/query_bmm.cu and ops/v_up_bmm.cu call it
+ * after their *_check, and mlart-bench calls it with explicit configs to
+ * compare kernel variants. */
+#ifndef MLART_OPS_BMM_CUDA_H
+#define MLART_OPS_BMM_CUDA_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mlart_bmm_desc {
+    int64_t H, T, K, N;
+    const void *a; /* a[h,t,k] at a + h*a_sh + t*a_st + k (elements, bf16) */
+    int64_t a_sh, a_st;
+    const void *w; /* w[h,k,n] at w + h*w_sh + k*w_sk + n */
+    int64_t w_sh, w_sk;
+    void *c; /* c[h,t,n] at c + h*c_sh + t*c_st + n */
+    int64_t c_sh, c_st;
+    /* optional side copy pe_out[t,h,r] = pe_in[t,h,r], r < R; pe_in NULL: none */
+    const void *pe_in;
+    void *pe_out;
+    int64_t R, pi_st, pi_sh, po_st, po_sh;
+} mlart_bmm_desc;
+
+enum {
+    MLART_BMM_AUTO = 0,
+    MLART_BMM_GENERIC = 1, /* any sizes and alignments, CUDA cores, slow */
+    MLART_BMM_STREAM = 2,  /* decode: W streamed once through registers, mma.sync */
+    MLART_BMM_TILED = 3    /* large T: 128x128 shared-memory tiles, cp.async + mma.sync */
+};
+
+typedef struct mlart_bmm_config {
+    int path;  /* MLART_BMM_*; AUTO picks by shape and alignment */
+    int mt;    /* STREAM: 16-row tiles per block (1..4), 0 = auto */
+    int warps; /* STREAM: warps splitting K (must divide K/16), 0 = auto */
+} mlart_bmm_config;
+
+/* Launch on `stream` (cudaStream_t).  cfg NULL = auto.  Returns 0,
+ * MLART_ENOTSUP when a forced path cannot serve the shape or alignment, or
+ * MLART_ECUDA with the detail set.  Describes nothing itself: callers have
+ * validated the views. */
+int mlart_bmm_cuda_run(const mlart_bmm_desc *d, const mlart_bmm_config *cfg, void *stream);
+
+/* The path AUTO (or cfg) would take for d, without launching; < 0 if none. */
+int mlart_bmm_cuda_path(const mlart_bmm_desc *d, const mlart_bmm_config *cfg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MLART_OPS_BMM_CUDA_H */

@@ -1,0 +1,604 @@
+/* Query absorption on sm_90 and the batched BF16 product it shares with the
+ * V up-projection (ops/bmm_cuda.h).  Byte and FLOP counts: docs/ops.md.
+ *
+ * Three kernels, all read-exact (they load only elements of the views, so no
+ * load can cross the end of an operand's storage) and all writing only
+ * elements of the output view:
+ *   stream  T <= 128: every weight byte is loaded once per 16*MT rows of T,
+ *           16 bytes per load straight into registers (no shared-memory
+ *           round trip), and fed to mma.sync with the columns permuted so no
+ *           transpose is needed.  K is split across the warps of a block and
+ *           reduced in shared memory; the block then writes 16-byte rows.
+ *   tiled   T > 128: 128x128 output tiles, K in steps of 32 through a
+ *           4-stage cp.async pipeline, ldmatrix (.trans for the weights) and
+ *           mma.sync.  Rows past T are zero-filled with src-size 0 copies
+ *           (no byte is read) at a clamped, valid address.
+ *   generic any size or alignment: one thread per output element.
+ */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "ops/bmm_cuda.h"
+#include "ops/ops.h"
+#include "runtime/status.h"
+
+namespace {
+
+struct Desc {
+    int64_t H, T, K, N;
+    const __nv_bfloat16 *a;
+    int64_t a_sh, a_st;
+    const __nv_bfloat16 *w;
+    int64_t w_sh, w_sk;
+    __nv_bfloat16 *c;
+    int64_t c_sh, c_st;
+    const __nv_bfloat16 *pe_in;
+    __nv_bfloat16 *pe_out;
+    int64_t R, pi_st, pi_sh, po_st, po_sh;
+    int a_vec;  /* a rows may be read 16 bytes at a time */
+    int c_vec;  /* c rows may be written 16 bytes at a time */
+    int c_vec4; /* ... 4 bytes at a time */
+    int pe_vec; /* pe rows copied 16 bytes at a time */
+};
+
+__device__ __forceinline__ uint4 ldg_stream(const void *p)
+{
+    uint4 v;
+    /* weights are used once per launch: keep them out of L1 */
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *smem)
+{
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *smem)
+{
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+/* 16-byte async copy; src_bytes 0 reads nothing and fills zeros */
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes)
+{
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* Copy pe_in[t,h,:] to pe_out[t,h,:] for t in [t0,t1): one block's share. */
+__device__ void pe_copy_rows(const Desc &d, int64_t h, int64_t t0, int64_t t1)
+{
+    if (t1 > d.T)
+        t1 = d.T;
+    if (d.pe_vec) {
+        const int64_t chunks = d.R / 8;
+        for (int64_t i = threadIdx.x; i < (t1 - t0) * chunks; i += blockDim.x) {
+            int64_t t = t0 + i / chunks, r = (i % chunks) * 8;
+            const uint4 *src = (const uint4 *)(d.pe_in + t * d.pi_st + h * d.pi_sh + r);
+            uint4 *dst = (uint4 *)(d.pe_out + t * d.po_st + h * d.po_sh + r);
+            *dst = *src;
+        }
+    } else {
+        for (int64_t i = threadIdx.x; i < (t1 - t0) * d.R; i += blockDim.x) {
+            int64_t t = t0 + i / d.R, r = i % d.R;
+            d.pe_out[t * d.po_st + h * d.po_sh + r] = d.pe_in[t * d.pi_st + h * d.pi_sh + r];
+        }
+    }
+}
+
+/* ---- stream kernel ------------------------------------------------------
+ * Block (n-chunk of 64 columns, head, m-chunk of 16*MT rows), nw warps;
+ * warp w owns k-steps [w*kpw, (w+1)*kpw) of 16 rows of K, loaded KB steps at
+ * a time.  Lane (g = lane/4, q = lane%4) loads rows 2q, 2q+1, 2q+8, 2q+9 of a
+ * step at columns n0 + 8g .. n0 + 8g + 7 (four 16-byte loads; eight lanes
+ * make a 128-byte line).  mma j (0..7) uses column j of each lane's eight:
+ * its logical column g is physical column n0 + 8g + j, which is exactly the
+ * B fragment layout once two rows are interleaved with one byte permute. */
+template <int MT> struct StreamBounds {
+    static constexpr int threads = MT == 1 ? 512 : 256;
+};
+
+template <int MT, int KB>
+__global__ void __launch_bounds__(StreamBounds<MT>::threads) bmm_stream_kernel(Desc d, int kpw)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int K = (int)d.K;
+    const int lds = K + 8; /* bf16 per A row: 16-byte pad keeps ldmatrix conflict-free */
+    __nv_bfloat16 *As = (__nv_bfloat16 *)smem;
+    float *red = (float *)smem; /* reused after the products */
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int64_t h = blockIdx.y;
+    const int64_t n0 = (int64_t)blockIdx.x * 64;
+    const int64_t t0 = (int64_t)blockIdx.z * 16 * MT;
+    const int rows = 16 * MT;
+
+    /* A tile to shared memory: only rows t < T are read; others are zero */
+    {
+        const __nv_bfloat16 *ah = d.a + h * d.a_sh;
+        const int chunks = K / 8;
+        for (int i = threadIdx.x; i < rows * chunks; i += blockDim.x) {
+            int r = i / chunks, k = (i % chunks) * 8;
+            int64_t t = t0 + r;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (t < d.T) {
+                const __nv_bfloat16 *src = ah + t * d.a_st + k;
+                if (d.a_vec) {
+                    v = *(const uint4 *)src;
+                } else {
+                    __nv_bfloat16 tmp[8];
+#pragma unroll
+                    for (int e = 0; e < 8; e++)
+                        tmp[e] = src[e];
+                    v = *(uint4 *)tmp;
+                }
+            }
+            *(uint4 *)(As + r * lds + k) = v;
+        }
+    }
+
+    float acc[MT][8][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[m][j][e] = 0.f;
+
+    const int s_begin = warp * kpw, s_end = s_begin + kpw;
+    const __nv_bfloat16 *wh = d.w + h * d.w_sh + n0 + 8 * g;
+    const int64_t sk = d.w_sk;
+
+    /* issue the first batch before waiting for the A tile */
+    uint4 wv[KB][4];
+    auto load_batch = [&](int s0) {
+#pragma unroll
+        for (int i = 0; i < KB; i++) {
+            if (s0 + i < s_end) {
+                const __nv_bfloat16 *p = wh + (int64_t)((s0 + i) * 16 + 2 * q) * sk;
+                wv[i][0] = ldg_stream(p);
+                wv[i][1] = ldg_stream(p + sk);
+                wv[i][2] = ldg_stream(p + 8 * sk);
+                wv[i][3] = ldg_stream(p + 9 * sk);
+            }
+        }
+    };
+    load_batch(s_begin);
+    __syncthreads();
+
+    for (int s0 = s_begin; s0 < s_end; s0 += KB) {
+#pragma unroll
+        for (int i = 0; i < KB; i++) {
+            if (s0 + i < s_end) {
+                const int k0 = (s0 + i) * 16;
+                uint32_t af[MT][4];
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+                    ldmatrix_x4(af[m], As + (m * 16 + (lane & 15)) * lds + k0 + (lane >> 4) * 8);
+                const uint32_t *r0 = (const uint32_t *)&wv[i][0];
+                const uint32_t *r1 = (const uint32_t *)&wv[i][1];
+                const uint32_t *r8 = (const uint32_t *)&wv[i][2];
+                const uint32_t *r9 = (const uint32_t *)&wv[i][3];
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const uint32_t sel = (j & 1) ? 0x7632u : 0x5410u;
+                    uint32_t b0 = __byte_perm(r0[j >> 1], r1[j >> 1], sel);
+                    uint32_t b1 = __byte_perm(r8[j >> 1], r9[j >> 1], sel);
+#pragma unroll
+                    for (int m = 0; m < MT; m++)
+                        mma_bf16(acc[m][j], af[m], b0, b1);
+                }
+            }
+        }
+        if (s0 + KB < s_end)
+            load_batch(s0 + KB);
+    }
+
+    /* partial sums in fragment order: red[w][m][e][j][lane], conflict-free */
+    __syncthreads(); /* A tile no longer needed: its space becomes red */
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                red[((((warp * MT + m) * 4 + e) * 8 + j) << 5) + lane] = acc[m][j][e];
+    __syncthreads();
+
+    /* item (m, e, lane): row m*16 + g + 8*(e>>1), columns n0 + 8*(2q + (e&1)) + 0..7 */
+    for (int it = threadIdx.x; it < MT * 4 * 32; it += blockDim.x) {
+        const int ln = it & 31, e = (it >> 5) & 3, m = it >> 7;
+        const int64_t t = t0 + m * 16 + (ln >> 2) + 8 * (e >> 1);
+        if (t >= d.T)
+            continue;
+        float v[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            v[j] = 0.f;
+        for (int w = 0; w < nw; w++) {
+            const float *src = red + ((((w * MT + m) * 4 + e) * 8) << 5) + ln;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                v[j] += src[j << 5];
+        }
+        const int64_t col = n0 + 8 * (2 * (ln & 3) + (e & 1));
+        __nv_bfloat16 *dst = d.c + h * d.c_sh + t * d.c_st + col;
+        if (d.c_vec) {
+            uint4 o;
+            o.x = pack_bf16(v[0], v[1]);
+            o.y = pack_bf16(v[2], v[3]);
+            o.z = pack_bf16(v[4], v[5]);
+            o.w = pack_bf16(v[6], v[7]);
+            *(uint4 *)dst = o;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                dst[j] = __float2bfloat16_rn(v[j]);
+        }
+    }
+
+    if (d.pe_in && blockIdx.x == 0)
+        pe_copy_rows(d, h, t0, t0 + rows);
+}
+
+/* ---- tiled kernel --------------------------------------------------------
+ * 128x128 tile of c per block, 8 warps as 2 (rows) x 4 (columns), warp tile
+ * 64x32; K in steps of 32 through TSTAGES cp.async stages. */
+constexpr int TBM = 128, TBN = 128, TBK = 32, TSTAGES = 4;
+constexpr int TLDA = TBK + 8, TLDB = TBN + 8; /* padded rows: ldmatrix conflict-free */
+constexpr int TILED_SMEM = TSTAGES * (TBM * TLDA + TBK * TLDB) * 2;
+
+__global__ void __launch_bounds__(256, 2) bmm_tiled_kernel(Desc d)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    __nv_bfloat16 *As = (__nv_bfloat16 *)smem;
+    __nv_bfloat16 *Bs = As + TSTAGES * TBM * TLDA;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp >> 2, wn = warp & 3;
+    const int64_t n0 = (int64_t)blockIdx.x * TBN;
+    const int64_t t0 = (int64_t)blockIdx.y * TBM;
+    const int64_t h = blockIdx.z;
+    const int KT = (int)(d.K / TBK);
+    const __nv_bfloat16 *ah = d.a + h * d.a_sh;
+    const __nv_bfloat16 *wh = d.w + h * d.w_sh + n0;
+
+    auto load_stage = [&](int kt, int st) {
+        const int k0 = kt * TBK;
+#pragma unroll
+        for (int i = 0; i < 2; i++) { /* A: 128 rows x 4 chunks of 8 */
+            int idx = tid + i * 256, r = idx >> 2, ck = (idx & 3) * 8;
+            int64_t t = t0 + r;
+            bool ok = t < d.T;
+            const __nv_bfloat16 *src = ok ? ah + t * d.a_st + k0 + ck : ah + k0 + ck;
+            cp_async16(As + (st * TBM + r) * TLDA + ck, src, ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) { /* W: 32 rows x 16 chunks of 8 */
+            int idx = tid + i * 256, r = idx >> 4, cn = (idx & 15) * 8;
+            cp_async16(Bs + (st * TBK + r) * TLDB + cn, wh + (int64_t)(k0 + r) * d.w_sk + cn, 16);
+        }
+    };
+
+    float acc[4][4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[i][j][e] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < TSTAGES - 1; s++) {
+        if (s < KT)
+            load_stage(s, s);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < KT; kt++) {
+        cp_async_wait<TSTAGES - 2>();
+        __syncthreads();
+        if (kt + TSTAGES - 1 < KT)
+            load_stage(kt + TSTAGES - 1, (kt + TSTAGES - 1) % TSTAGES);
+        cp_async_commit();
+        const int st = kt % TSTAGES;
+#pragma unroll
+        for (int kk = 0; kk < TBK; kk += 16) {
+            uint32_t af[4][4], bf[4][2];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                ldmatrix_x4(af[i], As + (st * TBM + wm * 64 + i * 16 + (lane & 15)) * TLDA + kk + (lane >> 4) * 8);
+#pragma unroll
+            for (int jj = 0; jj < 2; jj++) {
+                uint32_t r[4];
+                ldmatrix_x4_trans(r, Bs + (st * TBK + kk + (lane & 15)) * TLDB + wn * 32 + jj * 16 + (lane >> 4) * 8);
+                bf[2 * jj][0] = r[0];
+                bf[2 * jj][1] = r[1];
+                bf[2 * jj + 1][0] = r[2];
+                bf[2 * jj + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    mma_bf16(acc[i][j], af[i], bf[j][0], bf[j][1]);
+        }
+    }
+    cp_async_wait<0>();
+
+    const int g = lane >> 2, q = lane & 3;
+    __nv_bfloat16 *ch = d.c + h * d.c_sh;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int64_t t = t0 + wm * 64 + i * 16 + g + half * 8;
+            if (t >= d.T)
+                continue;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int64_t col = n0 + wn * 32 + j * 8 + 2 * q;
+                __nv_bfloat16 *dst = ch + t * d.c_st + col;
+                float lo = acc[i][j][2 * half], hi = acc[i][j][2 * half + 1];
+                if (d.c_vec4) {
+                    *(uint32_t *)dst = pack_bf16(lo, hi);
+                } else {
+                    dst[0] = __float2bfloat16_rn(lo);
+                    dst[1] = __float2bfloat16_rn(hi);
+                }
+            }
+        }
+    }
+
+    if (d.pe_in && blockIdx.x == 0)
+        pe_copy_rows(d, h, t0, t0 + TBM);
+}
+
+/* ---- generic kernel: one thread per output element ---------------------- */
+__global__ void bmm_generic_kernel(Desc d)
+{
+    const int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t t = blockIdx.y, h = blockIdx.z;
+    if (n < d.N) {
+        const __nv_bfloat16 *a = d.a + h * d.a_sh + t * d.a_st;
+        const __nv_bfloat16 *w = d.w + h * d.w_sh + n;
+        float acc = 0.f;
+        for (int64_t k = 0; k < d.K; k++)
+            acc += __bfloat162float(a[k]) * __bfloat162float(w[k * d.w_sk]);
+        d.c[h * d.c_sh + t * d.c_st + n] = __float2bfloat16_rn(acc);
+    }
+    if (d.pe_in && blockIdx.x == 0)
+        for (int64_t r = threadIdx.x; r < d.R; r += blockDim.x)
+            d.pe_out[t * d.po_st + h * d.po_sh + r] = d.pe_in[t * d.pi_st + h * d.pi_sh + r];
+}
+
+bool aligned(const void *p, int64_t s0, int64_t s1, int bytes)
+{
+    return ((uintptr_t)p % bytes) == 0 && (s0 * 2) % bytes == 0 && (s1 * 2) % bytes == 0;
+}
+
+Desc make_desc(const mlart_bmm_desc *s)
+{
+    Desc d;
+    d.H = s->H;
+    d.T = s->T;
+    d.K = s->K;
+    d.N = s->N;
+    d.a = (const __nv_bfloat16 *)s->a;
+    d.a_sh = s->a_sh;
+    d.a_st = s->a_st;
+    d.w = (const __nv_bfloat16 *)s->w;
+    d.w_sh = s->w_sh;
+    d.w_sk = s->w_sk;
+    d.c = (__nv_bfloat16 *)s->c;
+    d.c_sh = s->c_sh;
+    d.c_st = s->c_st;
+    d.pe_in = (const __nv_bfloat16 *)s->pe_in;
+    d.pe_out = (__nv_bfloat16 *)(s->pe_in ? s->pe_out : nullptr);
+    d.R = s->pe_in ? s->R : 0;
+    d.pi_st = s->pi_st;
+    d.pi_sh = s->pi_sh;
+    d.po_st = s->po_st;
+    d.po_sh = s->po_sh;
+    d.a_vec = aligned(s->a, s->a_sh, s->a_st, 16) && s->K % 8 == 0;
+    d.c_vec = aligned(s->c, s->c_sh, s->c_st, 16);
+    d.c_vec4 = aligned(s->c, s->c_sh, s->c_st, 4);
+    d.pe_vec = s->pe_in && d.R % 8 == 0 && aligned(s->pe_in, s->pi_st, s->pi_sh, 16) &&
+               aligned(s->pe_out, s->po_st, s->po_sh, 16);
+    return d;
+}
+
+bool stream_ok(const Desc &d)
+{
+    return d.K % 16 == 0 && d.N % 64 == 0 && aligned(d.w, d.w_sh, d.w_sk, 16) && d.H <= 65535;
+}
+
+bool tiled_ok(const Desc &d)
+{
+    return d.K % TBK == 0 && d.N % TBN == 0 && d.a_vec && aligned(d.w, d.w_sh, d.w_sk, 16) &&
+           d.H <= 65535 && (d.T + TBM - 1) / TBM <= 65535;
+}
+
+/* Warps splitting K for the stream kernel: 2 to 4 k-steps of 16 per warp
+ * keep 8 to 16 loads of 16 bytes in flight per thread at a register count
+ * that leaves room for several blocks per SM. */
+int stream_warps(int ks)
+{
+    const int cap = ks > 16 ? 8 : 4;
+    int best = 1;
+    for (int nw = 1; nw <= cap && nw <= ks; nw++)
+        if (ks % nw == 0)
+            best = nw;
+    return best;
+}
+
+int pick_path(const Desc &d, const mlart_bmm_config *cfg)
+{
+    int path = cfg ? cfg->path : MLART_BMM_AUTO;
+    if (path == MLART_BMM_AUTO) {
+        if (d.T > 128 && tiled_ok(d))
+            return MLART_BMM_TILED;
+        if (stream_ok(d))
+            return MLART_BMM_STREAM;
+        return MLART_BMM_GENERIC;
+    }
+    if (path == MLART_BMM_STREAM && !stream_ok(d))
+        return -1;
+    if (path == MLART_BMM_TILED && !tiled_ok(d))
+        return -1;
+    if (path < MLART_BMM_GENERIC || path > MLART_BMM_TILED)
+        return -1;
+    return path;
+}
+
+template <int MT, int KB> cudaError_t launch_stream_kb(const Desc &d, int nw, int kpw, size_t smem, cudaStream_t st)
+{
+    if (nw * 32 > StreamBounds<MT>::threads)
+        return cudaErrorInvalidConfiguration;
+    cudaError_t e = cudaFuncSetAttribute(bmm_stream_kernel<MT, KB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
+    if (e != cudaSuccess)
+        return e;
+    dim3 grid((unsigned)(d.N / 64), (unsigned)d.H, (unsigned)((d.T + 16 * MT - 1) / (16 * MT)));
+    bmm_stream_kernel<MT, KB><<<grid, nw * 32, smem, st>>>(d, kpw);
+    return cudaGetLastError();
+}
+
+template <int MT> cudaError_t launch_stream_mt(const Desc &d, int nw, int kpw, size_t smem, cudaStream_t st)
+{
+    /* registers: MT*32 accumulators + KB*16 weight words */
+    const int kbmax = MT >= 3 ? 2 : 4;
+    int kb = kpw < kbmax ? kpw : kbmax;
+    switch (kb) {
+    case 1: return launch_stream_kb<MT, 1>(d, nw, kpw, smem, st);
+    case 2: return launch_stream_kb<MT, 2>(d, nw, kpw, smem, st);
+    case 3: return launch_stream_kb<MT, 3>(d, nw, kpw, smem, st);
+    default: return launch_stream_kb<MT, 4>(d, nw, kpw, smem, st);
+    }
+}
+
+int run(const Desc &d, const mlart_bmm_config *cfg, cudaStream_t st)
+{
+    const int path = pick_path(d, cfg);
+    cudaError_t e;
+    if (path < 0)
+        return mlart_set_error(MLART_ENOTSUP, "bmm: forced path %d cannot serve K=%lld N=%lld with these alignments",
+                               cfg ? cfg->path : 0, (long long)d.K, (long long)d.N);
+    if (d.H == 0 || d.T == 0 || (d.N == 0 && !d.pe_in))
+        return 0;
+    if (path == MLART_BMM_STREAM) {
+        int mt = cfg && cfg->mt ? cfg->mt : (int)((d.T + 15) / 16);
+        if (mt > 4)
+            mt = 4;
+        if (mt < 1)
+            mt = 1;
+        const int ks = (int)(d.K / 16);
+        int nw = cfg && cfg->warps ? cfg->warps : stream_warps(ks);
+        if (nw < 1 || nw > 16 || ks % nw != 0)
+            return mlart_set_error(MLART_ENOTSUP, "bmm: %d warps do not divide %d k-steps", nw, ks);
+        const size_t a_bytes = (size_t)16 * mt * (d.K + 8) * 2;
+        const size_t r_bytes = (size_t)nw * mt * 4 * 8 * 32 * 4;
+        const size_t smem = a_bytes > r_bytes ? a_bytes : r_bytes;
+        if (smem > 200 * 1024)
+            return mlart_set_error(MLART_ENOTSUP, "bmm: K=%lld needs %zu bytes of shared memory", (long long)d.K, smem);
+        switch (mt) {
+        case 1: e = launch_stream_mt<1>(d, nw, ks / nw, smem, st); break;
+        case 2: e = launch_stream_mt<2>(d, nw, ks / nw, smem, st); break;
+        case 3: e = launch_stream_mt<3>(d, nw, ks / nw, smem, st); break;
+        default: e = launch_stream_mt<4>(d, nw, ks / nw, smem, st); break;
+        }
+    } else if (path == MLART_BMM_TILED) {
+        e = cudaFuncSetAttribute(bmm_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TILED_SMEM);
+        if (e == cudaSuccess) {
+            dim3 grid((unsigned)(d.N / TBN), (unsigned)((d.T + TBM - 1) / TBM), (unsigned)d.H);
+            bmm_tiled_kernel<<<grid, 256, TILED_SMEM, st>>>(d);
+            e = cudaGetLastError();
+        }
+    } else {
+        if (d.T > 65535 || d.H > 65535)
+            return mlart_set_error(MLART_ENOTSUP, "bmm: generic path limited to T, H <= 65535");
+        dim3 grid((unsigned)((d.N + 127) / 128 > 0 ? (d.N + 127) / 128 : 1), (unsigned)d.T, (unsigned)d.H);
+        bmm_generic_kernel<<<grid, 128, 0, st>>>(d);
+        e = cudaGetLastError();
+    }
+    if (e != cudaSuccess)
+        return mlart_set_error(MLART_ECUDA, "bmm launch (path %d): %s", path, cudaGetErrorString(e));
+    return 0;
+}
+
+} // namespace
+
+extern "C" int mlart_bmm_cuda_path(const mlart_bmm_desc *s, const mlart_bmm_config *cfg)
+{
+    Desc d = make_desc(s);
+    return pick_path(d, cfg);
+}
+
+extern "C" int mlart_bmm_cuda_run(const mlart_bmm_desc *s, const mlart_bmm_config *cfg, void *stream)
+{
+    Desc d = make_desc(s);
+    return run(d, cfg, (cudaStream_t)stream);
+}
+
+extern "C" int mlart_query_bmm_cuda(const mlart_tensor *a, const mlart_tensor *w, const mlart_tensor *out,
+                                    const mlart_tensor *pe_in, const mlart_tensor *pe_out, void *stream)
+{
+    mlart_bmm_desc s;
+    MLART_CHECK(mlart_query_bmm_check(a, w, out, pe_in, pe_out));
+    if (a->device < 0 || w->device < 0 || out->device < 0 || (pe_in && (pe_in->device < 0 || pe_out->device < 0)))
+        return mlart_set_error(MLART_EINVAL, "query_bmm_cuda: every tensor must be on a CUDA device");
+    s.H = a->shape[0];
+    s.T = a->shape[1];
+    s.K = a->shape[2];
+    s.N = w->shape[2];
+    s.a = a->data;
+    s.a_sh = a->stride[0];
+    s.a_st = a->stride[1];
+    s.w = w->data;
+    s.w_sh = w->stride[0];
+    s.w_sk = w->stride[1];
+    s.c = out->data;
+    s.c_sh = out->stride[0];
+    s.c_st = out->stride[1];
+    s.pe_in = NULL;
+    s.pe_out = NULL;
+    s.R = s.pi_st = s.pi_sh = s.po_st = s.po_sh = 0;
+    if (pe_in && pe_in->data) {
+        s.pe_in = pe_in->data;
+        s.pe_out = pe_out->data;
+        s.R = pe_in->shape[2];
+        s.pi_st = pe_in->stride[0];
+        s.pi_sh = pe_in->stride[1];
+        s.po_st = pe_out->stride[0];
+        s.po_sh = pe_out->stride[1];
+    }
+    return mlart_bmm_cuda_run(&s, NULL, stream);
+}

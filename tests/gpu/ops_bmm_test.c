@@ -1,0 +1,455 @@
+/* GPU correctness of the query absorption and the V up-projection against an
+ * fp64 reference of the same bf16 inputs and against the CPU twins: fresh
+ * random inputs (seed printed), outputs poisoned with 0xFFFF (bf16 NaN)
+ * before every run, sentinels around the output storage, every kernel path,
+ * graph replay equal to eager bit for bit, bad input refused. */
+#define _DEFAULT_SOURCE /* fork, mmap flags */
+#include <check.h>
+
+#include "ops/bmm_cuda.h"
+#include "ops/ops.h"
+#include "ops_gpu_util.h"
+
+#define SENT 64           /* sentinel elements on each side of the output storage */
+#define SENT_BITS 0xA5A5u /* a finite bf16 no kernel produces by accident here */
+#define MAX_SAMPLED 192   /* (h,t) rows compared with the fp64 reference per case */
+#define TWIN_MACS (1ll << 28)
+
+static uint64_t g_seed;
+
+typedef struct ops_stats {
+    double worst;   /* max |gpu - ref| / bound over compared elements */
+    double nrm_err; /* sum (gpu - ref)^2 */
+    double nrm_ref; /* sum ref^2 */
+    long long compared, twin_diff, twin_elems;
+} ops_stats;
+
+static void desc_from_views(const ops_case *c, const ops_views *v, mlart_bmm_desc *d)
+{
+    memset(d, 0, sizeof *d);
+    d->H = c->H;
+    d->T = c->T;
+    d->K = c->K;
+    d->N = c->N;
+    d->a = v->a.data;
+    d->a_sh = v->a.stride[0];
+    d->a_st = v->a.stride[1];
+    d->w = v->w.data;
+    d->w_sh = v->w.stride[0];
+    d->w_sk = v->w.stride[1];
+    d->c = v->c.data;
+    d->c_sh = v->c.stride[0];
+    d->c_st = v->c.stride[1];
+    if (c->pe && !c->vup) {
+        d->pe_in = v->pe_in.data;
+        d->pe_out = v->pe_out.data;
+        d->R = c->R;
+        d->pi_st = v->pe_in.stride[0];
+        d->pi_sh = v->pe_in.stride[1];
+        d->po_st = v->pe_out.stride[0];
+        d->po_sh = v->pe_out.stride[1];
+    }
+}
+
+/* Run the op on views v (device or host) through the public entry (cfg NULL)
+ * or a forced kernel path. */
+static int run_op(const ops_case *c, const ops_views *v, const mlart_bmm_config *cfg, cudaStream_t st)
+{
+    if (cfg) {
+        mlart_bmm_desc d;
+        desc_from_views(c, v, &d);
+        return mlart_bmm_cuda_run(&d, cfg, st);
+    }
+    if (c->vup)
+        return v->a.device < 0 ? mlart_v_up_bmm_cpu(&v->a, &v->w, &v->c)
+                               : mlart_v_up_bmm_cuda(&v->a, &v->w, &v->c, st);
+    if (v->a.device < 0)
+        return mlart_query_bmm_cpu(&v->a, &v->w, &v->c, c->pe ? &v->pe_in : NULL, c->pe ? &v->pe_out : NULL);
+    return mlart_query_bmm_cuda(&v->a, &v->w, &v->c, c->pe ? &v->pe_in : NULL, c->pe ? &v->pe_out : NULL, st);
+}
+
+static void poison_device(uint16_t *dbuf, size_t nc)
+{
+    uint16_t sent[SENT];
+    for (int i = 0; i < SENT; i++)
+        sent[i] = SENT_BITS;
+    OPS_CUDA(cudaMemset(dbuf, 0xFF, (nc + 2 * SENT) * 2));
+    OPS_CUDA(cudaMemcpy(dbuf, sent, sizeof sent, cudaMemcpyHostToDevice));
+    OPS_CUDA(cudaMemcpy(dbuf + SENT + nc, sent, sizeof sent, cudaMemcpyHostToDevice));
+}
+
+/* Every output element written and not NaN, every other element of the
+ * output storage (q_pe when not fused, row padding) and the sentinels left
+ * as they were; q_pe copied bit for bit when fused. */
+static void check_untouched(const ops_case *c, const uint16_t *ha, const uint16_t *hc, const char *tag)
+{
+    const int64_t AS = ops_as(c), CS = ops_cs(c);
+    const size_t nc = ops_c_elems(c);
+    for (int i = 0; i < SENT; i++) {
+        ck_assert_msg(hc[i] == SENT_BITS, "%s: sentinel before output changed at -%d", tag, SENT - i);
+        ck_assert_msg(hc[SENT + nc + i] == SENT_BITS, "%s: sentinel after output changed at +%d", tag, i);
+    }
+    for (int64_t t = 0; t < c->T; t++)
+        for (int64_t h = 0; h < c->H; h++) {
+            const uint16_t *row = hc + SENT + (t * c->H + h) * CS;
+            int64_t n = 0;
+            for (; n < c->N; n++)
+                ck_assert_msg(!isnan(mlart_bf16_to_f32(row[n])), "%s: out[h=%lld,t=%lld,n=%lld] unwritten or NaN",
+                              tag, (long long)h, (long long)t, (long long)n);
+            if (!c->vup)
+                for (int64_t r = 0; r < c->R; r++, n++) {
+                    uint16_t want = c->pe ? ha[(t * c->H + h) * AS + c->K + r] : 0xFFFFu;
+                    ck_assert_msg(row[n] == want, "%s: q_pe column %lld of (t=%lld,h=%lld) is %#x, want %#x", tag,
+                                  (long long)r, (long long)t, (long long)h, row[n], want);
+                }
+            for (; n < CS; n++)
+                ck_assert_msg(row[n] == 0xFFFFu, "%s: padding element %lld of (t=%lld,h=%lld) written", tag,
+                              (long long)n, (long long)t, (long long)h);
+        }
+}
+
+/* Compare sampled rows of hc (output storage with sentinels) with fp64. */
+static void check_vs_ref(const ops_case *c, const uint16_t *ha, const uint16_t *hw, const uint16_t *hc,
+                         const uint16_t *htwin, uint64_t *rng, ops_stats *s, const char *tag)
+{
+    double *ref = malloc(sizeof(double) * (size_t)c->N), *mag = malloc(sizeof(double) * (size_t)c->N);
+    const int64_t pairs = c->H * c->T;
+    const int64_t nsamp = pairs <= MAX_SAMPLED ? pairs : MAX_SAMPLED;
+    ck_assert(ref && mag);
+    for (int64_t i = 0; i < nsamp; i++) {
+        int64_t h, t;
+        if (pairs <= MAX_SAMPLED) {
+            h = i % c->H;
+            t = i / c->H;
+        } else if (i < 4) { /* the corners, then random rows */
+            h = (i & 1) ? c->H - 1 : 0;
+            t = (i & 2) ? c->T - 1 : 0;
+        } else {
+            h = (int64_t)(ops_rand(rng) % (uint64_t)c->H);
+            t = (int64_t)(ops_rand(rng) % (uint64_t)c->T);
+        }
+        ops_ref_row(c, ha, hw, h, t, ref, mag);
+        const int64_t off = SENT + (t * c->H + h) * ops_cs(c);
+        for (int64_t n = 0; n < c->N; n++) {
+            double g = mlart_bf16_to_f32(hc[off + n]);
+            double b = ops_bound(c, ref[n], mag[n]);
+            double e = fabs(g - ref[n]);
+            ck_assert_msg(e <= b, "%s: out[h=%lld,t=%lld,n=%lld] = %.9g, fp64 %.9g, |err| %.3g > bound %.3g", tag,
+                          (long long)h, (long long)t, (long long)n, g, ref[n], e, b);
+            if (e / b > s->worst)
+                s->worst = e / b;
+            s->nrm_err += e * e;
+            s->nrm_ref += ref[n] * ref[n];
+            s->compared++;
+            if (htwin) {
+                double tw = mlart_bf16_to_f32(htwin[off + n]);
+                ck_assert_msg(fabs(tw - ref[n]) <= b, "%s: CPU twin out[h=%lld,t=%lld,n=%lld] = %.9g, fp64 %.9g", tag,
+                              (long long)h, (long long)t, (long long)n, tw, ref[n]);
+            }
+        }
+    }
+    free(ref);
+    free(mag);
+}
+
+/* One case: fresh inputs, poisoned output, run, check everything. */
+static void run_case(const ops_case *c, const mlart_bmm_config *cfg, uint64_t *rng, int twin, ops_stats *s)
+{
+    char tag[160];
+    const size_t na = ops_a_elems(c), nw = ops_w_elems(c), nc = ops_c_elems(c);
+    uint16_t *ha = malloc(na * 2), *hw = malloc(nw * 2), *hc = malloc((nc + 2 * SENT) * 2), *ht = NULL;
+    uint16_t *da = NULL, *dw = NULL, *dc = NULL;
+    ops_views v;
+    int rc;
+    snprintf(tag, sizeof tag, "%s H=%lld T=%lld K=%lld N=%lld pe=%d apad=%d cpad=%d path=%d mt=%d warps=%d",
+             c->vup ? "v_up" : "query", (long long)c->H, (long long)c->T, (long long)c->K, (long long)c->N, c->pe,
+             c->apad, c->cpad, cfg ? cfg->path : 0, cfg ? cfg->mt : 0, cfg ? cfg->warps : 0);
+    ck_assert(ha && hw && hc);
+    ops_fill_bf16(ha, na, rng);
+    ops_fill_bf16(hw, nw, rng);
+    OPS_CUDA(cudaMalloc((void **)&da, na * 2));
+    OPS_CUDA(cudaMalloc((void **)&dw, nw * 2));
+    OPS_CUDA(cudaMalloc((void **)&dc, (nc + 2 * SENT) * 2));
+    OPS_CUDA(cudaMemcpy(da, ha, na * 2, cudaMemcpyHostToDevice));
+    OPS_CUDA(cudaMemcpy(dw, hw, nw * 2, cudaMemcpyHostToDevice));
+    poison_device(dc, nc);
+    v = ops_make_views(c, 0, da, na * 2, dw, nw * 2, dc + SENT, nc * 2);
+    rc = run_op(c, &v, cfg, 0);
+    ck_assert_msg(rc == 0, "%s: rc %d: %s", tag, rc, mlart_last_error());
+    OPS_CUDA(cudaGetLastError());
+    OPS_CUDA(cudaDeviceSynchronize());
+    OPS_CUDA(cudaMemcpy(hc, dc, (nc + 2 * SENT) * 2, cudaMemcpyDeviceToHost));
+    check_untouched(c, ha, hc, tag);
+
+    if (twin && c->H * c->T * c->K * c->N <= TWIN_MACS) {
+        ops_views hv;
+        ht = malloc((nc + 2 * SENT) * 2);
+        ck_assert(ht);
+        for (size_t i = 0; i < nc + 2 * SENT; i++)
+            ht[i] = (i < SENT || i >= SENT + nc) ? SENT_BITS : 0xFFFFu;
+        hv = ops_make_views(c, -1, ha, na * 2, hw, nw * 2, ht + SENT, nc * 2);
+        rc = run_op(c, &hv, NULL, 0);
+        ck_assert_msg(rc == 0, "%s: CPU twin rc %d: %s", tag, rc, mlart_last_error());
+        check_untouched(c, ha, ht, "CPU twin");
+        for (size_t i = 0; i < nc + 2 * SENT; i++)
+            s->twin_diff += ht[i] != hc[i];
+        s->twin_elems += (long long)nc;
+    }
+    check_vs_ref(c, ha, hw, hc, ht, rng, s, tag);
+    cudaFree(da);
+    cudaFree(dw);
+    cudaFree(dc);
+    free(ha);
+    free(hw);
+    free(hc);
+    free(ht);
+}
+
+static void print_stats(const char *what, const ops_stats *s)
+{
+    printf("%s: %lld elements vs fp64, worst |err|/bound %.3f, norm-wise rel err %.3g (bound 2^-8 = %.3g); "
+           "CPU twin: %lld of %lld elements differ by bits (seed %#llx)\n",
+           what, s->compared, s->worst, sqrt(s->nrm_err / (s->nrm_ref > 0 ? s->nrm_ref : 1)), ldexp(1, -8),
+           s->twin_diff, s->twin_elems, (unsigned long long)g_seed);
+}
+
+static void check_norm(const ops_stats *s)
+{
+    ck_assert_msg(sqrt(s->nrm_err / s->nrm_ref) <= ldexp(1, -8), "norm-wise relative error %.3g > 2^-8",
+                  sqrt(s->nrm_err / s->nrm_ref));
+}
+
+static const int64_t k_T[] = {1, 2, 3, 6, 9, 11, 16, 64, 75, 256, 8192};
+static const int64_t k_H[] = {1, 8, 11, 16, 32, 64, 128};
+
+/* T = 8192 runs with H <= 16 only (H = 32..128 would take minutes of
+ * host-side reference and data generation for no new code path). */
+static int pruned(int64_t T, int64_t H)
+{
+    return T == 8192 && H > 16;
+}
+
+START_TEST(query_matrix)
+{
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 1) * 0x9E3779B97F4A7C15ull;
+    ops_stats s = {0};
+    char what[64];
+    for (unsigned ih = 0; ih < sizeof k_H / sizeof k_H[0]; ih++)
+        for (int p = 0; p < 2; p++) {
+            ops_case c = {0, k_H[ih], k_T[_i], p ? 192 : 128, 512, 64, (int)(ih % 2 == 0), 0, 0};
+            if (pruned(c.T, c.H))
+                continue;
+            run_case(&c, NULL, &rng, 1, &s);
+        }
+    snprintf(what, sizeof what, "query_bmm T=%lld, H in {1..128}, P in {128,192}", (long long)k_T[_i]);
+    print_stats(what, &s);
+    check_norm(&s);
+}
+END_TEST
+
+START_TEST(vup_matrix)
+{
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 101) * 0x9E3779B97F4A7C15ull;
+    ops_stats s = {0};
+    char what[64];
+    for (unsigned ih = 0; ih < sizeof k_H / sizeof k_H[0]; ih++)
+        for (int vv = 0; vv < 2; vv++) {
+            ops_case c = {1, k_H[ih], k_T[_i], 512, vv ? 256 : 128, 0, 0, 0, 0};
+            if (pruned(c.T, c.H))
+                continue;
+            run_case(&c, NULL, &rng, 1, &s);
+        }
+    snprintf(what, sizeof what, "v_up_bmm T=%lld, H in {1..128}, V in {128,256}", (long long)k_T[_i]);
+    print_stats(what, &s);
+    check_norm(&s);
+}
+END_TEST
+
+/* Every kernel path forced on the same shapes, odd strides (no 16-byte
+ * access possible), and sizes only the generic path serves. */
+START_TEST(paths)
+{
+    uint64_t rng = g_seed ^ 0x5151ull;
+    ops_stats s = {0};
+    static const int64_t Ts[] = {1, 17, 75, 300};
+    static const mlart_bmm_config cfgs[] = {
+        {MLART_BMM_STREAM, 0, 0}, {MLART_BMM_STREAM, 1, 12}, {MLART_BMM_STREAM, 2, 6}, {MLART_BMM_STREAM, 3, 2},
+        {MLART_BMM_STREAM, 4, 4}, {MLART_BMM_TILED, 0, 0},   {MLART_BMM_GENERIC, 0, 0}};
+    for (unsigned it = 0; it < 4; it++)
+        for (unsigned ic = 0; ic < sizeof cfgs / sizeof cfgs[0]; ic++) {
+            ops_case q = {0, 3, Ts[it], 192, 512, 64, 1, 0, 0};
+            ops_case x = {1, 2, Ts[it], 512, 256, 0, 0, 0, 8};
+            mlart_bmm_config cv = cfgs[ic];
+            run_case(&q, &cfgs[ic], &rng, 0, &s);
+            if (cv.path == MLART_BMM_STREAM && cv.warps && 32 % cv.warps)
+                cv.warps = 8;
+            run_case(&x, &cv, &rng, 0, &s);
+        }
+    {
+        /* odd row strides: a and c rows not 16-byte aligned */
+        ops_case q1 = {0, 5, 37, 128, 512, 64, 1, 1, 3};
+        ops_case x1 = {1, 3, 29, 512, 128, 0, 0, 3, 1};
+        ops_case g1 = {0, 3, 7, 40, 72, 64, 1, 0, 0}; /* P=40, L=72: generic only */
+        mlart_bmm_config tiled = {MLART_BMM_TILED, 0, 0}, stream = {MLART_BMM_STREAM, 0, 0};
+        mlart_bmm_desc d;
+        run_case(&q1, NULL, &rng, 1, &s);
+        run_case(&q1, &stream, &rng, 0, &s);
+        run_case(&x1, NULL, &rng, 1, &s);
+        run_case(&g1, NULL, &rng, 1, &s);
+        memset(&d, 0, sizeof d);
+        d.H = 1;
+        d.T = 300;
+        d.K = 128;
+        d.N = 512;
+        d.a = (const void *)(uintptr_t)2; /* misaligned: refused before any launch */
+        d.w = (const void *)(uintptr_t)16;
+        d.c = (void *)(uintptr_t)16;
+        d.a_st = 131;
+        d.w_sk = 512;
+        d.c_st = 512;
+        ck_assert_int_eq(mlart_bmm_cuda_run(&d, &tiled, 0), MLART_ENOTSUP);
+        d.K = 40;
+        ck_assert_int_eq(mlart_bmm_cuda_run(&d, &stream, 0), MLART_ENOTSUP);
+    }
+    print_stats("forced paths (stream MT 1-4, tiled, generic), odd strides, P=40/L=72", &s);
+    check_norm(&s);
+}
+END_TEST
+
+/* Capture the op in a CUDA graph, replay it into a poisoned buffer: the
+ * bits equal those of an eager run, on every path. */
+START_TEST(graph_replay)
+{
+    uint64_t rng = g_seed ^ 0x6161ull;
+    static const int64_t Ts[] = {1, 40, 64, 100, 300};
+    int cases = 0;
+    for (unsigned it = 0; it < 5; it++)
+        for (int op = 0; op < 2; op++)
+            for (int gen = 0; gen < 2; gen++) {
+                ops_case c = op ? (ops_case){1, 16, Ts[it], 512, 256, 0, 0, 0, 0}
+                                : (ops_case){0, 16, Ts[it], 192, 512, 64, 1, 0, 0};
+                mlart_bmm_config gcfg = {MLART_BMM_GENERIC, 0, 0};
+                const size_t na = ops_a_elems(&c), nw = ops_w_elems(&c), nc = ops_c_elems(&c);
+                uint16_t *ha = malloc(na * 2), *hw = malloc(nw * 2), *h1 = malloc(nc * 2), *h2 = malloc(nc * 2);
+                uint16_t *da, *dw, *d1, *d2;
+                cudaStream_t st;
+                cudaGraph_t g;
+                cudaGraphExec_t ge;
+                ops_views v;
+                ck_assert(ha && hw && h1 && h2);
+                ops_fill_bf16(ha, na, &rng);
+                ops_fill_bf16(hw, nw, &rng);
+                OPS_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+                OPS_CUDA(cudaMalloc((void **)&da, na * 2));
+                OPS_CUDA(cudaMalloc((void **)&dw, nw * 2));
+                OPS_CUDA(cudaMalloc((void **)&d1, nc * 2));
+                OPS_CUDA(cudaMalloc((void **)&d2, nc * 2));
+                OPS_CUDA(cudaMemcpy(da, ha, na * 2, cudaMemcpyHostToDevice));
+                OPS_CUDA(cudaMemcpy(dw, hw, nw * 2, cudaMemcpyHostToDevice));
+                OPS_CUDA(cudaMemset(d1, 0xFF, nc * 2));
+                OPS_CUDA(cudaMemset(d2, 0xFF, nc * 2));
+                v = ops_make_views(&c, 0, da, na * 2, dw, nw * 2, d1, nc * 2);
+                ck_assert_int_eq(run_op(&c, &v, gen ? &gcfg : NULL, st), 0);
+                OPS_CUDA(cudaStreamSynchronize(st));
+                v = ops_make_views(&c, 0, da, na * 2, dw, nw * 2, d2, nc * 2);
+                OPS_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+                ck_assert_int_eq(run_op(&c, &v, gen ? &gcfg : NULL, st), 0);
+                OPS_CUDA(cudaStreamEndCapture(st, &g));
+                OPS_CUDA(cudaGraphInstantiate(&ge, g, 0));
+                for (int r = 0; r < 3; r++) {
+                    OPS_CUDA(cudaMemsetAsync(d2, 0xFF, nc * 2, st));
+                    OPS_CUDA(cudaGraphLaunch(ge, st));
+                }
+                OPS_CUDA(cudaStreamSynchronize(st));
+                OPS_CUDA(cudaMemcpy(h1, d1, nc * 2, cudaMemcpyDeviceToHost));
+                OPS_CUDA(cudaMemcpy(h2, d2, nc * 2, cudaMemcpyDeviceToHost));
+                ck_assert_msg(memcmp(h1, h2, nc * 2) == 0, "graph replay differs from eager: op %d T %lld gen %d", op,
+                              (long long)c.T, gen);
+                for (size_t i = 0; i < nc; i++) {
+                    int64_t n = (int64_t)(i % (size_t)ops_cs(&c));
+                    if (n < c.N || (!c.vup && n < c.N + c.R))
+                        ck_assert_msg(h1[i] != 0xFFFFu, "element %zu unwritten (op %d T %lld)", i, op, (long long)c.T);
+                }
+                cudaGraphExecDestroy(ge);
+                cudaGraphDestroy(g);
+                cudaStreamDestroy(st);
+                cudaFree(da);
+                cudaFree(dw);
+                cudaFree(d1);
+                cudaFree(d2);
+                free(ha);
+                free(hw);
+                free(h1);
+                free(h2);
+                cases++;
+            }
+    printf("graph replay = eager bit for bit: %d cases (T in {1,40,64,100,300}, both ops, auto and generic; seed %#llx)\n",
+           cases, (unsigned long long)g_seed);
+}
+END_TEST
+
+START_TEST(bad_input)
+{
+    ops_case c = {0, 2, 3, 128, 512, 64, 1, 0, 0};
+    const size_t na = ops_a_elems(&c), nw = ops_w_elems(&c), nc = ops_c_elems(&c);
+    uint16_t *da, *dw, *dc;
+    ops_views v, bad;
+    OPS_CUDA(cudaMalloc((void **)&da, na * 2));
+    OPS_CUDA(cudaMalloc((void **)&dw, nw * 2));
+    OPS_CUDA(cudaMalloc((void **)&dc, nc * 2));
+    v = ops_make_views(&c, 0, da, na * 2, dw, nw * 2, dc, nc * 2);
+
+    bad = v; /* host tensors handed to the CUDA entry */
+    bad.a.device = bad.w.device = bad.c.device = bad.pe_in.device = bad.pe_out.device = -1;
+    ck_assert_int_eq(mlart_query_bmm_cuda(&bad.a, &bad.w, &bad.c, NULL, NULL, 0), MLART_EINVAL);
+    bad = v; /* shapes disagree */
+    bad.w.shape[1] = 192;
+    ck_assert_int_lt(mlart_query_bmm_cuda(&bad.a, &bad.w, &bad.c, NULL, NULL, 0), 0);
+    bad = v; /* span past the extent */
+    bad.a.extent -= 2;
+    ck_assert_int_eq(mlart_query_bmm_cuda(&bad.a, &bad.w, &bad.c, &bad.pe_in, &bad.pe_out, 0), MLART_ELAYOUT);
+    bad = v; /* only one of pe_in / pe_out */
+    ck_assert_int_lt(mlart_query_bmm_cuda(&bad.a, &bad.w, &bad.c, &bad.pe_in, NULL, 0), 0);
+    bad = v; /* inner stride not 1 */
+    bad.c.stride[2] = 2;
+    ck_assert_int_lt(mlart_query_bmm_cuda(&bad.a, &bad.w, &bad.c, NULL, NULL, 0), 0);
+    bad = v; /* wrong dtype */
+    bad.w.dtype = MLART_DTYPE_F32;
+    ck_assert_int_eq(mlart_v_up_bmm_cuda(&bad.a, &bad.w, &bad.c, 0), MLART_EDTYPE);
+    ck_assert_int_eq(mlart_v_up_bmm_cuda(NULL, &v.w, &v.c, 0), MLART_EINVAL);
+    OPS_CUDA(cudaDeviceSynchronize());
+    cudaFree(da);
+    cudaFree(dw);
+    cudaFree(dc);
+    printf("bad input refused: host tensors, shape mismatch, span past extent, lone pe, inner stride, dtype, NULL\n");
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s;
+    TCase *tc;
+    SRunner *sr;
+    int failed;
+    if (ops_gpu_count() < 1) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    g_seed = ops_seed();
+    printf("ops_bmm_gpu: seed %#llx (rerun with MLART_SEED)\n", (unsigned long long)g_seed);
+    s = suite_create("ops_bmm_gpu");
+    tc = tcase_create("bmm");
+    tcase_set_timeout(tc, 240);
+    tcase_add_loop_test(tc, query_matrix, 0, (int)(sizeof k_T / sizeof k_T[0]));
+    tcase_add_loop_test(tc, vup_matrix, 0, (int)(sizeof k_T / sizeof k_T[0]));
+    tcase_add_test(tc, paths);
+    tcase_add_test(tc, graph_replay);
+    tcase_add_test(tc, bad_input);
+    suite_add_tcase(s, tc);
+    sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_FORK); /* each test in its own process and CUDA context */
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,160 @@
+/* Shared by the ops GPU tests: device presence without touching CUDA in the
+ * calling process, seeded random bf16 data, and the layouts of the query
+ * absorption and V up-projection test cases with their fp64 reference. */
+#ifndef MLART_TESTS_GPU_OPS_GPU_UTIL_H
+#define MLART_TESTS_GPU_OPS_GPU_UTIL_H
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mlart/mlart.h"
+#include "ops/numerics.h"
+
+/* Number of CUDA devices, asked in a child process: a process that has
+ * initialised CUDA cannot use it in the children that Check forks. */
+static inline int ops_gpu_count(void)
+{
+    int status = 0;
+    pid_t pid = fork();
+    if (pid == 0) {
+        int n = 0;
+        if (cudaGetDeviceCount(&n) != cudaSuccess)
+            n = 0;
+        _exit(n > 100 ? 100 : n);
+    }
+    if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status))
+        return 0;
+    return WEXITSTATUS(status);
+}
+
+/* Seed from MLART_SEED or the clock; printed by the caller. */
+static inline uint64_t ops_seed(void)
+{
+    const char *s = getenv("MLART_SEED");
+    if (s && *s)
+        return strtoull(s, NULL, 0);
+    return (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid();
+}
+
+static inline uint64_t ops_rand(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *s = x;
+    return x;
+}
+
+/* uniform in [-1, 1), rounded to bf16 */
+static inline uint16_t ops_rand_bf16(uint64_t *s)
+{
+    double u = (double)(ops_rand(s) >> 11) / 9007199254740992.0;
+    return mlart_f32_to_bf16((float)(2.0 * u - 1.0));
+}
+
+static inline void ops_fill_bf16(uint16_t *p, size_t n, uint64_t *s)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = ops_rand_bf16(s);
+}
+
+#define OPS_CUDA(stmt)                                                                             \
+    do {                                                                                           \
+        cudaError_t e_ = (stmt);                                                                   \
+        ck_assert_msg(e_ == cudaSuccess, "%s: %s", #stmt, cudaGetErrorString(e_));                 \
+    } while (0)
+
+/* One test case of either op, in the layouts the runtime uses.
+ *   query: a = q [T][H][AS] (AS = K+R+apad), its q_nope view [H,T,K];
+ *          c = q_mqa [T][H][CS] (CS = N+R+cpad), view [H,T,N]; pe beside.
+ *   v_up:  a = x [H][T][AS] (AS = K+apad); c = o [T][H][CS] (CS = N+cpad).
+ * w is always dense [H][K][N]. */
+typedef struct ops_case {
+    int vup;
+    int64_t H, T, K, N, R;
+    int pe, apad, cpad;
+} ops_case;
+
+static inline int64_t ops_as(const ops_case *c) { return c->K + (c->vup ? 0 : c->R) + c->apad; }
+static inline int64_t ops_cs(const ops_case *c) { return c->N + (c->vup ? 0 : c->R) + c->cpad; }
+static inline size_t ops_a_elems(const ops_case *c) { return (size_t)(c->T * c->H * ops_as(c)); }
+static inline size_t ops_w_elems(const ops_case *c) { return (size_t)(c->H * c->K * c->N); }
+static inline size_t ops_c_elems(const ops_case *c) { return (size_t)(c->T * c->H * ops_cs(c)); }
+static inline int64_t ops_a_sh(const ops_case *c) { return c->vup ? c->T * ops_as(c) : ops_as(c); }
+static inline int64_t ops_a_st(const ops_case *c) { return c->vup ? ops_as(c) : c->H * ops_as(c); }
+static inline int64_t ops_c_sh(const ops_case *c) { return ops_cs(c); }
+static inline int64_t ops_c_st(const ops_case *c) { return c->H * ops_cs(c); }
+
+static inline mlart_tensor ops_view3(void *data, const void *base, size_t extent, int dev, int64_t d0,
+                                     int64_t d1, int64_t d2, int64_t s0, int64_t s1)
+{
+    mlart_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.dtype = MLART_DTYPE_BF16;
+    t.ndim = 3;
+    t.shape[0] = d0;
+    t.shape[1] = d1;
+    t.shape[2] = d2;
+    t.stride[0] = s0;
+    t.stride[1] = s1;
+    t.stride[2] = 1;
+    t.base = base;
+    t.extent = extent;
+    t.device = dev;
+    return t;
+}
+
+/* The op's views over storage a/w/c (host or device) with the given extents. */
+typedef struct ops_views {
+    mlart_tensor a, w, c, pe_in, pe_out;
+} ops_views;
+
+static inline ops_views ops_make_views(const ops_case *c, int dev, void *a, size_t a_ext, void *w,
+                                       size_t w_ext, void *cc, size_t c_ext)
+{
+    ops_views v;
+    uint16_t *a16 = a, *c16 = cc;
+    v.a = ops_view3(a, a, a_ext, dev, c->H, c->T, c->K, ops_a_sh(c), ops_a_st(c));
+    v.w = ops_view3(w, w, w_ext, dev, c->H, c->K, c->N, c->K * c->N, c->N);
+    v.c = ops_view3(cc, cc, c_ext, dev, c->H, c->T, c->N, ops_c_sh(c), ops_c_st(c));
+    v.pe_in = ops_view3(a16 + c->K, a, a_ext, dev, c->T, c->H, c->R, c->H * ops_as(c), ops_as(c));
+    v.pe_out = ops_view3(c16 + c->N, cc, c_ext, dev, c->T, c->H, c->R, c->H * ops_cs(c), ops_cs(c));
+    return v;
+}
+
+/* fp64 reference of row (h,t): ref[n] and sum_k |a w| into mag[n]. */
+static inline void ops_ref_row(const ops_case *c, const uint16_t *a, const uint16_t *w, int64_t h,
+                               int64_t t, double *ref, double *mag)
+{
+    const uint16_t *ar = a + h * ops_a_sh(c) + t * ops_a_st(c);
+    for (int64_t n = 0; n < c->N; n++)
+        ref[n] = mag[n] = 0.0;
+    for (int64_t k = 0; k < c->K; k++) {
+        double av = mlart_bf16_to_f32(ar[k]);
+        const uint16_t *wr = w + (h * c->K + k) * c->N;
+        for (int64_t n = 0; n < c->N; n++) {
+            double p = av * mlart_bf16_to_f32(wr[n]);
+            ref[n] += p;
+            mag[n] += fabs(p);
+        }
+    }
+}
+
+/* Element bound: bf16 rounding of the result (2^-8 relative) plus FP32
+ * accumulation slack K * 2^-22 * sum|a w| (twice the textbook K*u32 bound,
+ * room for the tensor cores' internal ordering). */
+static inline double ops_bound(const ops_case *c, double ref, double mag)
+{
+    return ldexp(fabs(ref), -8) + (double)c->K * ldexp(mag, -22) + 1e-30;
+}
+
+#endif /* MLART_TESTS_GPU_OPS_GPU_UTIL_H */
