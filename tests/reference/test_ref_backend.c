@@ -1,0 +1,400 @@
+/* The reference backend (through its vtable) against the float64 oracle on
+ * fresh random problems: holes, all -1 rows, duplicates, page boundaries,
+ * requests shorter than topk, both cache formats, odd geometries; and bad
+ * steps refused with clear errors and untouched outputs. */
+#include <check.h>
+
+#include "ops/ops.h"
+#include "tests/reference/ref_step.h"
+
+/* Bound on the relative L2 error of o against the float64 oracle.  The
+ * reference rounds three times to bf16 (q_mqa, attn_out, o), each with
+ * relative error at most 2^-8 and RMS about 2^-8/sqrt(3) ~ 2.3e-3 (uniform
+ * position inside the half-ulp); independent, they add up in RMS to about
+ * 4e-3, and softmax weights move by the score error, which is the q_mqa
+ * rounding again, scaled by the score spread (about 1 here).  1e-2 leaves
+ * room for that and still fails on any real mistake (a wrong slot, a
+ * missing rope term or a wrong scale gives errors of order 1e-1..1). */
+#define O_REL_L2_BOUND 1e-2
+
+static double worst_o_rel = 0.0, worst_lse_ratio = 0.0;
+
+/* Fill a random problem in p (geometry chosen by the caller). */
+static void make_problem(ref_problem *p, int64_t max_len)
+{
+    const mlart_geometry *g = &p->g;
+    int64_t H = g->heads, P = g->qk_nope, R = g->rope, L = g->kv_lora, V = g->v_head;
+    int32_t page = g->page_size, topk = g->topk;
+    int32_t *lens, *req, *bt, *idx;
+    int64_t nblocks, *perm;
+    mlart_tensor cache, lat, slots;
+    ref_buf latb, slotb;
+    p->max_blocks = (int32_t)((max_len + page - 1) / page) + 1;
+    nblocks = (int64_t)p->B * p->max_blocks + 2;
+    p->num_slots = nblocks * page;
+    p->q_mqa_pad = ref_rand_int(3) * 7;
+    p->o_pad = ref_rand_int(3) * 5;
+    ref_problem_alloc(p);
+    for (int64_t i = 0; i < p->T * H * (P + R); i++)
+        ((uint16_t *)p->q.p)[i] = ref_rand_bf16(1.0);
+    for (int64_t i = 0; i < H * P * L; i++)
+        ((uint16_t *)p->wk.p)[i] = ref_rand_bf16(1.0 / sqrt((double)P));
+    for (int64_t i = 0; i < H * L * V; i++)
+        ((uint16_t *)p->wv.p)[i] = ref_rand_bf16(1.0 / sqrt((double)L));
+    /* cache: random latent rows through the CPU writer (quantised for fp8) */
+    latb = ref_buf_new((size_t)(p->num_slots * (L + R)) * 2);
+    slotb = ref_buf_new((size_t)p->num_slots * 4);
+    for (int64_t i = 0; i < p->num_slots * (L + R); i++)
+        ((uint16_t *)latb.p)[i] = ref_rand_bf16(2.0);
+    for (int64_t i = 0; i < p->num_slots; i++)
+        ((int32_t *)slotb.p)[i] = (int32_t)i;
+    {
+        int64_t sh[2] = {p->num_slots, L + R}, st[2] = {L + R, 1}, s1[1] = {p->num_slots}, t1[1] = {1};
+        lat = ref_view(&latb, MLART_DTYPE_BF16, 0, 2, sh, st);
+        slots = ref_view(&slotb, MLART_DTYPE_I32, 0, 1, s1, t1);
+    }
+    cache = ref_problem_cache_view(p);
+    ck_assert_msg(mlart_kv_write_cpu(g, &cache, &lat, &slots) == 0, "%s", mlart_last_error());
+    ref_buf_free(&latb);
+    ref_buf_free(&slotb);
+
+    lens = (int32_t *)p->lens.p;
+    req = (int32_t *)p->req.p;
+    bt = (int32_t *)p->bt.p;
+    idx = (int32_t *)p->idx.p;
+    for (int32_t b = 0; b < p->B; b++) /* some shorter than topk, one possibly empty */
+        lens[b] = (int32_t)(b == 0 ? ref_rand_int(topk + 1) : ref_rand_int(max_len + 1));
+    perm = malloc(sizeof *perm * (size_t)nblocks);
+    for (int64_t i = 0; i < nblocks; i++)
+        perm[i] = i;
+    for (int64_t i = nblocks - 1; i > 0; i--) {
+        int64_t j = ref_rand_int(i + 1), x = perm[i];
+        perm[i] = perm[j], perm[j] = x;
+    }
+    for (int64_t i = 0; i < (int64_t)p->B * p->max_blocks; i++)
+        bt[i] = (int32_t)perm[i];
+    free(perm);
+    for (int32_t t = 0; t < p->T; t++) {
+        int32_t b = (int32_t)ref_rand_int(p->B), len;
+        int mode = t % 5;
+        req[t] = b;
+        len = lens[b];
+        for (int32_t k = 0; k < topk; k++) {
+            int32_t v = -1;
+            if (len > 0) {
+                switch (mode) {
+                case 0: /* all -1 */
+                    break;
+                case 1: /* holes */
+                    v = ref_rand_int(10) < 3 ? -1 : (int32_t)ref_rand_int(len);
+                    break;
+                case 2: /* duplicates from a small set */
+                    v = (int32_t)ref_rand_int(len < 3 ? len : 3);
+                    break;
+                case 3: /* page boundaries: the last and first of a page */
+                    v = (int32_t)(((ref_rand_int((len + page - 1) / page + 1)) * page) -
+                                  (int32_t)ref_rand_int(2));
+                    if (v < 0 || v >= len)
+                        v = len - 1;
+                    break;
+                default: /* a permutation prefix: distinct positions, tail -1 */
+                    v = k < len ? (int32_t)((k * 7919) % len) : -1;
+                    break;
+                }
+            }
+            idx[t * topk + k] = v;
+        }
+    }
+}
+
+/* Compare the backend's o and lse with the oracle; returns o's rel L2. */
+static double compare_with_oracle(const ref_problem *p, const char *what)
+{
+    const mlart_geometry *g = &p->g;
+    int64_t H = g->heads, T = p->T, V = g->v_head, L = g->kv_lora, P = g->qk_nope;
+    double *o_ref = malloc(sizeof(double) * (size_t)(T * H * V + 1));
+    double *lse_ref = malloc(sizeof(double) * (size_t)(H * T + 1));
+    mlart_oracle_problem op;
+    mlart_oracle_error e;
+    mlart_tensor o = ref_problem_o_view(p);
+    double kvmax = 0.0;
+    ref_problem_oracle(p, &op);
+    ck_assert_msg(mlart_oracle_decode_f64(&op, o_ref, lse_ref) == 0, "oracle: %s", mlart_last_error());
+    ck_assert(mlart_oracle_compare(&o, o_ref, &e) == 0);
+    ck_assert_msg(e.nonfinite == 0 && e.inf_mismatch == 0, "%s: %lld non-finite o values", what,
+                  (long long)e.nonfinite);
+    ck_assert_msg(e.rel_l2 <= O_REL_L2_BOUND, "%s: o rel L2 %.3e > %.1e (max abs %.3e)", what, e.rel_l2,
+                  O_REL_L2_BOUND, e.max_abs);
+    if (e.rel_l2 > worst_o_rel)
+        worst_o_rel = e.rel_l2;
+    /* lse: rounding q_mqa to bf16 (after FP32 accumulation: relative error
+     * below 2^-7 per entry) moves each score by at most
+     * 2^-7 * scale * sum_l |qlat_l| * max|kv|, so lse moves by no more. */
+    for (int64_t i = 0; i < p->num_slots; i++) {
+        float row[4096];
+        const uint8_t *rec = p->cache.p + (size_t)i * mlart_kv_bytes_per_token(g);
+        if (g->kv_format == MLART_KV_FP8_DS_MLA)
+            mlart_fp8_ds_mla_decode(rec, (int)L, g->rope, row);
+        else
+            for (int64_t d = 0; d < L; d++) {
+                uint16_t h;
+                memcpy(&h, rec + 2 * d, 2);
+                row[d] = mlart_bf16_to_f32(h);
+            }
+        for (int64_t d = 0; d < L; d++)
+            kvmax = fmax(kvmax, fabs(row[d]));
+    }
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t t = 0; t < T; t++) {
+            double ref = lse_ref[h * T + t], got = ((float *)p->lse.p)[h * T + t], ql1 = 0.0, bound;
+            if (isinf(ref)) {
+                ck_assert_msg(isinf(got) && got < 0, "%s: lse[%lld][%lld] = %g, want -inf", what,
+                              (long long)h, (long long)t, got);
+                for (int64_t v = 0; v < V; v++) /* and o is exactly zero there */
+                    ck_assert(((uint16_t *)p->o.p)[t * (H * V + p->o_pad) + h * V + v] == 0);
+                continue;
+            }
+            for (int64_t l = 0; l < L; l++) {
+                double a = 0.0;
+                for (int64_t pp = 0; pp < P; pp++)
+                    a += (double)mlart_bf16_to_f32(((uint16_t *)p->q.p)[(t * H + h) * (P + g->rope) + pp]) *
+                         (double)mlart_bf16_to_f32(((uint16_t *)p->wk.p)[(h * P + pp) * L + l]);
+                ql1 += fabs(a);
+            }
+            bound = 0x1p-7 * g->softmax_scale * ql1 * kvmax + 1e-6 * (1.0 + fabs(ref));
+            ck_assert_msg(!isnan(got) && fabs(got - ref) <= bound, "%s: lse[%lld][%lld] %.9g vs %.9g (bound %.3g)",
+                          what, (long long)h, (long long)t, got, ref, bound);
+            if (fabs(got - ref) / bound > worst_lse_ratio)
+                worst_lse_ratio = fabs(got - ref) / bound;
+        }
+    free(o_ref);
+    free(lse_ref);
+    return e.rel_l2;
+}
+
+START_TEST(reference_vs_oracle_random)
+{
+    static const int32_t Hs[] = {1, 3, 11, 16}, Ps[] = {16, 32, 48}, Rs[] = {8, 16, 64},
+                         Vs[] = {16, 32, 24}, pages[] = {1, 4, 16, 64}, topks[] = {1, 5, 12, 40, 64},
+                         Ts[] = {1, 3, 9};
+    int n = 0;
+    for (int it = 0; it < 24; it++) {
+        ref_problem p;
+        mlart_step s;
+        char what[160];
+        int rc;
+        memset(&p, 0, sizeof p);
+        p.g.heads = Hs[ref_rand_int(4)];
+        p.g.qk_nope = Ps[ref_rand_int(3)];
+        p.g.rope = Rs[ref_rand_int(3)];
+        p.g.kv_format = it % 2 ? MLART_KV_FP8_DS_MLA : MLART_KV_BF16;
+        p.g.kv_lora = p.g.kv_format == MLART_KV_FP8_DS_MLA ? 128 * (int32_t)(1 + ref_rand_int(2))
+                                                           : (int32_t[]){32, 40, 128}[ref_rand_int(3)];
+        p.g.v_head = Vs[ref_rand_int(3)];
+        p.g.page_size = pages[ref_rand_int(4)];
+        p.g.topk = topks[ref_rand_int(5)];
+        p.g.softmax_scale = (float)(1.0 / sqrt((double)(p.g.qk_nope + p.g.rope)));
+        p.T = Ts[it % 3];
+        p.B = (int32_t)(1 + ref_rand_int(p.T < 3 ? p.T : 3));
+        make_problem(&p, 150);
+        snprintf(what, sizeof what, "%s H=%d P=%d R=%d L=%d V=%d page=%d topk=%d T=%d B=%d",
+                 mlart_kv_format_name(p.g.kv_format), p.g.heads, p.g.qk_nope, p.g.rope, p.g.kv_lora,
+                 p.g.v_head, p.g.page_size, p.g.topk, p.T, p.B);
+        ref_problem_poison(&p);
+        rc = ref_run_reference(&p, &s);
+        ck_assert_msg(rc == 0, "%s: %s", what, mlart_last_error());
+        {
+            /* bytes of o's storage outside its elements stay poisoned */
+            uint8_t *mask = calloc(p.o.bytes + 2 * p.o.guard, 1);
+            mlart_tensor o = ref_problem_o_view(&p);
+            ref_mark_elements(&p.o, &o, mask);
+            ck_assert_msg(ref_count_stray(&p.o, mask) == 0, "%s: o row padding written", what);
+            free(mask);
+        }
+        compare_with_oracle(&p, what);
+        ref_problem_free(&p);
+        n++;
+    }
+    printf("reference vs float64 oracle: %d random problems (both formats, holes, all -1 rows, duplicates, "
+           "page boundaries, seq_len < topk): worst o rel L2 %.3e (bound %.0e), worst lse error %.2f of "
+           "its bound\n",
+           n, worst_o_rel, O_REL_L2_BOUND, worst_lse_ratio);
+}
+END_TEST
+
+/* A small fixed problem used by the bad-input tests. */
+static void small_problem(ref_problem *p, mlart_kv_format fmt)
+{
+    memset(p, 0, sizeof *p);
+    p->g = (mlart_geometry){3, 16, 8, fmt == MLART_KV_FP8_DS_MLA ? 128 : 32, 16, 6, 4, fmt, 0.25f};
+    p->T = 3;
+    p->B = 2;
+    make_problem(p, 20);
+    for (int t = 0; t < 3; t++) /* every token with at least one valid index */
+        ((int32_t *)p->idx.p)[t * 6] = 0;
+    ((int32_t *)p->lens.p)[0] = ((int32_t *)p->lens.p)[0] > 0 ? ((int32_t *)p->lens.p)[0] : 1;
+    ((int32_t *)p->lens.p)[1] = ((int32_t *)p->lens.p)[1] > 0 ? ((int32_t *)p->lens.p)[1] : 1;
+}
+
+#define EXPECT_STEP_FAIL(call, status, needle)                                                    \
+    do {                                                                                          \
+        int rc_;                                                                                  \
+        ref_problem_poison(&p);                                                                   \
+        rc_ = (call);                                                                             \
+        ck_assert_msg(rc_ == (status), "%s: returned %s, want %s; detail: %s", #call,             \
+                      mlart_status_name(rc_), mlart_status_name(status), mlart_last_error());      \
+        ck_assert_msg(strstr(mlart_last_error(), (needle)) != NULL,                               \
+                      "message \"%s\" does not mention \"%s\"", mlart_last_error(), (needle));     \
+        n_bad++;                                                                                  \
+    } while (0)
+
+static int all_poisoned(const ref_buf *b)
+{
+    for (size_t i = 0; i < b->bytes + 2 * b->guard; i++)
+        if (b->alloc[i] != REF_POISON)
+            return 0;
+    return 1;
+}
+
+START_TEST(bad_steps_refused)
+{
+    ref_problem p;
+    mlart_step s;
+    mlart_oracle_problem op;
+    int32_t *idx, *req, *bt, *lens, save;
+    int n_bad = 0;
+    double o_ref[3 * 3 * 16];
+    small_problem(&p, MLART_KV_FP8_DS_MLA);
+    idx = (int32_t *)p.idx.p, req = (int32_t *)p.req.p, bt = (int32_t *)p.bt.p;
+    lens = (int32_t *)p.lens.p;
+    ref_problem_step(&p, &s);
+    ck_assert_msg(ref_run_reference(&p, &s) == 0, "%s", mlart_last_error());
+
+    /* index == seq_len: the attend stage refuses it, writes nothing */
+    save = idx[1 * 6 + 2];
+    idx[1 * 6 + 2] = lens[req[1]];
+    EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&s), MLART_ERANGE, "idx[1][2]");
+    ck_assert_msg(all_poisoned(&p.attn) && all_poisoned(&p.lse), "refused attend wrote its outputs");
+    ref_problem_oracle(&p, &op);
+    EXPECT_STEP_FAIL(mlart_oracle_decode_f64(&op, o_ref, NULL), MLART_ERANGE, "idx[1][2]");
+    EXPECT_STEP_FAIL(ref_run_reference(&p, &s), MLART_ERANGE, "seq_lens[");
+    idx[1 * 6 + 2] = -2;
+    EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&s), MLART_ERANGE, "= -2");
+    idx[1 * 6 + 2] = save;
+    /* request id out of range */
+    save = req[2];
+    req[2] = p.B;
+    EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&s), MLART_ERANGE, "req_of_token[2]");
+    req[2] = save;
+    /* block table entry pointing past the cache */
+    save = bt[req[0] * p.max_blocks];
+    bt[req[0] * p.max_blocks] = (int32_t)(p.num_slots / p.g.page_size);
+    EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&s), MLART_ERANGE, "block_table[");
+    bt[req[0] * p.max_blocks] = -1;
+    EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&s), MLART_ERANGE, "block_table[");
+    bt[req[0] * p.max_blocks] = save;
+    ck_assert_msg(mlart_reference_attend_cpu(&s) == 0, "%s", mlart_last_error());
+
+    /* views */
+    {
+        mlart_step b = s;
+        b.q_mqa.shape[2] -= 1;
+        EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&b), MLART_ESHAPE, "q_mqa");
+        b = s, b.kv_cache.dtype = MLART_DTYPE_BF16;
+        EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&b), MLART_EDTYPE, "kv_cache");
+        b = s, b.kv_cache.shape[1] = 1152, b.kv_cache.stride[0] = 1152;
+        EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&b), MLART_ESHAPE, "kv_cache");
+        b = s, b.attn_out.extent -= 2; /* last element one byte short */
+        EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&b), MLART_ELAYOUT, "attn_out");
+        b = s, b.idx.shape[1] = p.g.topk + 1;
+        EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&b), MLART_ESHAPE, "idx");
+        b = s, b.lse.dtype = MLART_DTYPE_BF16;
+        EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&b), MLART_EDTYPE, "lse");
+        b = s, b.seq_lens.shape[0] = p.B + 1;
+        EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&b), MLART_ESHAPE, "seq_lens");
+        b = s, b.block_table.extent = 4;
+        EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&b), MLART_ELAYOUT, "block_table");
+        b = s, b.attn_out.device = 0, b.device = 0;
+        EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&b), MLART_EINVAL, "device");
+        b = s, b.q_nope.stride[2] = 2, b.q_nope.shape[2] = p.g.qk_nope / 2; /* inner stride 1 needed */
+        {
+            const mlart_backend_vtable *vt = mlart_backend_reference_vtable();
+            mlart_backend_init init;
+            void *st = NULL;
+            memset(&init, 0, sizeof init);
+            init.struct_size = sizeof init, init.device = -1, init.geom = p.g, init.error = mlart_set_error;
+            ck_assert(vt->create(&init, &st) == 0);
+            EXPECT_STEP_FAIL(vt->absorb_query(st, &b, NULL), MLART_ELAYOUT, "inner stride");
+            b = s, b.o.shape[1] += 1;
+            EXPECT_STEP_FAIL(vt->v_up(st, &b, NULL), MLART_ESHAPE, "o [T,H*V]");
+            b = s, b.w_uv.stride[1] = 1, b.w_uv.stride[2] = p.g.kv_lora; /* strided, not dense */
+            EXPECT_STEP_FAIL(vt->v_up(st, &b, NULL), MLART_ELAYOUT, "w [H,L,V]");
+            b = s, b.geom.heads += 1;
+            EXPECT_STEP_FAIL(vt->attend(st, &b, NULL), MLART_EINVAL, "geometry");
+            b = s, b.struct_size = 8;
+            EXPECT_STEP_FAIL(vt->attend(st, &b, NULL), MLART_EABI, "mlart_step");
+            vt->destroy(st);
+            vt->destroy(NULL);
+            init.geom.kv_lora = 100; /* fp8 needs L % 128 == 0 */
+            st = NULL;
+            EXPECT_STEP_FAIL(vt->create(&init, &st), MLART_EINVAL, "128");
+            ck_assert(st == NULL);
+#ifndef MLART_WITH_CUDA
+            init.geom = p.g, init.device = 0;
+            EXPECT_STEP_FAIL(vt->create(&init, &st), MLART_ENOTSUP, "without CUDA");
+            ck_assert(st == NULL);
+#endif
+        }
+    }
+    ref_problem_free(&p);
+    printf("bad steps: %d refused with the right status and a message naming the index or view; "
+           "refused attend leaves attn_out and lse untouched\n",
+           n_bad);
+}
+END_TEST
+
+START_TEST(contract)
+{
+    const mlart_backend_vtable *vt = mlart_backend_reference_vtable();
+    ck_assert_uint_eq(vt->abi_version, MLART_BACKEND_ABI_VERSION);
+    ck_assert_uint_eq(vt->struct_size, sizeof(mlart_backend_vtable));
+    ck_assert_str_eq(vt->name, "reference");
+    ck_assert_uint_eq(vt->contract.query_bmm, MLART_QBMM_SAFE_OP);
+    ck_assert_uint_eq(vt->contract.weights, MLART_W_DENSE);
+    ck_assert_uint_eq(vt->contract.output, MLART_OUT_HEAD_MAJOR);
+    ck_assert_uint_eq(vt->contract.kv_formats,
+                      MLART_KV_FORMAT_BIT(MLART_KV_BF16) | MLART_KV_FORMAT_BIT(MLART_KV_FP8_DS_MLA));
+    ck_assert_uint_eq(vt->contract.max_heads, 0);
+    ck_assert_uint_eq(vt->contract.max_topk, 0);
+    ck_assert_uint_eq(vt->contract.head_multiple, 1);
+    ck_assert_uint_eq(vt->contract.tail_pad, 0);
+    ck_assert_uint_eq(vt->contract.graph_safe, 1);
+#ifdef MLART_WITH_CUDA
+    ck_assert_uint_eq(vt->contract.devices, MLART_DEV_HOST | MLART_DEV_CUDA);
+#else
+    ck_assert_uint_eq(vt->contract.devices, MLART_DEV_HOST);
+#endif
+    ck_assert(vt->create && vt->destroy && vt->plan && vt->absorb_query && vt->attend && vt->v_up);
+    printf("contract: safe-op query, dense weights, head-major output, bf16+fp8_ds_mla, no limits, "
+           "tail_pad 0, graph_safe\n");
+}
+END_TEST
+
+int main(void)
+{
+    Suite *su = suite_create("reference_backend");
+    TCase *tc = tcase_create("backend");
+    SRunner *sr;
+    int failed;
+    ref_seed_init("test_ref_backend");
+    tcase_set_timeout(tc, 240);
+    tcase_add_test(tc, contract);
+    tcase_add_test(tc, reference_vs_oracle_random);
+    tcase_add_test(tc, bad_steps_refused);
+    suite_add_tcase(su, tc);
+    sr = srunner_create(su);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
