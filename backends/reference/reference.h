@@ -20,6 +20,9 @@ const mlart_backend_vtable *mlart_backend_reference_vtable(void);
  * it holds mlart_reference_attend_cpu_workspace() bytes (8-aligned), else
  * allocates its own scratch. */
 int mlart_reference_attend_cpu(const mlart_step *s);
+/* The view checks of the attend stage alone (shapes, dtypes, spans, one
+ * device); reads no tensor data, so the CUDA path runs it too. */
+int mlart_reference_attend_check(const mlart_step *s);
 /* Scratch bytes mlart_reference_attend_cpu needs for geometry g. */
 size_t mlart_reference_attend_cpu_workspace(const mlart_geometry *g);
 

@@ -1,6 +1,7 @@
 /* The reference backend's table: the oracle every other backend is compared
  * with.  Host steps run the CPU twins of ops/ plus mlart_reference_attend_cpu;
- * CUDA steps run the plain kernels of reference_cuda.cu.  It accepts any
+ * CUDA steps run the plain kernels of reference_cuda.cu, after the same view
+ * checks (which read no tensor data, so they cost nothing on the device).  It accepts any
  * geometry, both cache formats and the strided query view, and needs no
  * padding past any span. */
 #include <stdlib.h>
@@ -101,10 +102,6 @@ static int reference_absorb(void *state, const mlart_step *s, void *stream)
     if (!st)
         return mlart_set_error(MLART_EINVAL, "reference absorb: NULL state");
     MLART_CHECK(check_step(st, s, "absorb"));
-#ifdef MLART_WITH_CUDA
-    if (st->device >= 0)
-        return mlart_reference_absorb_cuda(s, stream);
-#endif
     g = &s->geom;
     shape[0] = s->T, shape[1] = g->heads, shape[2] = (int64_t)g->kv_lora + g->rope;
     MLART_CHECK(mlart_reference_check_view("reference absorb", "q_mqa [T,H,L+R]", &s->q_mqa, 3,
@@ -117,6 +114,11 @@ static int reference_absorb(void *state, const mlart_step *s, void *stream)
     pe_out = s->q_mqa;
     pe_out.data = (uint16_t *)s->q_mqa.data + g->kv_lora;
     pe_out.shape[2] = g->rope;
+    MLART_CHECK(mlart_query_bmm_check(&s->q_nope, &s->w_uk_t, &out, &s->q_pe, &pe_out));
+#ifdef MLART_WITH_CUDA
+    if (st->device >= 0)
+        return mlart_reference_absorb_cuda(s, stream);
+#endif
     return mlart_query_bmm_cpu(&s->q_nope, &s->w_uk_t, &out, &s->q_pe, &pe_out);
 }
 
@@ -126,6 +128,7 @@ static int reference_attend(void *state, const mlart_step *s, void *stream)
     if (!st)
         return mlart_set_error(MLART_EINVAL, "reference attend: NULL state");
     MLART_CHECK(check_step(st, s, "attend"));
+    MLART_CHECK(mlart_reference_attend_check(s));
 #ifdef MLART_WITH_CUDA
     if (st->device >= 0)
         return mlart_reference_attend_cuda(s, stream);
@@ -142,10 +145,6 @@ static int reference_v_up(void *state, const mlart_step *s, void *stream)
     if (!st)
         return mlart_set_error(MLART_EINVAL, "reference v_up: NULL state");
     MLART_CHECK(check_step(st, s, "v_up"));
-#ifdef MLART_WITH_CUDA
-    if (st->device >= 0)
-        return mlart_reference_v_up_cuda(s, stream);
-#endif
     g = &s->geom;
     shape[0] = s->T, shape[1] = (int64_t)g->heads * g->v_head;
     MLART_CHECK(mlart_reference_check_view("reference v_up", "o [T,H*V]", &s->o, 2, MLART_DTYPE_BF16,
@@ -155,6 +154,11 @@ static int reference_v_up(void *state, const mlart_step *s, void *stream)
     o.ndim = 3;
     o.shape[0] = g->heads, o.shape[1] = s->T, o.shape[2] = g->v_head;
     o.stride[0] = g->v_head, o.stride[1] = s->o.stride[0], o.stride[2] = 1;
+    MLART_CHECK(mlart_v_up_bmm_check(&s->attn_out, &s->w_uv, &o));
+#ifdef MLART_WITH_CUDA
+    if (st->device >= 0)
+        return mlart_reference_v_up_cuda(s, stream);
+#endif
     return mlart_v_up_bmm_cpu(&s->attn_out, &s->w_uv, &o);
 }
 

@@ -122,15 +122,12 @@ static int check_indices(const char *who, const mlart_step *s)
     return 0;
 }
 
-int mlart_reference_attend_cpu(const mlart_step *s)
+int mlart_reference_attend_check(const mlart_step *s)
 {
     static const char who[] = "reference attend";
     const mlart_geometry *g;
     int64_t T, H, L, R, D, topk, shape[3];
-    size_t bpt, ws_need;
-    double *scores, *acc;
-    float *rows, *q;
-    void *scratch = NULL;
+    size_t bpt;
     if (!s)
         return mlart_set_error(MLART_EINVAL, "%s: step is NULL", who);
     g = &s->geom;
@@ -138,9 +135,6 @@ int mlart_reference_attend_cpu(const mlart_step *s)
     if (s->T < 0 || s->B < 0)
         return mlart_set_error(MLART_EINVAL, "%s: T = %d and B = %d must be >= 0", who, (int)s->T,
                                (int)s->B);
-    if (s->device != -1)
-        return mlart_set_error(MLART_EINVAL, "%s: the host path got a step on device %d", who,
-                               s->device);
     T = s->T;
     H = g->heads;
     L = g->kv_lora;
@@ -179,12 +173,34 @@ int mlart_reference_attend_cpu(const mlart_step *s)
         static const char *const names[] = {"q_mqa", "kv_cache", "idx", "req_of_token",
                                             "seq_lens", "block_table", "attn_out", "lse"};
         for (int i = 0; i < 8; i++)
-            if (ts[i]->data && ts[i]->device != -1)
-                return mlart_set_error(MLART_EINVAL, "%s: %s is on device %d; the host path needs host "
-                                       "memory",
-                                       who, names[i], ts[i]->device);
+            if (ts[i]->data && ts[i]->device != s->device)
+                return mlart_set_error(MLART_EINVAL, "%s: %s is on device %d, the step on device %d",
+                                       who, names[i], ts[i]->device, s->device);
     }
+    return 0;
+}
+
+int mlart_reference_attend_cpu(const mlart_step *s)
+{
+    static const char who[] = "reference attend";
+    const mlart_geometry *g;
+    int64_t T, H, L, R, D, topk;
+    size_t ws_need;
+    double *scores, *acc;
+    float *rows, *q;
+    void *scratch = NULL;
+    MLART_CHECK(mlart_reference_attend_check(s));
+    if (s->device != -1)
+        return mlart_set_error(MLART_EINVAL, "%s: the host path got a step on device %d", who,
+                               s->device);
     MLART_CHECK(check_indices(who, s));
+    g = &s->geom;
+    T = s->T;
+    H = g->heads;
+    L = g->kv_lora;
+    R = g->rope;
+    D = L + R;
+    topk = g->topk;
 
     ws_need = mlart_reference_attend_cpu_workspace(g);
     if (s->workspace && s->workspace_bytes >= ws_need && ((uintptr_t)s->workspace % 8) == 0) {
