@@ -237,11 +237,11 @@ int mlart_weights_from_kv_b_proj(const mlart_geometry *g, const mlart_tensor *kv
     if (!g || !kv_b_proj || !w_uk_t || !w_uv)
         return mlart_set_error(MLART_EINVAL, "mlart_weights_from_kv_b_proj: NULL argument");
     MLART_CHECK(mlart_geometry_check(g));
-    MLART_CHECK(mlart_tensor_check(kv_b_proj, "kv_b_proj"));
     H = g->heads, P = g->qk_nope, V = g->v_head, L = g->kv_lora;
     if (kv_b_proj->dtype != MLART_DTYPE_BF16)
         return mlart_set_error(MLART_EDTYPE, "kv_b_proj: dtype %s, want bf16",
                                mlart_dtype_name(kv_b_proj->dtype));
+    MLART_CHECK(mlart_tensor_check(kv_b_proj, "kv_b_proj"));
     if (kv_b_proj->ndim != 2 || kv_b_proj->shape[0] != H * (P + V) || kv_b_proj->shape[1] != L)
         return mlart_set_error(MLART_ESHAPE,
                                "kv_b_proj: shape [%lld, %lld] (ndim %d), want [H*(P+V), L] = "

@@ -1,0 +1,794 @@
+/* mlart-decode: run the MLA sparse-attention decode step of a config on
+ * synthetic (or checkpoint) weights and a synthetic KV cache, time it, print
+ * a fixed-width summary and an output checksum, and optionally verify the
+ * output against a float64 oracle and the reference backend. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "apps/mlart-decode/oracle.h"
+#include "mlart/config.h"
+#include "mlart/mlart.h"
+#include "mlart/weights.h"
+#include "ops/numerics.h"
+#include "ops/ops.h"
+
+#ifdef MLART_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#ifndef MLART_SOURCE_DIR
+#define MLART_SOURCE_DIR "."
+#endif
+#define DEFAULT_CONFIG "configs/tiny-cpu.ini"
+/* NMSE bound against the float64 oracle and the reference backend: a BF16
+ * pipeline (q_mqa and attention output rounded to bf16) lands near 1e-5. */
+#define VERIFY_NMSE 1e-4
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: mlart-decode [options]\n"
+            "  --config FILE      INI config (default %s, looked up in the current\n"
+            "                     directory, then in %s)\n"
+            "  --backend NAME     attention backend (built-in or libmlart-backend-NAME.so\n"
+            "                     in MLART_BACKEND_PATH)\n"
+            "  --device D         cpu | cuda | auto (auto: cuda when a device is usable)\n"
+            "  --kv-format F      bf16 | fp8_ds_mla\n"
+            "  --batch N          requests per step (one new token each)\n"
+            "  --context N        tokens cached per request before the first step\n"
+            "  --steps N          decode steps to run\n"
+            "  --seed N           seed of the synthetic weights, cache, queries, indices\n"
+            "  --set KEY=VALUE    any other config key\n"
+            "  --weights FILE     take kv_b_proj from a .safetensors checkpoint ...\n"
+            "  --layer N          ... from its layer N (default 0)\n"
+            "  --verify           compare the output with a float64 oracle and, for another\n"
+            "                     backend, with the reference backend; exit 1 on a mismatch\n"
+            "  --help             this text\n"
+            "Precedence: command line > MLART_* environment > config file.\n",
+            DEFAULT_CONFIG, MLART_SOURCE_DIR);
+}
+
+/* ---- small helpers ------------------------------------------------------ */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull); /* splitmix64 */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float rng_uniform(uint64_t *s) /* [-1, 1) */
+{
+    return (float)((double)(rng_next(s) >> 11) * 0x1.0p-52 - 1.0);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int fail(int rc, const char *what)
+{
+    fprintf(stderr, "mlart-decode: %s failed: %s: %s\n", what, mlart_status_name(rc),
+            mlart_last_error());
+    return rc;
+}
+
+/* Memory on the run's device: host malloc, or cudaMalloc. */
+static int dev_alloc(int dev, size_t bytes, void **out)
+{
+    *out = NULL;
+    if (bytes == 0)
+        bytes = 1;
+    if (dev < 0) {
+        *out = calloc(1, bytes);
+        return *out ? 0 : MLART_ENOMEM;
+    }
+#ifdef MLART_WITH_CUDA
+    if (cudaMalloc(out, bytes) != cudaSuccess || cudaMemset(*out, 0, bytes) != cudaSuccess) {
+        fprintf(stderr, "mlart-decode: cudaMalloc(%zu) failed\n", bytes);
+        return MLART_ENOMEM;
+    }
+    return 0;
+#else
+    return MLART_ENODEV;
+#endif
+}
+
+static void dev_free(int dev, void *p)
+{
+    if (!p)
+        return;
+    if (dev < 0)
+        free(p);
+#ifdef MLART_WITH_CUDA
+    else
+        cudaFree(p);
+#endif
+}
+
+static int dev_copy(int dev, void *dst, const void *src, size_t bytes, int to_device)
+{
+    if (dev < 0) {
+        if (dst != src)
+            memcpy(dst, src, bytes);
+        return 0;
+    }
+#ifdef MLART_WITH_CUDA
+    if (cudaMemcpy(dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost) !=
+        cudaSuccess) {
+        fprintf(stderr, "mlart-decode: cudaMemcpy of %zu bytes failed\n", bytes);
+        return MLART_ECUDA;
+    }
+    return 0;
+#else
+    (void)dst, (void)src, (void)bytes, (void)to_device;
+    return MLART_ENODEV;
+#endif
+}
+
+static int dev_sync(int dev)
+{
+#ifdef MLART_WITH_CUDA
+    if (dev >= 0 && cudaDeviceSynchronize() != cudaSuccess) {
+        fprintf(stderr, "mlart-decode: CUDA error: %s\n", cudaGetErrorString(cudaGetLastError()));
+        return MLART_ECUDA;
+    }
+#else
+    (void)dev;
+#endif
+    return 0;
+}
+
+static mlart_tensor view(void *data, mlart_dtype dt, int dev, int ndim, int64_t d0, int64_t d1,
+                         int64_t d2)
+{
+    int64_t shape[3] = {d0, d1, d2};
+    return mlart_tensor_dense(data, dt, dev, ndim, shape);
+}
+
+/* ---- one layer's state --------------------------------------------------- */
+
+typedef struct layer_run {
+    mlart_layer *layer, *ref; /* ref: reference backend on the same cache (--verify) */
+    uint16_t *h_kv_b_proj;    /* host copy, for the oracle */
+    void *d_kv_b_proj, *d_cache, *d_o, *d_o_ref;
+    uint8_t *h_cache;         /* host image of the cache (the cache itself on the CPU) */
+    uint16_t *h_o, *h_o_ref;
+} layer_run;
+
+typedef struct run {
+    mlart_config cfg;
+    int dev;             /* -1 host */
+    int verify;
+    const char *weights;
+    int layer0;
+    const char *config_path;
+    int32_t B, MB;
+    int64_t num_slots;
+    size_t bpt;
+    layer_run *layers;
+    /* per-step host inputs and their device copies */
+    uint16_t *h_q, *h_new;
+    int32_t *h_idx, *h_req, *h_lens, *h_bt, *h_slots, *pool;
+    void *d_q, *d_new, *d_idx, *d_req, *d_lens, *d_bt, *d_slots, *d_lse;
+    double *oracle_o, *oracle_lse;
+} run;
+
+/* kv_b_proj of layer `li`: from the checkpoint, or uniform in +-4/sqrt(P). */
+static int make_weights(run *r, int li, uint16_t *dst)
+{
+    const mlart_geometry *g = &r->cfg.geom;
+    const size_t n = (size_t)g->heads * (size_t)(g->qk_nope + g->v_head) * (size_t)g->kv_lora;
+    if (r->weights) {
+        int rc = mlart_safetensors_load_kv_b_proj(r->weights, r->layer0 + li, g, 0, dst, n * 2);
+        return rc < 0 ? fail(rc, "loading kv_b_proj") : 0;
+    }
+    {
+        uint64_t s = r->cfg.seed * 1000003u + (uint64_t)li * 7919u + 1;
+        const float a = 4.0f / sqrtf((float)g->qk_nope);
+        for (size_t i = 0; i < n; i++)
+            dst[i] = mlart_f32_to_bf16(a * rng_uniform(&s));
+    }
+    return 0;
+}
+
+/* Write rows [n, L+R] (host) into slots (host) of every layer's cache. */
+static int write_rows(run *r, int li, const uint16_t *rows, const int32_t *slots, int64_t n)
+{
+    const mlart_geometry *g = &r->cfg.geom;
+    layer_run *lr = &r->layers[li];
+    mlart_tensor lat, sl;
+    int rc;
+    if (r->dev < 0) {
+        lat = view((void *)rows, MLART_DTYPE_BF16, -1, 2, n, g->kv_lora + g->rope, 0);
+        sl = view((void *)slots, MLART_DTYPE_I32, -1, 1, n, 0, 0);
+    } else {
+        if ((rc = dev_copy(r->dev, r->d_new, rows, (size_t)n * (size_t)(g->kv_lora + g->rope) * 2,
+                           1)) < 0 ||
+            (rc = dev_copy(r->dev, r->d_slots, slots, (size_t)n * 4, 1)) < 0)
+            return rc;
+        lat = view(r->d_new, MLART_DTYPE_BF16, r->dev, 2, n, g->kv_lora + g->rope, 0);
+        sl = view(r->d_slots, MLART_DTYPE_I32, r->dev, 1, n, 0, 0);
+    }
+    rc = mlart_layer_write_kv(lr->layer, &lat, &sl, NULL);
+    if (rc < 0)
+        return fail(rc, "mlart_layer_write_kv");
+    if (r->dev >= 0 && lr->h_cache) { /* host image for the oracle, by the CPU quantiser */
+        mlart_tensor cache = view(lr->h_cache, MLART_DTYPE_U8, -1, 2, r->num_slots,
+                                  (int64_t)r->bpt, 0);
+        lat = view((void *)rows, MLART_DTYPE_BF16, -1, 2, n, g->kv_lora + g->rope, 0);
+        sl = view((void *)slots, MLART_DTYPE_I32, -1, 1, n, 0, 0);
+        rc = mlart_kv_write_cpu(g, &cache, &lat, &sl);
+        if (rc < 0)
+            return fail(rc, "mlart_kv_write_cpu");
+    }
+    return 0;
+}
+
+static int32_t slot_of(const run *r, int32_t req, int32_t pos)
+{
+    const int32_t page = r->cfg.geom.page_size;
+    return r->h_bt[(int64_t)req * r->MB + pos / page] * page + pos % page;
+}
+
+/* Fresh synthetic latent+rope rows. */
+static void fill_rows(uint16_t *rows, int64_t n, int width, uint64_t *s)
+{
+    for (int64_t i = 0; i < n * width; i++)
+        rows[i] = mlart_f32_to_bf16(rng_uniform(s));
+}
+
+static int setup_layer(run *r, int li)
+{
+    const mlart_geometry *g = &r->cfg.geom;
+    layer_run *lr = &r->layers[li];
+    const int64_t H = g->heads, P = g->qk_nope, V = g->v_head, L = g->kv_lora, R = g->rope;
+    const size_t wbytes = (size_t)(H * (P + V) * L) * 2, cbytes = (size_t)r->num_slots * r->bpt;
+    mlart_layer_desc d;
+    mlart_tensor kvb;
+    mlart_context *ctx = NULL;
+    int rc;
+    lr->h_kv_b_proj = malloc(wbytes);
+    lr->h_o = malloc((size_t)r->B * (size_t)(H * V) * 2);
+    if (!lr->h_kv_b_proj || !lr->h_o)
+        return fail(MLART_ENOMEM, "allocating host buffers");
+    if ((rc = make_weights(r, li, lr->h_kv_b_proj)) < 0)
+        return rc;
+    if (r->dev < 0) {
+        lr->d_kv_b_proj = lr->h_kv_b_proj;
+    } else if ((rc = dev_alloc(r->dev, wbytes, &lr->d_kv_b_proj)) < 0 ||
+               (rc = dev_copy(r->dev, lr->d_kv_b_proj, lr->h_kv_b_proj, wbytes, 1)) < 0) {
+        return fail(rc, "uploading kv_b_proj");
+    }
+    if ((rc = dev_alloc(r->dev, cbytes, &lr->d_cache)) < 0 ||
+        (rc = dev_alloc(r->dev, (size_t)r->B * (size_t)(H * V) * 2, &lr->d_o)) < 0)
+        return fail(rc, "allocating the KV cache");
+    if (r->dev < 0)
+        lr->h_cache = lr->d_cache;
+    else if (r->verify && !(lr->h_cache = calloc(1, cbytes)))
+        return fail(MLART_ENOMEM, "allocating the host cache image");
+
+    memset(&d, 0, sizeof d);
+    d.geom = *g;
+    d.backend = r->cfg.backend[0] ? r->cfg.backend : NULL;
+    d.max_tokens = r->B;
+    d.max_requests = r->B;
+    d.max_blocks_per_req = r->MB;
+    d.num_slots = r->num_slots;
+    /* checkpoint layout: strided views, which the layer makes dense once */
+    kvb = view(lr->d_kv_b_proj, MLART_DTYPE_BF16, r->dev, 2, H * (P + V), L, 0);
+    if ((rc = mlart_weights_from_kv_b_proj(g, &kvb, &d.w_uk_t, &d.w_uv)) < 0)
+        return fail(rc, "mlart_weights_from_kv_b_proj");
+    d.kv_cache = view(lr->d_cache, MLART_DTYPE_U8, r->dev, 2, r->num_slots, (int64_t)r->bpt, 0);
+    if ((rc = mlart_context_create(r->dev, &ctx)) < 0)
+        return fail(rc, "mlart_context_create");
+    rc = mlart_layer_create(ctx, &d, &lr->layer);
+    if (rc == 0 && r->verify && strcmp(mlart_layer_backend_name(lr->layer), "reference")) {
+        d.backend = "reference";
+        rc = mlart_layer_create(ctx, &d, &lr->ref);
+        if (rc == 0)
+            rc = dev_alloc(r->dev, (size_t)r->B * (size_t)(H * V) * 2, &lr->d_o_ref);
+        if (rc == 0 && !(lr->h_o_ref = malloc((size_t)r->B * (size_t)(H * V) * 2)))
+            rc = MLART_ENOMEM;
+        if (rc < 0) {
+            mlart_context_destroy(ctx);
+            return fail(rc, "creating the reference layer for --verify");
+        }
+    }
+    mlart_context_destroy(ctx); /* layers keep only the device number */
+    if (rc < 0)
+        return fail(rc, "mlart_layer_create");
+
+    /* the context: every request's first `context` tokens, in chunks */
+    {
+        const int64_t chunk = 4096, W = L + R;
+        uint64_t s = r->cfg.seed * 2654435761u + (uint64_t)li * 97u + 3;
+        for (int32_t b = 0; b < r->B; b++)
+            for (int64_t p0 = 0; p0 < r->cfg.context; p0 += chunk) {
+                int64_t n = r->cfg.context - p0 < chunk ? r->cfg.context - p0 : chunk;
+                fill_rows(r->h_new, n, (int)W, &s);
+                for (int64_t i = 0; i < n; i++)
+                    r->h_slots[i] = slot_of(r, b, (int32_t)(p0 + i));
+                if ((rc = write_rows(r, li, r->h_new, r->h_slots, n)) < 0)
+                    return rc;
+            }
+    }
+    return dev_sync(r->dev);
+}
+
+static void destroy_run(run *r)
+{
+    for (int li = 0; r->layers && li < r->cfg.layers; li++) {
+        layer_run *lr = &r->layers[li];
+        mlart_layer_destroy(lr->layer);
+        mlart_layer_destroy(lr->ref);
+        if (r->dev >= 0) {
+            dev_free(r->dev, lr->d_kv_b_proj);
+            dev_free(r->dev, lr->d_o_ref);
+            free(lr->h_cache);
+        }
+        dev_free(r->dev, lr->d_cache);
+        dev_free(r->dev, lr->d_o);
+        free(lr->h_kv_b_proj);
+        free(lr->h_o);
+        free(lr->h_o_ref);
+    }
+    free(r->layers);
+    if (r->dev >= 0) {
+        dev_free(r->dev, r->d_q), dev_free(r->dev, r->d_new), dev_free(r->dev, r->d_idx);
+        dev_free(r->dev, r->d_req), dev_free(r->dev, r->d_lens), dev_free(r->dev, r->d_bt);
+        dev_free(r->dev, r->d_slots), dev_free(r->dev, r->d_lse);
+    } else {
+        free(r->d_lse);
+    }
+    free(r->h_q), free(r->h_new), free(r->h_idx), free(r->h_req), free(r->h_lens);
+    free(r->h_bt), free(r->h_slots), free(r->pool), free(r->oracle_o), free(r->oracle_lse);
+}
+
+/* Fresh query rows and top-k positions for step `step`. */
+static void make_step_inputs(run *r, int step)
+{
+    const mlart_geometry *g = &r->cfg.geom;
+    const int64_t H = g->heads, P = g->qk_nope, R = g->rope, K = g->topk;
+    uint64_t s = r->cfg.seed * 0x9e3779b1u + (uint64_t)step * 131u + 5;
+    for (int64_t i = 0; i < (int64_t)r->B * H * (P + R); i++)
+        r->h_q[i] = mlart_f32_to_bf16(rng_uniform(&s));
+    for (int32_t b = 0; b < r->B; b++) {
+        const int32_t len = r->h_lens[b];
+        int32_t *out = r->h_idx + (int64_t)b * K;
+        /* partial Fisher-Yates: K distinct positions of [0, len), -1 beyond len */
+        for (int32_t i = 0; i < len; i++)
+            r->pool[i] = i;
+        for (int64_t k = 0; k < K; k++) {
+            if (k < len) {
+                int64_t j = k + (int64_t)(rng_next(&s) % (uint64_t)(len - k));
+                int32_t x = r->pool[k];
+                r->pool[k] = r->pool[j], r->pool[j] = x;
+                out[k] = r->pool[k];
+            } else {
+                out[k] = -1;
+            }
+        }
+    }
+}
+
+/* NMSE and max |a-b| of a (bf16) against b (double); nan counts as failure. */
+static void compare(const uint16_t *a, const double *b, int64_t n, double *max_abs, double *nmse,
+                    int *nan)
+{
+    double num = 0.0, den = 0.0, mx = 0.0;
+    *nan = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double x = mlart_bf16_to_f32(a[i]), d = x - b[i];
+        if (isnan(x) || isinf(x))
+            *nan = 1;
+        num += d * d;
+        den += b[i] * b[i];
+        if (fabs(d) > mx)
+            mx = fabs(d);
+    }
+    *max_abs = mx;
+    *nmse = den > 0.0 ? num / den : num;
+}
+
+typedef struct verify_stats {
+    double max_abs, nmse, ref_max_abs, ref_nmse;
+    int nan, lse_bad, compared_ref;
+} verify_stats;
+
+static int verify_layer(run *r, int li, verify_stats *vs)
+{
+    const mlart_geometry *g = &r->cfg.geom;
+    layer_run *lr = &r->layers[li];
+    const int64_t n = (int64_t)r->B * g->heads * g->v_head;
+    double mx, nm;
+    int nan, rc;
+    float *lse = malloc(sizeof(float) * (size_t)(g->heads * r->B));
+    if (!lse)
+        return fail(MLART_ENOMEM, "verify");
+    rc = mlart_decode_oracle(g, r->B, r->h_q, lr->h_kv_b_proj, lr->h_cache, r->num_slots,
+                             r->h_idx, r->h_req, r->h_lens, r->h_bt, r->MB, r->oracle_o,
+                             r->oracle_lse);
+    if (rc == 0)
+        rc = dev_copy(r->dev, lse, r->d_lse, sizeof(float) * (size_t)(g->heads * r->B), 0);
+    if (rc < 0) {
+        free(lse);
+        return fail(rc, "verify");
+    }
+    compare(lr->h_o, r->oracle_o, n, &mx, &nm, &nan);
+    vs->max_abs = fmax(vs->max_abs, mx);
+    vs->nmse = fmax(vs->nmse, nm);
+    vs->nan |= nan;
+    for (int64_t i = 0; li == r->cfg.layers - 1 && i < (int64_t)g->heads * r->B; i++) {
+        double want = r->oracle_lse[i]; /* the lse buffer holds the last layer's */
+        if (isinf(want) ? !(isinf(lse[i]) && lse[i] < 0)
+                        : !(fabs(lse[i] - want) <= 1e-2 * (1.0 + fabs(want))))
+            vs->lse_bad++;
+    }
+    free(lse);
+    if (lr->ref) {
+        double *ro = malloc(sizeof(double) * (size_t)n);
+        if (!ro)
+            return fail(MLART_ENOMEM, "verify");
+        for (int64_t i = 0; i < n; i++)
+            ro[i] = mlart_bf16_to_f32(lr->h_o_ref[i]);
+        compare(lr->h_o, ro, n, &mx, &nm, &nan);
+        free(ro);
+        vs->ref_max_abs = fmax(vs->ref_max_abs, mx);
+        vs->ref_nmse = fmax(vs->ref_nmse, nm);
+        vs->nan |= nan;
+        vs->compared_ref = 1;
+    }
+    return 0;
+}
+
+static int run_decode(run *r)
+{
+    const mlart_geometry *g = &r->cfg.geom;
+    const int64_t H = g->heads, P = g->qk_nope, R = g->rope, L = g->kv_lora, V = g->v_head;
+    const int64_t K = g->topk;
+    const int dev = r->dev;
+    mlart_step_io io;
+    uint64_t fnv = 0xcbf29ce484222325ull;
+    double t_decode = 0.0, t_start = now_s(), t_progress = 0.0;
+    int progress = 0, rc;
+    verify_stats vs;
+    uint64_t s_new = r->cfg.seed * 40503u + 11;
+    memset(&vs, 0, sizeof vs);
+
+    memset(&io, 0, sizeof io);
+    io.T = r->B;
+    io.B = r->B;
+    io.q = view(dev < 0 ? (void *)r->h_q : r->d_q, MLART_DTYPE_BF16, dev, 3, r->B, H, P + R);
+    io.idx = view(dev < 0 ? (void *)r->h_idx : r->d_idx, MLART_DTYPE_I32, dev, 2, r->B, K, 0);
+    io.req_of_token = view(dev < 0 ? (void *)r->h_req : r->d_req, MLART_DTYPE_I32, dev, 1, r->B,
+                           0, 0);
+    io.seq_lens = view(dev < 0 ? (void *)r->h_lens : r->d_lens, MLART_DTYPE_I32, dev, 1, r->B, 0,
+                       0);
+    io.block_table = view(dev < 0 ? (void *)r->h_bt : r->d_bt, MLART_DTYPE_I32, dev, 2, r->B,
+                          r->MB, 0);
+    io.lse = view(r->d_lse, MLART_DTYPE_F32, dev, 2, H, r->B, 0);
+    if (dev >= 0 && (rc = dev_copy(dev, r->d_bt, r->h_bt, (size_t)r->B * r->MB * 4, 1)) < 0)
+        return rc;
+    if (dev >= 0 && (rc = dev_copy(dev, r->d_req, r->h_req, (size_t)r->B * 4, 1)) < 0)
+        return rc;
+
+    for (int step = 0; step < r->cfg.steps; step++) {
+        double t0;
+        /* this step's new token of each request lands at position context + step */
+        for (int32_t b = 0; b < r->B; b++) {
+            r->h_lens[b] = r->cfg.context + step + 1;
+            r->h_slots[b] = slot_of(r, b, r->cfg.context + step);
+        }
+        fill_rows(r->h_new, r->B, (int)(L + R), &s_new);
+        make_step_inputs(r, step);
+        if (dev >= 0 &&
+            ((rc = dev_copy(dev, r->d_q, r->h_q, (size_t)r->B * H * (P + R) * 2, 1)) < 0 ||
+             (rc = dev_copy(dev, r->d_idx, r->h_idx, (size_t)r->B * K * 4, 1)) < 0 ||
+             (rc = dev_copy(dev, r->d_lens, r->h_lens, (size_t)r->B * 4, 1)) < 0))
+            return rc;
+        t0 = now_s();
+        for (int li = 0; li < r->cfg.layers; li++) {
+            layer_run *lr = &r->layers[li];
+            if ((rc = write_rows(r, li, r->h_new, r->h_slots, r->B)) < 0)
+                return rc;
+            io.o = view(lr->d_o, MLART_DTYPE_BF16, dev, 2, r->B, H * V, 0);
+            rc = mlart_layer_decode(lr->layer, &io, NULL);
+            if (rc < 0)
+                return fail(rc, "mlart_layer_decode");
+        }
+        if ((rc = dev_sync(dev)) < 0)
+            return rc;
+        t_decode += now_s() - t0;
+
+        /* outside the timed region: checksum, verification, progress */
+        for (int li = 0; li < r->cfg.layers; li++) {
+            layer_run *lr = &r->layers[li];
+            const unsigned char *p;
+            if ((rc = dev_copy(dev, lr->h_o, lr->d_o, (size_t)(r->B * H * V) * 2, 0)) < 0)
+                return rc;
+            p = (const unsigned char *)lr->h_o;
+            for (size_t i = 0; i < (size_t)(r->B * H * V) * 2; i++)
+                fnv = (fnv ^ p[i]) * 0x100000001b3ull;
+            if (r->verify) {
+                if (lr->ref) {
+                    mlart_step_io ref_io = io; /* same inputs; the backend's lse is kept */
+                    memset(&ref_io.lse, 0, sizeof ref_io.lse);
+                    ref_io.o = view(lr->d_o_ref, MLART_DTYPE_BF16, dev, 2, r->B, H * V, 0);
+                    rc = mlart_layer_decode(lr->ref, &ref_io, NULL);
+                    if (rc < 0)
+                        return fail(rc, "reference decode for --verify");
+                    if ((rc = dev_copy(dev, lr->h_o_ref, lr->d_o_ref, (size_t)(r->B * H * V) * 2,
+                                       0)) < 0)
+                        return rc;
+                }
+                if ((rc = verify_layer(r, li, &vs)) < 0)
+                    return rc;
+            }
+        }
+        if (now_s() - t_start > 2.0 && now_s() - t_progress > 0.5) {
+            fprintf(stderr, "\rmlart-decode: step %d/%d, %.3f ms/step", step + 1, r->cfg.steps,
+                    1e3 * t_decode / (step + 1));
+            t_progress = now_s();
+            progress = 1;
+        }
+    }
+    if (progress)
+        fputc('\n', stderr);
+
+    {
+        const long long tokens = (long long)r->B * r->cfg.steps;
+        const double ms = 1e3 * t_decode / r->cfg.steps;
+        const char *bname = mlart_layer_backend_name(r->layers[0].layer);
+        const char *dname = dev < 0 ? "cpu" : "cuda";
+        int ok = 1;
+        printf("# mlart-decode  config %s\n", r->config_path ? r->config_path : "(none)");
+        printf("# heads are per rank (total %d / tp_size %d); ms/step covers the KV write of the "
+               "new tokens and the decode step of every layer\n",
+               r->cfg.heads_total, r->cfg.tp_size);
+        printf("%-16s %-6s %-10s %5s %4s %3s %4s %4s %5s %5s %8s %6s %6s %8s %10s %12s\n",
+               "backend", "device", "kv_format", "heads", "P", "R", "L", "V", "topk", "batch",
+               "context", "steps", "layers", "tokens", "ms/step", "tokens/s");
+        printf("%-16s %-6s %-10s %5d %4d %3d %4d %4d %5d %5d %8d %6d %6d %8lld %10.3f %12.1f\n",
+               bname, dname, mlart_kv_format_name(g->kv_format), g->heads, g->qk_nope, g->rope,
+               g->kv_lora, g->v_head, g->topk, r->B, r->cfg.context, r->cfg.steps, r->cfg.layers,
+               tokens, ms, t_decode > 0 ? (double)tokens / t_decode : 0.0);
+        printf("checksum 0x%016llx (FNV-1a 64 over every step's output o, bf16 bytes)\n",
+               (unsigned long long)fnv);
+        if (r->verify) {
+            int o_ok = !vs.nan && vs.nmse <= VERIFY_NMSE;
+            printf("verify vs float64 oracle: max_abs_err %.3e  nmse %.3e  lse mismatches %d  %s\n",
+                   vs.max_abs, vs.nmse, vs.lse_bad, o_ok && !vs.lse_bad ? "PASS" : "FAIL");
+            ok = o_ok && !vs.lse_bad;
+            if (vs.compared_ref) {
+                int r_ok = !vs.nan && vs.ref_nmse <= VERIFY_NMSE;
+                printf("verify vs reference backend: max_abs_err %.3e  nmse %.3e  %s\n",
+                       vs.ref_max_abs, vs.ref_nmse, r_ok ? "PASS" : "FAIL");
+                ok = ok && r_ok;
+            }
+            if (vs.nan)
+                printf("verify: NaN or Inf in the output\n");
+        }
+        printf("result: backend=%s device=%s kv=%s verify=%s\n", bname, dname,
+               mlart_kv_format_name(g->kv_format),
+               r->verify ? (ok ? "PASS" : "FAIL") : "off");
+        return ok ? 0 : 1;
+    }
+}
+
+static int setup(run *r)
+{
+    const mlart_geometry *g = &r->cfg.geom;
+    const int64_t H = g->heads, P = g->qk_nope, R = g->rope, L = g->kv_lora, K = g->topk;
+    const int64_t total = (int64_t)r->cfg.context + r->cfg.steps;
+    const int64_t rows = 4096 > r->B ? 4096 : r->B; /* chunk of cache rows written at once */
+    int64_t nb;
+    int rc;
+    r->B = r->cfg.batch;
+    r->MB = (int32_t)((total + g->page_size - 1) / g->page_size);
+    nb = (int64_t)r->B * r->MB;
+    r->num_slots = nb * g->page_size;
+    r->bpt = mlart_kv_bytes_per_token(g);
+    r->layers = calloc((size_t)r->cfg.layers, sizeof *r->layers);
+    r->h_q = malloc((size_t)(r->B * H * (P + R)) * 2);
+    r->h_new = malloc((size_t)(rows * (L + R)) * 2);
+    r->h_idx = malloc((size_t)(r->B * K) * 4);
+    r->h_req = malloc((size_t)r->B * 4);
+    r->h_lens = malloc((size_t)r->B * 4);
+    r->h_bt = malloc((size_t)nb * 4);
+    r->h_slots = malloc((size_t)rows * 4);
+    r->pool = malloc((size_t)total * 4);
+    if (r->verify) {
+        r->oracle_o = malloc(sizeof(double) * (size_t)(r->B * H * g->v_head));
+        r->oracle_lse = malloc(sizeof(double) * (size_t)(H * r->B));
+    }
+    if (!r->layers || !r->h_q || !r->h_new || !r->h_idx || !r->h_req || !r->h_lens || !r->h_bt ||
+        !r->h_slots || !r->pool || (r->verify && (!r->oracle_o || !r->oracle_lse)))
+        return fail(MLART_ENOMEM, "allocating host buffers");
+    {
+        /* each request's blocks scattered over the cache in a seeded order */
+        uint64_t s = r->cfg.seed * 48271u + 17;
+        for (int64_t i = 0; i < nb; i++)
+            r->h_bt[i] = (int32_t)i;
+        for (int64_t i = nb - 1; i > 0; i--) {
+            int64_t j = (int64_t)(rng_next(&s) % (uint64_t)(i + 1));
+            int32_t x = r->h_bt[i];
+            r->h_bt[i] = r->h_bt[j], r->h_bt[j] = x;
+        }
+    }
+    for (int32_t b = 0; b < r->B; b++) {
+        r->h_req[b] = b;
+        r->h_lens[b] = r->cfg.context;
+    }
+    if (r->dev >= 0) {
+        if ((rc = dev_alloc(r->dev, (size_t)(r->B * H * (P + R)) * 2, &r->d_q)) < 0 ||
+            (rc = dev_alloc(r->dev, (size_t)(rows * (L + R)) * 2, &r->d_new)) < 0 ||
+            (rc = dev_alloc(r->dev, (size_t)(r->B * K) * 4, &r->d_idx)) < 0 ||
+            (rc = dev_alloc(r->dev, (size_t)r->B * 4, &r->d_req)) < 0 ||
+            (rc = dev_alloc(r->dev, (size_t)r->B * 4, &r->d_lens)) < 0 ||
+            (rc = dev_alloc(r->dev, (size_t)nb * 4, &r->d_bt)) < 0 ||
+            (rc = dev_alloc(r->dev, (size_t)rows * 4, &r->d_slots)) < 0)
+            return fail(rc, "allocating device buffers");
+    }
+    if ((rc = dev_alloc(r->dev, sizeof(float) * (size_t)(H * r->B), &r->d_lse)) < 0)
+        return fail(rc, "allocating the lse buffer");
+    for (int li = 0; li < r->cfg.layers; li++)
+        if ((rc = setup_layer(r, li)) < 0)
+            return rc;
+    return 0;
+}
+
+/* ---- command line ---------------------------------------------------------- */
+
+static const char *find_default_config(char *buf, size_t n)
+{
+    if (access(DEFAULT_CONFIG, R_OK) == 0)
+        return DEFAULT_CONFIG;
+    snprintf(buf, n, "%s/%s", MLART_SOURCE_DIR, DEFAULT_CONFIG);
+    if (access(buf, R_OK) == 0)
+        return buf;
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct {
+        const char *flag, *key;
+    } keyed[] = {{"--backend", "backend"}, {"--device", "device"},   {"--kv-format", "kv_format"},
+                 {"--batch", "batch"},     {"--context", "context"}, {"--steps", "steps"},
+                 {"--seed", "seed"}};
+    run r;
+    char defpath[1024];
+    const char *config = NULL;
+    int rc, n_dev = 0;
+    memset(&r, 0, sizeof r);
+    mlart_config_init(&r.cfg);
+    /* first pass: the config file, so flags can override it */
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--config")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "mlart-decode: --config needs a file\n");
+                return 2;
+            }
+            config = argv[++i];
+        }
+    }
+    if (!config && !(config = find_default_config(defpath, sizeof defpath))) {
+        fprintf(stderr, "mlart-decode: no --config given and %s not found in the current "
+                        "directory or in %s\n", DEFAULT_CONFIG, MLART_SOURCE_DIR);
+        return 2;
+    }
+    r.config_path = config;
+    if ((rc = mlart_config_read_file(&r.cfg, config)) < 0 ||
+        (rc = mlart_config_read_env(&r.cfg)) < 0) {
+        fprintf(stderr, "mlart-decode: %s\n", mlart_last_error());
+        return 1;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        size_t k;
+        if (!strcmp(a, "--config")) {
+            i++;
+            continue;
+        }
+        if (!strcmp(a, "--verify")) {
+            r.verify = 1;
+            continue;
+        }
+        for (k = 0; k < sizeof keyed / sizeof keyed[0]; k++)
+            if (!strcmp(a, keyed[k].flag))
+                break;
+        if (k < sizeof keyed / sizeof keyed[0] || !strcmp(a, "--set") ||
+            !strcmp(a, "--weights") || !strcmp(a, "--layer")) {
+            const char *v;
+            if (i + 1 >= argc) {
+                fprintf(stderr, "mlart-decode: %s needs a value (see --help)\n", a);
+                return 2;
+            }
+            v = argv[++i];
+            if (!strcmp(a, "--weights")) {
+                r.weights = v;
+            } else if (!strcmp(a, "--layer")) {
+                char *end;
+                long n = strtol(v, &end, 10);
+                if (*end || end == v || n < 0 || n > 100000) {
+                    fprintf(stderr, "mlart-decode: --layer: bad value '%s'\n", v);
+                    return 2;
+                }
+                r.layer0 = (int)n;
+            } else if (!strcmp(a, "--set")) {
+                char key[64];
+                const char *eq = strchr(v, '=');
+                if (!eq || (size_t)(eq - v) >= sizeof key) {
+                    fprintf(stderr, "mlart-decode: --set wants KEY=VALUE, got '%s'\n", v);
+                    return 2;
+                }
+                memcpy(key, v, (size_t)(eq - v));
+                key[eq - v] = 0;
+                rc = mlart_config_set(&r.cfg, key, eq + 1, "--set");
+            } else {
+                rc = mlart_config_set(&r.cfg, keyed[k].key, v, a);
+            }
+            if (rc < 0) {
+                fprintf(stderr, "mlart-decode: %s\n", mlart_last_error());
+                return 2;
+            }
+            continue;
+        }
+        fprintf(stderr, "mlart-decode: unknown option '%s' (see --help)\n", a);
+        return 2;
+    }
+    if ((rc = mlart_config_finish(&r.cfg)) < 0) {
+        fprintf(stderr, "mlart-decode: %s\n", mlart_last_error());
+        return 1;
+    }
+    if ((rc = mlart_cuda_device_count(&n_dev)) < 0)
+    {
+        fail(rc, "mlart_cuda_device_count");
+        return 1;
+    }
+    switch (r.cfg.device) {
+    case MLART_DEVICE_CPU:
+        r.dev = -1;
+        break;
+    case MLART_DEVICE_CUDA:
+        if (n_dev == 0) {
+            fprintf(stderr, "mlart-decode: device = cuda but no usable CUDA device%s\n",
+#ifdef MLART_WITH_CUDA
+                    ""
+#else
+                    " (this build has no CUDA)"
+#endif
+            );
+            return 1;
+        }
+        r.dev = 0;
+        break;
+    case MLART_DEVICE_AUTO:
+        r.dev = n_dev > 0 ? 0 : -1;
+        break;
+    }
+    if (r.cfg.tp_size > 1 || r.cfg.dcp_size > 1)
+        fprintf(stderr, "mlart-decode: running one rank's share in this process: %d of %d heads, "
+                        "whole KV cache (tp_size %d, dcp_size %d)\n",
+                r.cfg.geom.heads, r.cfg.heads_total, r.cfg.tp_size, r.cfg.dcp_size);
+    rc = setup(&r);
+    if (rc == 0)
+        rc = run_decode(&r);
+    destroy_run(&r);
+    return rc == 0 ? 0 : 1;
+}

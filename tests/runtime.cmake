@@ -1,0 +1,87 @@
+# Runtime core: tensors, context, config, registry/loader, layer contract
+# enforcement, and the mlart-decode command line.
+
+# Backend modules the loader tests open through MLART_BACKEND_PATH, all built
+# from one small host backend (tests/plugins/testhost.c) with different
+# compile definitions.  They link nothing from libmlart.
+set(MLART_TEST_PLUGIN_DIR ${CMAKE_CURRENT_BINARY_DIR}/plugins)
+set(MLART_TEST_PLUGINS "")
+function(mlart_test_plugin name)
+  set(t mlart-backend-${name})
+  add_library(${t} MODULE ${CMAKE_CURRENT_SOURCE_DIR}/plugins/testhost.c)
+  target_include_directories(${t} PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}
+                                          ${CMAKE_CURRENT_SOURCE_DIR})
+  target_compile_definitions(${t} PRIVATE PLUGIN_NAME="${name}" ${ARGN})
+  target_compile_options(${t} PRIVATE ${MLART_C_WARNINGS})
+  target_link_libraries(${t} PRIVATE m)
+  set_target_properties(${t} PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${MLART_TEST_PLUGIN_DIR})
+  set(MLART_TEST_PLUGINS ${MLART_TEST_PLUGINS} ${t} PARENT_SCOPE)
+endfunction()
+mlart_test_plugin(testhost MAX_HEADS=8 HEAD_MULTIPLE=2 MAX_TOPK=64)
+mlart_test_plugin(testsafe QUERY_SAFE_OP TOKEN_MAJOR)
+mlart_test_plugin(testpad TAIL_PAD=256)
+mlart_test_plugin(badabi ABI_VERSION=2)
+mlart_test_plugin(smallstruct STRUCT_SIZE=64)
+mlart_test_plugin(nosym NO_ENTRY)
+mlart_test_plugin(nulltable NULL_TABLE)
+mlart_test_plugin(noattend NO_ATTEND)
+mlart_test_plugin(wrongname TABLE_NAME="othername")
+
+set(_runtime_defs MLART_TEST_PLUGIN_DIR="${MLART_TEST_PLUGIN_DIR}"
+                  MLART_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+foreach(n tensor config registry layer)
+  if(NOT EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/runtime/test_${n}.c)
+    continue()
+  endif()
+  mlart_test(test_runtime_${n} LABELS cpu SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/runtime/test_${n}.c
+             LIBS ${CMAKE_DL_LIBS})
+  target_compile_definitions(test_runtime_${n} PRIVATE ${_runtime_defs})
+  add_dependencies(test_runtime_${n} ${MLART_TEST_PLUGINS})
+endforeach()
+
+# mlart-decode end to end: default config, verification against the
+# double-precision oracle, backend swapped by config / environment / flag,
+# and clear failures on bad input.
+if(TARGET mlart-decode)
+  set(_dec $<TARGET_FILE:mlart-decode>)
+  set(_tiny ${PROJECT_SOURCE_DIR}/configs/tiny-cpu.ini)
+  add_test(NAME decode_tiny_verify
+           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 3 --verify)
+  add_test(NAME decode_default_config COMMAND ${_dec} --steps 2)
+  set_tests_properties(decode_default_config PROPERTIES WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  add_test(NAME decode_fp8_verify
+           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 2 --verify)
+  set_tests_properties(decode_fp8_verify PROPERTIES ENVIRONMENT "MLART_KV_FORMAT=fp8_ds_mla"
+                       PASS_REGULAR_EXPRESSION "fp8_ds_mla.*verify.*PASS")
+  add_test(NAME decode_backend_flag
+           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 2 --backend testsafe --verify)
+  add_test(NAME decode_backend_env
+           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 2 --verify)
+  set_tests_properties(decode_backend_flag decode_backend_env PROPERTIES
+                       ENVIRONMENT "MLART_BACKEND_PATH=${MLART_TEST_PLUGIN_DIR};MLART_BACKEND=testsafe"
+                       PASS_REGULAR_EXPRESSION "testsafe.*verify.*PASS")
+  add_test(NAME decode_backend_config
+           COMMAND ${_dec} --config ${CMAKE_CURRENT_SOURCE_DIR}/runtime/plugin.ini --verify)
+  set_tests_properties(decode_backend_config PROPERTIES
+                       ENVIRONMENT "MLART_BACKEND_PATH=${MLART_TEST_PLUGIN_DIR}"
+                       PASS_REGULAR_EXPRESSION "testhost.*verify.*PASS")
+  add_test(NAME decode_flag_beats_env
+           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 1 --backend nosuchbackend)
+  set_tests_properties(decode_flag_beats_env PROPERTIES
+                       ENVIRONMENT "MLART_BACKEND_PATH=${MLART_TEST_PLUGIN_DIR};MLART_BACKEND=testsafe"
+                       WILL_FAIL TRUE)
+  add_test(NAME decode_wrong_abi COMMAND ${_dec} --config ${_tiny} --device cpu --backend badabi)
+  set_tests_properties(decode_wrong_abi PROPERTIES
+                       ENVIRONMENT "MLART_BACKEND_PATH=${MLART_TEST_PLUGIN_DIR}"
+                       PASS_REGULAR_EXPRESSION "ABI version 2, this runtime speaks version 1")
+  add_test(NAME decode_config_typo COMMAND ${_dec} --config ${CMAKE_CURRENT_SOURCE_DIR}/runtime/typo.ini)
+  set_tests_properties(decode_config_typo PROPERTIES
+                       PASS_REGULAR_EXPRESSION "typo.ini:7: unknown key 'hedas'")
+  add_test(NAME decode_bad_flag COMMAND ${_dec} --steps zero)
+  set_tests_properties(decode_bad_flag PROPERTIES WILL_FAIL TRUE)
+  set_tests_properties(decode_tiny_verify decode_default_config decode_fp8_verify
+                       decode_backend_flag decode_backend_env decode_backend_config
+                       decode_flag_beats_env
+                       decode_wrong_abi decode_config_typo decode_bad_flag
+                       PROPERTIES LABELS cpu TIMEOUT 120)
+endif()

@@ -1,0 +1,236 @@
+/* Config: INI parsing with inih, errors that name key and file:line,
+ * precedence command line > environment > file, relations between keys,
+ * and the shipped configs. */
+#define _POSIX_C_SOURCE 200809L
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mlart/config.h"
+
+static char path[256];
+
+/* Write `text` into a fresh temporary .ini file; path[] holds its name. */
+static const char *ini(const char *text)
+{
+    int fd;
+    FILE *f;
+    snprintf(path, sizeof path, "/tmp/mlart-config-XXXXXX");
+    fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    f = fdopen(fd, "w");
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+static const char *good =
+    "# comment\n"
+    "[model]\n"
+    "heads = 64\n"
+    "qk_nope_dim = 192\n"
+    "rope_dim = 64\n"
+    "kv_lora_rank = 512\n"
+    "v_head_dim = 256\n"
+    "topk = 2048\n"
+    "kv_format = fp8_ds_mla ; inline comment\n"
+    "[runtime]\n"
+    "backend = reference\n"
+    "graph_sizes = 1, 2,4,8\n"
+    "[parallel]\n"
+    "tp_size = 4\n"
+    "dcp_size = 2\n"
+    "dcp_routing = a2a\n";
+
+static void clear_env(void)
+{
+    static const char *vars[] = {"MLART_HEADS", "MLART_BACKEND", "MLART_KV_FORMAT", "MLART_DEVICE",
+                                 "MLART_TOPK", "MLART_SEED", "MLART_GRAPH_SIZES", "MLART_TP_SIZE",
+                                 "MLART_DCP_SIZE", "MLART_STEPS", "MLART_BATCH", "MLART_CONTEXT",
+                                 "MLART_SOFTMAX_SCALE"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        unsetenv(vars[i]);
+}
+
+START_TEST(parse_good)
+{
+    mlart_config c;
+    clear_env();
+    ck_assert_int_eq(mlart_config_load(ini(good), &c), 0);
+    ck_assert_int_eq(c.heads_total, 64);
+    ck_assert_int_eq(c.geom.heads, 16); /* per rank */
+    ck_assert_int_eq(c.geom.qk_nope, 192);
+    ck_assert_int_eq(c.geom.v_head, 256);
+    ck_assert_int_eq(c.geom.page_size, 64);
+    ck_assert_int_eq(c.geom.kv_format, MLART_KV_FP8_DS_MLA);
+    ck_assert(fabsf(c.geom.softmax_scale - 1.0f / sqrtf(256.0f)) < 1e-7f);
+    ck_assert_str_eq(c.backend, "reference");
+    ck_assert_int_eq(c.num_graph_sizes, 4);
+    ck_assert_int_eq(c.graph_sizes[3], 8);
+    ck_assert_int_eq(c.tp_size, 4);
+    ck_assert_int_eq(c.dcp_size, 2);
+    ck_assert_int_eq(c.dcp_routing, MLART_DCP_A2A);
+    ck_assert_int_eq(c.device, MLART_DEVICE_AUTO);
+    ck_assert_int_eq(c.layers, 1);
+    ck_assert_ptr_nonnull(strstr(c.origin[0], ":3"));
+    unlink(path);
+}
+END_TEST
+
+/* Load `text` and expect MLART_ECONFIG with every needle in the message. */
+static void expect_error(const char *text, const char *n1, const char *n2)
+{
+    mlart_config c;
+    char want_line[300];
+    int rc;
+    clear_env();
+    rc = mlart_config_load(ini(text), &c);
+    printf("  -> %s\n", mlart_last_error());
+    ck_assert_int_eq(rc, MLART_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), n1));
+    if (n2) {
+        snprintf(want_line, sizeof want_line, "%s%s", path, n2);
+        ck_assert_msg(strstr(mlart_last_error(), want_line), "want '%s' in '%s'", want_line,
+                      mlart_last_error());
+    }
+    unlink(path);
+}
+
+START_TEST(errors_name_key_and_line)
+{
+    char buf[1024];
+    expect_error("[model]\nheads = 4\nqk_nope = 128\n", "unknown key 'qk_nope'", ":3");
+    expect_error("[model]\nheads = 4x\n", "'heads'", ":2");
+    expect_error("[model]\nheads = -4\n", "'heads'", ":2");
+    expect_error("[model]\nheads = 99999999999999999999\n", "'heads'", ":2");
+    expect_error("[model]\n\nkv_format = fp16\n", "'kv_format'", ":3");
+    expect_error("[runtime]\ndevice = gpu\n", "'device'", ":2");
+    expect_error("[runtime]\ngraph_sizes = 1,4,2\n", "'graph_sizes'", ":2");
+    expect_error("[runtime]\ngraph_sizes = 1,,2\n", "'graph_sizes'", ":2");
+    expect_error("[runtime]\nbackend = ../evil\n", "'backend'", ":2");
+    expect_error("[parallel]\ndcp_routing = ring\n", "'dcp_routing'", ":2");
+    expect_error("[model]\nsoftmax_scale = nan\n", "'softmax_scale'", ":2");
+    expect_error("[runtime]\nheads = 4\n", "belongs in section [model]", ":2");
+    expect_error("[model]\nheads = 4\nheads = 8\n", "duplicate key 'heads'", ":3");
+    expect_error("[model]\nthis line has no equals sign\n", "syntax error", ":2");
+    snprintf(buf, sizeof buf, "[model]\nheads = 4\n; %0300d\n", 0);
+    expect_error(buf, "longer than", ":3");
+    /* missing required key names the key and the file */
+    expect_error("[model]\nheads = 4\nqk_nope_dim = 8\nrope_dim = 8\nkv_lora_rank = 128\n"
+                 "v_head_dim = 8\n",
+                 "missing required key 'topk'", "");
+    /* relations name both keys with their lines */
+    expect_error("[model]\nheads = 6\nqk_nope_dim = 8\nrope_dim = 8\nkv_lora_rank = 128\n"
+                 "v_head_dim = 8\ntopk = 8\n[parallel]\ntp_size = 4\n",
+                 "not divisible by tp_size", ":9");
+    expect_error("[model]\nheads = 8\nqk_nope_dim = 8\nrope_dim = 8\nkv_lora_rank = 128\n"
+                 "v_head_dim = 8\ntopk = 8\n[parallel]\ntp_size = 4\ndcp_size = 3\n",
+                 "dcp_size = 3", ":10");
+    expect_error("[model]\nheads = 8\nqk_nope_dim = 8\nrope_dim = 8\nkv_lora_rank = 96\n"
+                 "v_head_dim = 8\ntopk = 8\nkv_format = fp8_ds_mla\n",
+                 "multiple of 128", ":5");
+}
+END_TEST
+
+START_TEST(missing_file)
+{
+    mlart_config c;
+    ck_assert_int_eq(mlart_config_load("/nonexistent/x.ini", &c), MLART_EIO);
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), "/nonexistent/x.ini"));
+}
+END_TEST
+
+START_TEST(precedence)
+{
+    mlart_config c, keep;
+    clear_env();
+    setenv("MLART_BACKEND", "from_env", 1);
+    setenv("MLART_KV_FORMAT", "bf16", 1);
+    setenv("MLART_SEED", "", 1); /* empty = unset */
+    mlart_config_init(&c);
+    ck_assert_int_eq(mlart_config_read_file(&c, ini(good)), 0);
+    ck_assert_str_eq(c.backend, "reference");
+    ck_assert_int_eq(mlart_config_read_env(&c), 0);
+    ck_assert_str_eq(c.backend, "from_env"); /* environment beats the file */
+    ck_assert_int_eq(c.geom.kv_format, MLART_KV_BF16);
+    ck_assert_int_eq(c.seed, 1);
+    ck_assert_int_eq(mlart_config_set(&c, "backend", "from_flag", "--backend"), 0);
+    ck_assert_str_eq(c.backend, "from_flag"); /* command line beats both */
+    ck_assert_int_eq(mlart_config_finish(&c), 0);
+    /* mlart_config_load applies the environment over the file */
+    ck_assert_int_eq(mlart_config_load(path, &c), 0);
+    ck_assert_str_eq(c.backend, "from_env");
+    /* a bad environment value names the variable and leaves cfg untouched */
+    setenv("MLART_DEVICE", "tpu", 1);
+    keep = c;
+    ck_assert_int_eq(mlart_config_read_env(&c), MLART_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), "MLART_DEVICE"));
+    ck_assert_mem_eq(&keep, &c, sizeof c);
+    /* a bad command-line value names the option */
+    ck_assert_int_eq(mlart_config_set(&c, "steps", "0", "--steps"), MLART_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), "--steps"));
+    ck_assert_int_eq(mlart_config_set(&c, "stpes", "3", "--set"), MLART_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), "'stpes'"));
+    /* environment can supply a required key the file lacks */
+    unsetenv("MLART_DEVICE");
+    setenv("MLART_TOPK", "16", 1);
+    ck_assert_int_eq(mlart_config_load(ini("[model]\nheads = 2\nqk_nope_dim = 8\nrope_dim = 8\n"
+                                           "kv_lora_rank = 16\nv_head_dim = 8\n"), &c), 0);
+    ck_assert_int_eq(c.geom.topk, 16);
+    ck_assert_str_eq(c.origin[5], "environment MLART_TOPK");
+    unlink(path);
+    printf("precedence: command line > environment > file\n");
+}
+END_TEST
+
+START_TEST(shipped_configs)
+{
+    static const struct {
+        const char *file;
+        int heads, P, V;
+        mlart_kv_format fmt;
+    } want[] = {
+        {"tiny-cpu.ini", 4, 128, 128, MLART_KV_BF16},
+        {"glm5-tp4-dcp4.ini", 16, 192, 256, MLART_KV_FP8_DS_MLA},
+        {"deepseek-v32-tp8.ini", 16, 128, 128, MLART_KV_FP8_DS_MLA},
+    };
+    clear_env();
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        char p[512];
+        mlart_config c;
+        snprintf(p, sizeof p, "%s/configs/%s", MLART_SOURCE_DIR, want[i].file);
+        ck_assert_msg(mlart_config_load(p, &c) == 0, "%s: %s", p, mlart_last_error());
+        ck_assert_int_eq(c.geom.heads, want[i].heads);
+        ck_assert_int_eq(c.geom.qk_nope, want[i].P);
+        ck_assert_int_eq(c.geom.v_head, want[i].V);
+        ck_assert_int_eq(c.geom.rope, 64);
+        ck_assert_int_eq(c.geom.kv_lora, 512);
+        ck_assert_int_eq(c.geom.kv_format, want[i].fmt);
+        printf("%s: H/rank=%d P=%d V=%d topk=%d %s tp=%d dcp=%d\n", want[i].file, c.geom.heads,
+               c.geom.qk_nope, c.geom.v_head, c.geom.topk, mlart_kv_format_name(c.geom.kv_format),
+               c.tp_size, c.dcp_size);
+    }
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("runtime_config");
+    TCase *tc = tcase_create("config");
+    SRunner *sr;
+    int failed;
+    tcase_add_test(tc, parse_good);
+    tcase_add_test(tc, errors_name_key_and_line);
+    tcase_add_test(tc, missing_file);
+    tcase_add_test(tc, precedence);
+    tcase_add_test(tc, shipped_configs);
+    suite_add_tcase(s, tc);
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,238 @@
+/* Tensor views, span checks, geometry, kv formats, kv_b_proj weight views,
+ * device count and contexts. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mlart/mlart.h"
+#include "tests/runtime/fixture.h"
+
+START_TEST(dtypes)
+{
+    ck_assert_uint_eq(mlart_dtype_size(MLART_DTYPE_BF16), 2);
+    ck_assert_uint_eq(mlart_dtype_size(MLART_DTYPE_FP8_E4M3), 1);
+    ck_assert_uint_eq(mlart_dtype_size(MLART_DTYPE_F32), 4);
+    ck_assert_uint_eq(mlart_dtype_size(MLART_DTYPE_I32), 4);
+    ck_assert_uint_eq(mlart_dtype_size(MLART_DTYPE_U8), 1);
+    ck_assert_uint_eq(mlart_dtype_size(MLART_DTYPE_I64), 8);
+    ck_assert_uint_eq(mlart_dtype_size(MLART_DTYPE_INVALID), 0);
+    ck_assert_uint_eq(mlart_dtype_size((mlart_dtype)99), 0);
+    ck_assert_str_eq(mlart_dtype_name(MLART_DTYPE_FP8_E4M3), "fp8_e4m3");
+    ck_assert_str_eq(mlart_dtype_name((mlart_dtype)99), "invalid");
+    ck_assert_str_eq(mlart_status_name(MLART_ELAYOUT), "MLART_ELAYOUT");
+    ck_assert_str_eq(mlart_strerror(MLART_EABI), "backend ABI mismatch");
+}
+END_TEST
+
+START_TEST(dense_and_span)
+{
+    uint16_t buf[2 * 3 * 4];
+    int64_t shape[3] = {2, 3, 4};
+    size_t lo = 99, hi = 99;
+    mlart_tensor t = mlart_tensor_dense(buf, MLART_DTYPE_BF16, -1, 3, shape);
+    ck_assert_ptr_eq(t.base, buf);
+    ck_assert_uint_eq(t.extent, sizeof buf);
+    ck_assert_int_eq(t.stride[0], 12);
+    ck_assert_int_eq(t.stride[1], 4);
+    ck_assert_int_eq(t.stride[2], 1);
+    ck_assert_int_eq(mlart_tensor_numel(&t), 24);
+    ck_assert_int_eq(mlart_tensor_is_dense(&t), 1);
+    ck_assert_int_eq(mlart_tensor_span(&t, &lo, &hi), 0);
+    ck_assert_uint_eq(lo, 0);
+    ck_assert_uint_eq(hi, sizeof buf);
+    ck_assert_int_eq(mlart_tensor_check(&t, "t"), 0);
+
+    /* a view at offset: elements [1..] of the last dim */
+    t.data = buf + 1;
+    t.shape[2] = 3;
+    ck_assert_int_eq(mlart_tensor_is_dense(&t), 0);
+    ck_assert_int_eq(mlart_tensor_span(&t, &lo, &hi), 0);
+    ck_assert_uint_eq(lo, 2);
+    ck_assert_uint_eq(hi, sizeof buf); /* last element is buf[23] */
+    ck_assert_int_eq(mlart_tensor_check(&t, "t"), 0);
+    /* one element past the end */
+    t.shape[2] = 4;
+    ck_assert_int_eq(mlart_tensor_check(&t, "q_nope"), MLART_ELAYOUT);
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), "q_nope"));
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), "[2, 50)"));
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), "extent of 48"));
+    printf("span error: %s\n", mlart_last_error());
+
+    /* broadcast and empty */
+    t.data = buf;
+    t.stride[0] = 0;
+    ck_assert_int_eq(mlart_tensor_span(&t, &lo, &hi), 0);
+    ck_assert_uint_eq(hi, 24);
+    t.shape[1] = 0;
+    ck_assert_int_eq(mlart_tensor_span(&t, &lo, &hi), 0);
+    ck_assert_uint_eq(lo, hi);
+    ck_assert_int_eq(mlart_tensor_check(&t, "empty"), 0);
+}
+END_TEST
+
+START_TEST(bad_views)
+{
+    uint16_t buf[16];
+    int64_t shape[2] = {4, 4};
+    mlart_tensor t = mlart_tensor_dense(buf, MLART_DTYPE_BF16, -1, 2, shape), u;
+    size_t lo = 7, hi = 7;
+    u = t;
+    u.ndim = 0;
+    ck_assert_int_eq(mlart_tensor_check(&u, "u"), MLART_EINVAL);
+    u = t;
+    u.ndim = 5;
+    ck_assert_int_eq(mlart_tensor_check(&u, "u"), MLART_EINVAL);
+    u = t;
+    u.dtype = MLART_DTYPE_INVALID;
+    ck_assert_int_eq(mlart_tensor_check(&u, "u"), MLART_EINVAL);
+    u = t;
+    u.shape[1] = -1;
+    ck_assert_int_eq(mlart_tensor_check(&u, "u"), MLART_EINVAL);
+    u = t;
+    u.stride[0] = -4;
+    ck_assert_int_eq(mlart_tensor_check(&u, "u"), MLART_EINVAL);
+    u = t;
+    u.base = buf + 1; /* data below base */
+    ck_assert_int_eq(mlart_tensor_span(&u, &lo, &hi), MLART_EINVAL);
+    ck_assert_uint_eq(lo, 7); /* out-params untouched */
+    u = t;
+    u.stride[0] = INT64_MAX / 2; /* overflowing span */
+    ck_assert_int_eq(mlart_tensor_check(&u, "u"), MLART_EINVAL);
+    u = t;
+    u.extent = sizeof buf - 1;
+    ck_assert_int_eq(mlart_tensor_check(&u, "tight"), MLART_ELAYOUT);
+    ck_assert_int_eq(mlart_tensor_check(NULL, "x"), MLART_EINVAL);
+}
+END_TEST
+
+START_TEST(geometry)
+{
+    mlart_geometry g = {4, 128, 64, 512, 128, 256, 64, MLART_KV_BF16, 0.0625f}, b;
+    mlart_kv_format f = MLART_KV_BF16;
+    ck_assert_int_eq(mlart_geometry_check(&g), 0);
+    ck_assert_uint_eq(mlart_kv_bytes_per_token(&g), 1152);
+    g.kv_format = MLART_KV_FP8_DS_MLA;
+    ck_assert_uint_eq(mlart_kv_bytes_per_token(&g), 656);
+    ck_assert_int_eq(mlart_geometry_check(&g), 0);
+    b = g;
+    b.kv_lora = 96;
+    ck_assert_int_eq(mlart_geometry_check(&b), MLART_EINVAL);
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), "128"));
+    ck_assert_uint_eq(mlart_kv_bytes_per_token(&b), 0);
+    b = g;
+    b.heads = 0;
+    ck_assert_int_eq(mlart_geometry_check(&b), MLART_EINVAL);
+    b = g;
+    b.softmax_scale = NAN;
+    ck_assert_int_eq(mlart_geometry_check(&b), MLART_EINVAL);
+    b = g;
+    b.kv_format = (mlart_kv_format)7;
+    ck_assert_int_eq(mlart_geometry_check(&b), MLART_EINVAL);
+    ck_assert_int_eq(mlart_kv_format_parse("fp8_ds_mla", &f), 0);
+    ck_assert_int_eq(f, MLART_KV_FP8_DS_MLA);
+    ck_assert_int_eq(mlart_kv_format_parse("fp8", &f), MLART_EINVAL);
+    ck_assert_int_eq(f, MLART_KV_FP8_DS_MLA);
+    ck_assert_str_eq(mlart_kv_format_name(MLART_KV_BF16), "bf16");
+}
+END_TEST
+
+START_TEST(kv_b_proj_views)
+{
+    const int64_t H = 3, P = 5, V = 4, L = 7;
+    mlart_geometry g = {3, 5, 2, 7, 4, 8, 4, MLART_KV_BF16, 0.5f};
+    int64_t shape[2] = {H * (P + V), L};
+    uint16_t *kv = malloc(sizeof(uint16_t) * (size_t)(H * (P + V) * L));
+    mlart_tensor t, uk, uv, keep;
+    uint64_t seed = fx_seed();
+    fx_rng rng = {seed};
+    for (int64_t i = 0; i < H * (P + V) * L; i++)
+        kv[i] = (uint16_t)fx_next(&rng);
+    t = mlart_tensor_dense(kv, MLART_DTYPE_BF16, -1, 2, shape);
+    ck_assert_int_eq(mlart_weights_from_kv_b_proj(&g, &t, &uk, &uv), 0);
+    ck_assert_int_eq(uk.ndim, 3);
+    ck_assert_int_eq(uk.shape[0], H);
+    ck_assert_int_eq(uk.shape[1], P);
+    ck_assert_int_eq(uk.shape[2], L);
+    ck_assert_int_eq(uk.stride[0], (P + V) * L);
+    ck_assert_int_eq(uk.stride[1], L);
+    ck_assert_int_eq(uk.stride[2], 1);
+    ck_assert_ptr_eq(uk.data, kv);
+    ck_assert_int_eq(uv.shape[0], H);
+    ck_assert_int_eq(uv.shape[1], L);
+    ck_assert_int_eq(uv.shape[2], V);
+    ck_assert_int_eq(uv.stride[0], (P + V) * L);
+    ck_assert_int_eq(uv.stride[1], 1);
+    ck_assert_int_eq(uv.stride[2], L);
+    ck_assert_ptr_eq(uv.data, kv + P * L);
+    ck_assert_ptr_eq(uv.base, kv);
+    ck_assert_uint_eq(uv.extent, t.extent);
+    ck_assert_int_eq(mlart_tensor_check(&uk, "w_uk_t"), 0);
+    ck_assert_int_eq(mlart_tensor_check(&uv, "w_uv"), 0);
+    ck_assert_int_eq(mlart_tensor_is_dense(&uk), 0);
+    /* element identities: W_UK_T[h,p,l] = kv[h*(P+V)+p, l]; W_UV[h,l,v] = kv[h*(P+V)+P+v, l] */
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t l = 0; l < L; l++) {
+            for (int64_t p = 0; p < P; p++)
+                ck_assert_uint_eq(((uint16_t *)uk.data)[h * uk.stride[0] + p * uk.stride[1] + l],
+                                  kv[(h * (P + V) + p) * L + l]);
+            for (int64_t v = 0; v < V; v++)
+                ck_assert_uint_eq(((uint16_t *)uv.data)[h * uv.stride[0] + l + v * uv.stride[2]],
+                                  kv[(h * (P + V) + P + v) * L + l]);
+        }
+    /* bad input leaves the outputs untouched */
+    keep = uk;
+    t.shape[0]--;
+    ck_assert_int_eq(mlart_weights_from_kv_b_proj(&g, &t, &uk, &uv), MLART_ESHAPE);
+    ck_assert_mem_eq(&keep, &uk, sizeof keep);
+    t.shape[0]++;
+    t.dtype = MLART_DTYPE_F32;
+    ck_assert_int_eq(mlart_weights_from_kv_b_proj(&g, &t, &uk, &uv), MLART_EDTYPE);
+    t.dtype = MLART_DTYPE_BF16;
+    t.extent -= 2;
+    ck_assert_int_eq(mlart_weights_from_kv_b_proj(&g, &t, &uk, &uv), MLART_ELAYOUT);
+    printf("kv_b_proj views checked elementwise (seed %llu)\n", (unsigned long long)seed);
+    free(kv);
+}
+END_TEST
+
+START_TEST(context)
+{
+    int n = -5;
+    mlart_context *ctx = NULL, *keep;
+    ck_assert_int_eq(mlart_cuda_device_count(&n), 0);
+    ck_assert_int_ge(n, 0);
+    ck_assert_int_eq(mlart_cuda_device_count(NULL), MLART_EINVAL);
+    ck_assert_int_eq(mlart_context_create(-1, &ctx), 0);
+    ck_assert_int_eq(mlart_context_device(ctx), -1);
+    keep = ctx;
+    ck_assert_int_eq(mlart_context_create(-2, &ctx), MLART_EINVAL);
+    ck_assert_ptr_eq(ctx, keep);
+    ck_assert_int_eq(mlart_context_create(n, &ctx), MLART_ENODEV);
+    ck_assert_ptr_eq(ctx, keep);
+    printf("cuda devices: %d; device %d refused: %s\n", n, n, mlart_last_error());
+    mlart_context_destroy(ctx);
+    mlart_context_destroy(NULL);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("runtime_tensor");
+    TCase *tc = tcase_create("tensor");
+    SRunner *sr;
+    int failed;
+    tcase_add_test(tc, dtypes);
+    tcase_add_test(tc, dense_and_span);
+    tcase_add_test(tc, bad_views);
+    tcase_add_test(tc, geometry);
+    tcase_add_test(tc, kv_b_proj_views);
+    tcase_add_test(tc, context);
+    suite_add_tcase(s, tc);
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
