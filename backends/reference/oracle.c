@@ -167,11 +167,12 @@ int mlart_oracle_decode_f64(const mlart_oracle_problem *p, double *o, double *ls
         for (int64_t h = 0; h < H; h++) {
             double m = -INFINITY, sum = 0.0;
             /* q_mqa = [q_nope . W_UK_T[h], q_pe], unrounded */
-            for (int64_t l = 0; l < L; l++) {
-                double a = 0.0;
-                for (int64_t pp = 0; pp < P; pp++)
-                    a += bf16_at(&p->q, t, h, pp) * bf16_at(&wk, h, pp, l);
-                qlat[l] = a;
+            for (int64_t l = 0; l < L; l++)
+                qlat[l] = 0.0;
+            for (int64_t pp = 0; pp < P; pp++) {
+                double qv = bf16_at(&p->q, t, h, pp);
+                for (int64_t l = 0; l < L; l++)
+                    qlat[l] += qv * bf16_at(&wk, h, pp, l);
             }
             for (int64_t r = 0; r < R; r++)
                 qlat[L + r] = bf16_at(&p->q, t, h, P + r);
@@ -187,12 +188,13 @@ int mlart_oracle_decode_f64(const mlart_oracle_problem *p, double *o, double *ls
                 w[j] = exp(w[j] - m);
                 sum += w[j];
             }
-            for (int64_t l = 0; l < L; l++) {
-                double a = 0.0;
-                for (int64_t j = 0; j < n; j++)
-                    a += w[j] * rows[j * D + l];
-                lat[l] = n ? a / sum : 0.0;
-            }
+            for (int64_t l = 0; l < L; l++)
+                lat[l] = 0.0;
+            for (int64_t j = 0; j < n; j++)
+                for (int64_t l = 0; l < L; l++)
+                    lat[l] += w[j] * rows[j * D + l];
+            for (int64_t l = 0; l < L; l++)
+                lat[l] = n ? lat[l] / sum : 0.0;
             for (int64_t v = 0; v < V; v++) {
                 double a = 0.0;
                 for (int64_t l = 0; l < L; l++)
