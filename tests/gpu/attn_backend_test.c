@@ -1,0 +1,376 @@
+/* The b12x_mla_sparse backend against the plain CUDA reference and, on
+ * small shapes, the host reference: fresh random steps (seed printed),
+ * poisoned outputs, both cache formats, awkward shapes, graph replay.
+ *
+ * Bounds (docs/attention.md): the fast kernel rounds the probabilities to
+ * bf16 before P.V (the references keep them in fp32 / fp64), so the output
+ * NMSE is bounded by 1e-4 over a step and 1e-3 in the worst (head, token)
+ * row, for both formats (fp8 records are dequantised exactly, so the format
+ * does not change the bound); LSE within 1e-3 relative; -inf and zero rows
+ * exactly where no slot is valid. */
+#include <check.h>
+#include <cuda_runtime.h>
+
+#include "attn_util.h"
+#include "backends/b12x_mla_sparse/b12x.h"
+#include "backends/reference/reference.h"
+
+#define NMSE_MAX 1e-4
+#define LSE_TOL 1e-3
+
+static uint64_t g_seed;
+static const mlart_kv_format g_fmts[2] = {MLART_KV_BF16, MLART_KV_FP8_DS_MLA};
+
+typedef struct b12x_run {
+    const mlart_backend_vtable *vt;
+    void *state;
+} b12x_run;
+
+static void b12x_open(b12x_run *r, const attn_host *h, attn_dev *d, int plan_tokens)
+{
+    mlart_backend_init init;
+    mlart_plan plan;
+    size_t ws = 0;
+    r->vt = mlart_backend_b12x_mla_sparse_vtable();
+    memset(&init, 0, sizeof init);
+    init.struct_size = sizeof init;
+    init.device = 0;
+    init.geom = h->g;
+    init.error = attn_error_cb;
+    init.log = attn_log_cb;
+    ck_assert_msg(r->vt->create(&init, &r->state) == 0, "create: %s", attn_last_msg);
+    memset(&plan, 0, sizeof plan);
+    plan.struct_size = sizeof plan;
+    plan.geom = h->g;
+    plan.device = 0;
+    plan.max_tokens = plan_tokens;
+    plan.max_requests = h->B;
+    plan.max_blocks_per_req = h->max_blocks;
+    plan.num_slots = h->num_slots;
+    ck_assert_msg(r->vt->plan(r->state, &plan, &ws) == 0, "plan: %s", attn_last_msg);
+    if (ws > d->ws_bytes) {
+        cudaFree(d->ws);
+        d->ws = NULL;
+        ATTN_CUDA(cudaMalloc(&d->ws, ws));
+        d->ws_bytes = ws;
+    }
+}
+
+static void b12x_attend_sync(b12x_run *r, const attn_host *h, attn_dev *d, cudaStream_t st)
+{
+    mlart_step s = attn_dev_step(h, d);
+    attn_poison(d, h);
+    int rc = r->vt->attend(r->state, &s, st);
+    ck_assert_msg(rc == 0, "attend: %s", attn_last_msg);
+    ATTN_CUDA(cudaStreamSynchronize(st));
+    ATTN_CUDA(cudaGetLastError());
+}
+
+static void ref_attend_sync(const attn_host *h, attn_dev *d, cudaStream_t st)
+{
+    mlart_step s = attn_dev_step(h, d);
+    attn_poison(d, h);
+    ck_assert_msg(mlart_reference_attend_cuda(&s, st) == 0, "reference attend: %s",
+                  mlart_last_error());
+    ATTN_CUDA(cudaStreamSynchronize(st));
+    ATTN_CUDA(cudaGetLastError());
+}
+
+static void cpu_attend(const attn_host *h, attn_result *r)
+{
+    const size_t n = (size_t)h->sh.H * h->sh.T;
+    r->out = malloc(n * 512 * 2);
+    r->lse = malloc(n * 4);
+    memset(r->out, 0xff, n * 512 * 2);
+    memset(r->lse, 0xff, n * 4);
+    mlart_step s = attn_step(h, -1, h->q, (void *)h->kv, h->idx, h->req, h->seq, h->bt, r->out,
+                             r->lse, NULL, 0);
+    ck_assert_msg(mlart_reference_attend_cpu(&s) == 0, "host reference: %s", mlart_last_error());
+}
+
+/* b12x vs the CUDA reference (and both vs the host one when cheap). */
+static void check_step(const attn_shape *sh, const uint8_t *kv, void *kv_dev, uint64_t *rng,
+                       cudaStream_t st)
+{
+    attn_host h;
+    attn_dev d;
+    attn_result fast, ref, cpu;
+    b12x_run run;
+    char msg[256];
+    attn_host_make(&h, sh, kv, rng);
+    attn_dev_upload(&d, &h, kv_dev);
+    b12x_open(&run, &h, &d, sh->T);
+    b12x_attend_sync(&run, &h, &d, st);
+    attn_fetch(&fast, &d, &h);
+    ref_attend_sync(&h, &d, st);
+    attn_fetch(&ref, &d, &h);
+    int bad = attn_compare(&h, &fast, &ref, NMSE_MAX, LSE_TOL, msg, sizeof msg);
+    printf("  %-10s T=%-3d H=%-3d topk=%-4d tok/req=%d oor=%d  b12x vs cuda-ref: %s\n",
+           mlart_kv_format_name(sh->fmt), sh->T, sh->H, sh->topk, sh->tokens_per_req,
+           sh->out_of_range, msg);
+    ck_assert_msg(!bad, "b12x vs CUDA reference, %s T=%d H=%d topk=%d: %s",
+                  mlart_kv_format_name(sh->fmt), sh->T, sh->H, sh->topk, msg);
+    if (!sh->out_of_range && (int64_t)sh->T * sh->H * sh->topk <= 400000) {
+        cpu_attend(&h, &cpu);
+        bad = attn_compare(&h, &fast, &cpu, NMSE_MAX, LSE_TOL, msg, sizeof msg);
+        printf("  %-10s T=%-3d H=%-3d topk=%-4d  b12x vs host-ref: %s\n",
+               mlart_kv_format_name(sh->fmt), sh->T, sh->H, sh->topk, msg);
+        ck_assert_msg(!bad, "b12x vs host reference: %s", msg);
+        bad = attn_compare(&h, &ref, &cpu, NMSE_MAX, LSE_TOL, msg, sizeof msg);
+        ck_assert_msg(!bad, "CUDA reference vs host reference: %s", msg);
+        attn_result_free(&cpu);
+    }
+    attn_result_free(&fast);
+    attn_result_free(&ref);
+    run.vt->destroy(run.state);
+    attn_dev_free(&d);
+    attn_host_free(&h);
+}
+
+typedef struct shared_cache {
+    uint8_t *host;
+    void *dev;
+} shared_cache;
+
+static void cache_open(shared_cache *c, mlart_kv_format fmt, uint64_t *rng)
+{
+    const size_t bytes = (fmt == MLART_KV_FP8_DS_MLA ? 656 : 1152) * (size_t)ATTN_NUM_SLOTS;
+    c->host = attn_cache_make(fmt, rng);
+    ATTN_CUDA(cudaMalloc(&c->dev, bytes));
+    ATTN_CUDA(cudaMemcpy(c->dev, c->host, bytes, cudaMemcpyHostToDevice));
+}
+
+static void cache_close(shared_cache *c)
+{
+    free(c->host);
+    cudaFree(c->dev);
+}
+
+/* The sweep of the issue: T x H, topk rotating over {64, 576, 2048}. */
+START_TEST(test_sweep)
+{
+    static const int Ts[] = {1, 3, 9, 64, 75};
+    static const int Hs[] = {1, 11, 16, 64, 128};
+    static const int topks[] = {64, 576, 2048};
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 1) * 0x9E3779B97F4A7C15ull;
+    shared_cache c;
+    cudaStream_t st;
+    ATTN_CUDA(cudaStreamCreate(&st));
+    cache_open(&c, g_fmts[_i], &rng);
+    for (int it = 0; it < 5; it++)
+        for (int ih = 0; ih < 5; ih++) {
+            attn_shape sh = {Ts[it], Hs[ih], topks[(it + ih + _i) % 3], g_fmts[_i], 1, 1, 0,
+                             (it + ih) % 2 ? 0.0417f : 0.3f};
+            check_step(&sh, c.host, c.dev, &rng, st);
+        }
+    printf("sweep %s: 25 shapes match (seed 0x%llx)\n", mlart_kv_format_name(g_fmts[_i]),
+           (unsigned long long)g_seed);
+    cache_close(&c);
+    cudaStreamDestroy(st);
+}
+END_TEST
+
+/* Top-k not a multiple of the 32-slot block, head counts that leave a
+ * partial second tile, several tokens per request, indices out of range. */
+START_TEST(test_awkward)
+{
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 11) * 0x9E3779B97F4A7C15ull;
+    shared_cache c;
+    cudaStream_t st;
+    ATTN_CUDA(cudaStreamCreate(&st));
+    cache_open(&c, g_fmts[_i], &rng);
+    const attn_shape shapes[] = {
+        {5, 20, 100, g_fmts[_i], 1, 1, 0, 0.0417f},   /* topk % 32 != 0, 20 heads */
+        {4, 100, 576, g_fmts[_i], 1, 0, 0, 0.0417f},  /* tiles of 64 + 36 heads */
+        {7, 80, 2048, g_fmts[_i], 1, 1, 0, 0.1f},     /* tiles of 64 + 16 heads */
+        {12, 16, 2048, g_fmts[_i], 4, 1, 0, 0.0417f}, /* 4 tokens per request */
+        {9, 16, 2048, g_fmts[_i], 1, 1, 1, 0.0417f},  /* out-of-range indices */
+        {75, 128, 64, g_fmts[_i], 3, 1, 1, 0.5f},
+        {2, 33, 1, g_fmts[_i], 1, 0, 0, 0.0417f},     /* topk 1 */
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        check_step(&shapes[i], c.host, c.dev, &rng, st);
+    printf("awkward %s: %zu shapes match (seed 0x%llx)\n", mlart_kv_format_name(g_fmts[_i]),
+           sizeof shapes / sizeof shapes[0], (unsigned long long)g_seed);
+    cache_close(&c);
+    cudaStreamDestroy(st);
+}
+END_TEST
+
+/* Graph capture + replay equals the eager call bit for bit, also after the
+ * indices change in place (the graph reads the persistent buffers). */
+START_TEST(test_graph)
+{
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 21) * 0x9E3779B97F4A7C15ull;
+    shared_cache c;
+    cudaStream_t st;
+    ATTN_CUDA(cudaStreamCreate(&st));
+    cache_open(&c, g_fmts[_i], &rng);
+    const attn_shape shapes[] = {
+        {3, 16, 2048, g_fmts[_i], 1, 1, 0, 0.0417f},   /* split + combine */
+        {64, 128, 2048, g_fmts[_i], 1, 1, 0, 0.0417f}, /* one pass, two head tiles */
+    };
+    for (size_t i = 0; i < 2; i++) {
+        attn_host h, h2;
+        attn_dev d;
+        attn_result eager, replay, ref;
+        b12x_run run;
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        char msg[256];
+        const attn_shape *sh = &shapes[i];
+        const size_t n = (size_t)sh->H * sh->T;
+        attn_host_make(&h, sh, c.host, &rng);
+        attn_dev_upload(&d, &h, c.dev);
+        b12x_open(&run, &h, &d, sh->T);
+        b12x_attend_sync(&run, &h, &d, st);
+        attn_fetch(&eager, &d, &h);
+
+        mlart_step s = attn_dev_step(&h, &d);
+        ATTN_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        int rc = run.vt->attend(run.state, &s, st);
+        ATTN_CUDA(cudaStreamEndCapture(st, &graph));
+        ck_assert_msg(rc == 0, "attend under capture: %s", attn_last_msg);
+        ATTN_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+        attn_poison(&d, &h);
+        ATTN_CUDA(cudaGraphLaunch(exec, st));
+        ATTN_CUDA(cudaStreamSynchronize(st));
+        attn_fetch(&replay, &d, &h);
+        ck_assert_msg(memcmp(eager.out, replay.out, n * 512 * 2) == 0, "replay output != eager");
+        ck_assert_msg(memcmp(eager.lse, replay.lse, n * 4) == 0, "replay lse != eager");
+        attn_result_free(&replay);
+
+        /* New indices and query in the same buffers; replay, compare. */
+        attn_host_make(&h2, sh, c.host, &rng);
+        ATTN_CUDA(cudaMemcpy(d.idx, h2.idx, (size_t)sh->T * sh->topk * 4, cudaMemcpyHostToDevice));
+        ATTN_CUDA(cudaMemcpy(d.q, h2.q, n * 576 * 2, cudaMemcpyHostToDevice));
+        memcpy(h.idx, h2.idx, (size_t)sh->T * sh->topk * 4);
+        memcpy(h.q, h2.q, n * 576 * 2);
+        attn_poison(&d, &h);
+        ATTN_CUDA(cudaGraphLaunch(exec, st));
+        ATTN_CUDA(cudaStreamSynchronize(st));
+        attn_fetch(&replay, &d, &h);
+        ck_assert_msg(memcmp(eager.out, replay.out, n * 512 * 2) != 0,
+                      "replay with new indices gave the old output");
+        attn_result_free(&eager);
+        b12x_attend_sync(&run, &h, &d, st);
+        attn_fetch(&eager, &d, &h);
+        ck_assert_msg(memcmp(eager.out, replay.out, n * 512 * 2) == 0,
+                      "replay after new indices != eager");
+        ck_assert_msg(memcmp(eager.lse, replay.lse, n * 4) == 0, "replay lse != eager");
+        ref_attend_sync(&h, &d, st);
+        attn_fetch(&ref, &d, &h);
+        ck_assert_msg(!attn_compare(&h, &replay, &ref, NMSE_MAX, LSE_TOL, msg, sizeof msg),
+                      "replay vs reference: %s", msg);
+        printf("graph %s T=%d H=%d: replay == eager bit for bit, also after new indices; %s\n",
+               mlart_kv_format_name(sh->fmt), sh->T, sh->H, msg);
+        attn_result_free(&eager);
+        attn_result_free(&replay);
+        attn_result_free(&ref);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        run.vt->destroy(run.state);
+        attn_dev_free(&d);
+        attn_host_free(&h);
+        attn_host_free(&h2);
+    }
+    cache_close(&c);
+    cudaStreamDestroy(st);
+}
+END_TEST
+
+/* Refusals: geometry the kernels do not serve, missing workspace, views the
+ * kernels cannot read; a refused call writes nothing. */
+START_TEST(test_bad_input)
+{
+    uint64_t rng = g_seed ^ 0xbadull;
+    shared_cache c;
+    attn_host h;
+    attn_dev d;
+    b12x_run run;
+    mlart_backend_init init;
+    void *state = NULL;
+    const mlart_backend_vtable *vt = mlart_backend_b12x_mla_sparse_vtable();
+    const attn_shape sh = {1, 16, 2048, MLART_KV_BF16, 1, 0, 0, 0.0417f};
+    ck_assert_str_eq(vt->name, "b12x_mla_sparse");
+    ck_assert_uint_eq(vt->contract.output, MLART_OUT_HEAD_MAJOR);
+    ck_assert_uint_eq(vt->contract.graph_safe, 1);
+    cache_open(&c, MLART_KV_BF16, &rng);
+    attn_host_make(&h, &sh, c.host, &rng);
+    attn_dev_upload(&d, &h, c.dev);
+
+    memset(&init, 0, sizeof init);
+    init.struct_size = sizeof init;
+    init.geom = h.g;
+    init.error = attn_error_cb;
+    init.log = attn_log_cb;
+    init.geom.kv_lora = 256;
+    ck_assert_int_eq(vt->create(&init, &state), MLART_ENOTSUP);
+    init.geom = h.g;
+    init.geom.heads = 129;
+    ck_assert_int_eq(vt->create(&init, &state), MLART_ENOTSUP);
+    init.geom = h.g;
+    init.device = -1;
+    ck_assert_int_eq(vt->create(&init, &state), MLART_ENOTSUP);
+    ck_assert_ptr_null(state);
+
+    b12x_open(&run, &h, &d, 1);
+    ck_assert_msg(d.ws_bytes > 0, "T=1 over 16 heads should split top-k");
+    mlart_step s = attn_dev_step(&h, &d);
+    uint16_t probe = 0;
+    attn_poison(&d, &h);
+    s.workspace = NULL;
+    ck_assert_int_eq(run.vt->attend(run.state, &s, 0), MLART_EINVAL);
+    s = attn_dev_step(&h, &d);
+    s.workspace_bytes = d.ws_bytes - 4;
+    ck_assert_int_eq(run.vt->attend(run.state, &s, 0), MLART_EINVAL);
+    s = attn_dev_step(&h, &d);
+    s.q_mqa.data = (uint16_t *)s.q_mqa.data + 1; /* rows no longer 16-byte aligned */
+    ck_assert_int_eq(run.vt->attend(run.state, &s, 0), MLART_ELAYOUT);
+    s = attn_dev_step(&h, &d);
+    s.kv_cache.shape[1] = 656; /* fp8 rows under a bf16 geometry */
+    ck_assert_int_eq(run.vt->attend(run.state, &s, 0), MLART_ELAYOUT);
+    s = attn_dev_step(&h, &d);
+    s.T = 0;
+    ck_assert_int_eq(run.vt->attend(run.state, &s, 0), 0);
+    ATTN_CUDA(cudaDeviceSynchronize());
+    ATTN_CUDA(cudaMemcpy(&probe, d.out, 2, cudaMemcpyDeviceToHost));
+    ck_assert_msg(probe == 0xffff, "a refused call wrote its output");
+    printf("bad input: wrong geometry/heads/device, missing or short workspace, misaligned "
+           "q_mqa, wrong cache rows refused; nothing written\n");
+    run.vt->destroy(run.state);
+    run.vt->destroy(NULL);
+    attn_dev_free(&d);
+    attn_host_free(&h);
+    cache_close(&c);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s;
+    SRunner *sr;
+    TCase *tc;
+    int failed;
+    if (attn_gpu_count() < 1) {
+        printf("attn_backend_gpu: no CUDA device, skipped\n");
+        return 77;
+    }
+    g_seed = attn_seed();
+    printf("attn_backend_gpu: seed 0x%llx (set MLART_SEED to repeat)\n",
+           (unsigned long long)g_seed);
+    s = suite_create("attn_backend_gpu");
+    tc = tcase_create("b12x");
+    tcase_set_timeout(tc, 240);
+    tcase_add_loop_test(tc, test_sweep, 0, 2);
+    tcase_add_loop_test(tc, test_awkward, 0, 2);
+    tcase_add_loop_test(tc, test_graph, 0, 2);
+    tcase_add_test(tc, test_bad_input);
+    suite_add_tcase(s, tc);
+    sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_FORK);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

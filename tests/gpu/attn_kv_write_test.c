@@ -1,0 +1,233 @@
+/* mlart_kv_write_cuda against mlart_kv_write_cpu, byte for byte: random rows
+ * with per-tile magnitudes over many binades, an all-zero tile, tiles whose
+ * amax sits exactly on 448 * 2^k, tiny (e4m3 subnormal) values, skipped (-1)
+ * and repeated slots (the later row wins); then the reference records of
+ * tests/data (kv_latent.bin -> kv_fp8.bin).  Both formats. */
+#include <check.h>
+#include <cuda_runtime.h>
+
+#include "attn_util.h"
+#include "ops/ops.h"
+
+static uint64_t g_seed;
+
+static void *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    void *p;
+    long n;
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    p = malloc((size_t)n);
+    if (fread(p, 1, (size_t)n, f) != (size_t)n) {
+        free(p);
+        p = NULL;
+    }
+    fclose(f);
+    *len = (size_t)n;
+    return p;
+}
+
+static mlart_geometry geom(mlart_kv_format fmt)
+{
+    mlart_geometry g;
+    memset(&g, 0, sizeof g);
+    g.heads = 16;
+    g.qk_nope = 128;
+    g.rope = 64;
+    g.kv_lora = 512;
+    g.v_head = 128;
+    g.topk = 2048;
+    g.page_size = 64;
+    g.kv_format = fmt;
+    g.softmax_scale = 0.0417f;
+    return g;
+}
+
+/* Write rows into a cache that starts from the same random bytes on both
+ * sides, with the CPU twin and the CUDA op, and compare the whole cache. */
+static void compare_write(const mlart_geometry *g, const uint16_t *lat, const int32_t *slots,
+                          int64_t N, int64_t num_slots, uint64_t *rng)
+{
+    const size_t rb = mlart_kv_bytes_per_token(g);
+    const size_t cache_bytes = rb * (size_t)num_slots;
+    uint8_t *host = malloc(cache_bytes), *back = malloc(cache_bytes);
+    void *dcache, *dlat, *dslots;
+    for (size_t i = 0; i < cache_bytes; i++)
+        host[i] = (uint8_t)attn_rand(rng);
+    ATTN_CUDA(cudaMalloc(&dcache, cache_bytes));
+    ATTN_CUDA(cudaMalloc(&dlat, (size_t)N * 576 * 2));
+    ATTN_CUDA(cudaMalloc(&dslots, (size_t)N * 4));
+    ATTN_CUDA(cudaMemcpy(dcache, host, cache_bytes, cudaMemcpyHostToDevice));
+    ATTN_CUDA(cudaMemcpy(dlat, lat, (size_t)N * 576 * 2, cudaMemcpyHostToDevice));
+    ATTN_CUDA(cudaMemcpy(dslots, slots, (size_t)N * 4, cudaMemcpyHostToDevice));
+
+    mlart_tensor hc = attn_t(host, MLART_DTYPE_U8, -1, 2, num_slots, (int64_t)rb, 0);
+    mlart_tensor hl = attn_t((void *)lat, MLART_DTYPE_BF16, -1, 2, N, 576, 0);
+    mlart_tensor hs = attn_t((void *)slots, MLART_DTYPE_I32, -1, 1, N, 0, 0);
+    mlart_tensor dc = attn_t(dcache, MLART_DTYPE_U8, 0, 2, num_slots, (int64_t)rb, 0);
+    mlart_tensor dl = attn_t(dlat, MLART_DTYPE_BF16, 0, 2, N, 576, 0);
+    mlart_tensor ds = attn_t(dslots, MLART_DTYPE_I32, 0, 1, N, 0, 0);
+    ck_assert_msg(mlart_kv_write_cpu(g, &hc, &hl, &hs) == 0, "cpu: %s", mlart_last_error());
+    ck_assert_msg(mlart_kv_write_cuda(g, &dc, &dl, &ds, NULL) == 0, "cuda: %s", mlart_last_error());
+    ATTN_CUDA(cudaDeviceSynchronize());
+    ATTN_CUDA(cudaMemcpy(back, dcache, cache_bytes, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < cache_bytes; i++)
+        ck_assert_msg(host[i] == back[i], "%s: cache byte %zu (slot %zu, offset %zu): cpu 0x%02x, cuda 0x%02x",
+                      mlart_kv_format_name(g->kv_format), i, i / rb, i % rb, host[i], back[i]);
+    free(host);
+    free(back);
+    cudaFree(dcache);
+    cudaFree(dlat);
+    cudaFree(dslots);
+}
+
+START_TEST(test_random_rows)
+{
+    const mlart_kv_format fmt = _i ? MLART_KV_FP8_DS_MLA : MLART_KV_BF16;
+    const mlart_geometry g = geom(fmt);
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 1) * 0x9E3779B97F4A7C15ull;
+    const int64_t N = 1000, num_slots = 1536;
+    uint16_t *lat = malloc((size_t)N * 576 * 2);
+    int32_t *slots = malloc((size_t)N * 4);
+    for (int64_t n = 0; n < N; n++) {
+        uint16_t *row = lat + n * 576;
+        for (int t = 0; t < 5; t++) {
+            const int lo = t * 128, hi = t < 4 ? lo + 128 : 576;
+            const int kind = (int)(attn_rand(&rng) % 8);
+            const float mag = ldexpf(1.0f, (int)(attn_rand(&rng) % 40) - 20);
+            for (int i = lo; i < hi; i++) {
+                float v = mag * attn_uniform(&rng);
+                if (kind == 0)
+                    v = 0.0f; /* all-zero tile */
+                else if (kind == 1 && i == lo + 5)
+                    v = -448.0f * mag; /* amax exactly on a power-of-two boundary */
+                else if (kind == 2)
+                    v *= 1e-3f; /* lands in e4m3 subnormals after scaling */
+                row[i] = mlart_f32_to_bf16(v);
+            }
+        }
+        if (n == 0)
+            for (int i = 0; i < 576; i++)
+                row[i] = 0; /* one all-zero row */
+        const int r = (int)(attn_rand(&rng) % 20);
+        slots[n] = r == 0 ? -1 : r == 1 && n > 0 ? slots[attn_rand(&rng) % (uint64_t)n]
+                                                 : (int32_t)(attn_rand(&rng) % (uint64_t)num_slots);
+    }
+    compare_write(&g, lat, slots, N, num_slots, &rng);
+    printf("kv_write %s: %lld random rows (zero tiles, pow2-boundary amax, subnormals, -1 and "
+           "repeated slots): cuda == cpu byte for byte (seed 0x%llx)\n",
+           mlart_kv_format_name(fmt), (long long)N, (unsigned long long)g_seed);
+    free(lat);
+    free(slots);
+}
+END_TEST
+
+/* The independent records of tests/data: kv_latent.bin -> kv_fp8.bin. */
+START_TEST(test_reference_records)
+{
+    static const char *cases[] = {"small-fp8", "glm5h4-fp8"};
+    const mlart_geometry g = geom(MLART_KV_FP8_DS_MLA);
+    char path[512];
+    size_t lat_len = 0, rec_len = 0;
+    snprintf(path, sizeof path, "%s/%s/kv_latent.bin", MLART_TEST_DATA, cases[_i]);
+    uint16_t *lat = read_file(path, &lat_len);
+    ck_assert_msg(lat != NULL, "cannot read %s", path);
+    snprintf(path, sizeof path, "%s/%s/kv_fp8.bin", MLART_TEST_DATA, cases[_i]);
+    uint8_t *rec = read_file(path, &rec_len);
+    ck_assert_msg(rec != NULL, "cannot read %s", path);
+    const int64_t N = (int64_t)(lat_len / (576 * 2));
+    ck_assert_uint_eq(rec_len, (size_t)N * 656);
+    void *dcache, *dlat, *dslots;
+    int32_t *slots = malloc((size_t)N * 4);
+    uint8_t *back = malloc(rec_len);
+    for (int64_t n = 0; n < N; n++)
+        slots[n] = (int32_t)n;
+    ATTN_CUDA(cudaMalloc(&dcache, rec_len));
+    ATTN_CUDA(cudaMalloc(&dlat, lat_len));
+    ATTN_CUDA(cudaMalloc(&dslots, (size_t)N * 4));
+    ATTN_CUDA(cudaMemset(dcache, 0xa5, rec_len));
+    ATTN_CUDA(cudaMemcpy(dlat, lat, lat_len, cudaMemcpyHostToDevice));
+    ATTN_CUDA(cudaMemcpy(dslots, slots, (size_t)N * 4, cudaMemcpyHostToDevice));
+    mlart_tensor dc = attn_t(dcache, MLART_DTYPE_U8, 0, 2, N, 656, 0);
+    mlart_tensor dl = attn_t(dlat, MLART_DTYPE_BF16, 0, 2, N, 576, 0);
+    mlart_tensor ds = attn_t(dslots, MLART_DTYPE_I32, 0, 1, N, 0, 0);
+    ck_assert_msg(mlart_kv_write_cuda(&g, &dc, &dl, &ds, NULL) == 0, "%s", mlart_last_error());
+    ATTN_CUDA(cudaDeviceSynchronize());
+    ATTN_CUDA(cudaMemcpy(back, dcache, rec_len, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < rec_len; i++)
+        ck_assert_msg(back[i] == rec[i], "%s: record %zu byte %zu: 0x%02x, want 0x%02x", cases[_i],
+                      i / 656, i % 656, back[i], rec[i]);
+    printf("kv_write fp8_ds_mla: %lld rows of %s equal the reference records\n", (long long)N,
+           cases[_i]);
+    free(lat);
+    free(rec);
+    free(slots);
+    free(back);
+    cudaFree(dcache);
+    cudaFree(dlat);
+    cudaFree(dslots);
+}
+END_TEST
+
+START_TEST(test_bad_input)
+{
+    const mlart_geometry g = geom(MLART_KV_FP8_DS_MLA);
+    uint8_t host[656];
+    uint16_t lat[576] = {0};
+    int32_t slot = 0;
+    void *dcache, *dlat, *dslots;
+    ATTN_CUDA(cudaMalloc(&dcache, 1152));
+    ATTN_CUDA(cudaMalloc(&dlat, sizeof lat));
+    ATTN_CUDA(cudaMalloc(&dslots, 4));
+    mlart_tensor hc = attn_t(host, MLART_DTYPE_U8, -1, 2, 1, 656, 0);
+    mlart_tensor hl = attn_t(lat, MLART_DTYPE_BF16, -1, 2, 1, 576, 0);
+    mlart_tensor hs = attn_t(&slot, MLART_DTYPE_I32, -1, 1, 1, 0, 0);
+    /* host operands to the CUDA op */
+    ck_assert_int_eq(mlart_kv_write_cuda(&g, &hc, &hl, &hs, NULL), MLART_EINVAL);
+    /* rows of the wrong size for the format */
+    mlart_tensor dc = attn_t(dcache, MLART_DTYPE_U8, 0, 2, 1, 1152, 0);
+    mlart_tensor dl = attn_t(dlat, MLART_DTYPE_BF16, 0, 2, 1, 576, 0);
+    mlart_tensor ds = attn_t(dslots, MLART_DTYPE_I32, 0, 1, 1, 0, 0);
+    ck_assert_int_eq(mlart_kv_write_cuda(&g, &dc, &dl, &ds, NULL), MLART_ESHAPE);
+    /* a view whose span passes its extent */
+    dc = attn_t(dcache, MLART_DTYPE_U8, 0, 2, 1, 656, 0);
+    dc.extent = 600;
+    ck_assert_int_eq(mlart_kv_write_cuda(&g, &dc, &dl, &ds, NULL), MLART_ELAYOUT);
+    printf("kv_write cuda: host operands, wrong row size, span past extent refused\n");
+    cudaFree(dcache);
+    cudaFree(dlat);
+    cudaFree(dslots);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s;
+    SRunner *sr;
+    TCase *tc;
+    int failed;
+    if (attn_gpu_count() < 1) {
+        printf("attn_kv_write_gpu: no CUDA device, skipped\n");
+        return 77;
+    }
+    g_seed = attn_seed();
+    printf("attn_kv_write_gpu: seed 0x%llx (set MLART_SEED to repeat)\n",
+           (unsigned long long)g_seed);
+    s = suite_create("attn_kv_write_gpu");
+    tc = tcase_create("kv_write");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, test_random_rows, 0, 2);
+    tcase_add_loop_test(tc, test_reference_records, 0, 2);
+    tcase_add_test(tc, test_bad_input);
+    suite_add_tcase(s, tc);
+    sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_FORK);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,7 @@
+# GPU tests of the sparse attention backend (b12x_mla_sparse against the
+# plain CUDA and host references) and of the CUDA cache write (label gpu:
+# exit 77 without a device).
+if(MLART_WITH_CUDA)
+  mlart_test(attn_backend_gpu LABELS gpu TIMEOUT 600 SOURCES gpu/attn_backend_test.c)
+  mlart_test(attn_kv_write_gpu LABELS gpu TIMEOUT 300 SOURCES gpu/attn_kv_write_test.c)
+endif()
