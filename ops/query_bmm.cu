@@ -46,7 +46,7 @@ __device__ __forceinline__ uint4 ldg_stream(const void *p)
 {
     uint4 v;
     /* weights are used once per launch: keep them out of L1 */
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
@@ -54,7 +54,7 @@ __device__ __forceinline__ uint4 ldg_stream(const void *p)
 
 __device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
 {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -80,10 +80,10 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *sme
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes)
 {
     uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 {
@@ -153,11 +153,14 @@ __global__ void __launch_bounds__(StreamBounds<MT>::threads) bmm_stream_kernel(D
                 if (d.a_vec) {
                     v = *(const uint4 *)src;
                 } else {
-                    __nv_bfloat16 tmp[8];
+                    union {
+                        uint4 u;
+                        __nv_bfloat16 b[8];
+                    } tmp;
 #pragma unroll
                     for (int e = 0; e < 8; e++)
-                        tmp[e] = src[e];
-                    v = *(uint4 *)tmp;
+                        tmp.b[e] = src[e];
+                    v = tmp.u;
                 }
             }
             *(uint4 *)(As + r * lds + k) = v;
@@ -495,7 +498,7 @@ template <int MT, int KB> cudaError_t launch_stream_kb(const Desc &d, int nw, in
 template <int MT> cudaError_t launch_stream_mt(const Desc &d, int nw, int kpw, size_t smem, cudaStream_t st)
 {
     /* registers: MT*32 accumulators + KB*16 weight words */
-    const int kbmax = MT >= 3 ? 2 : 4;
+    const int kbmax = MT >= 3 ? 3 : 4;
     int kb = kpw < kbmax ? kpw : kbmax;
     switch (kb) {
     case 1: return launch_stream_kb<MT, 1>(d, nw, kpw, smem, st);

@@ -150,16 +150,38 @@ static void child(int start)
     _exit(0);
 }
 
+static int print_probe(int i)
+{
+    const probe *p = &k_probes[i];
+    const int st = g_res[i].state;
+    ck_assert_msg(st == P_OK || st == P_FAULT || st == P_DIED, "probe %d has no result", i);
+    if (st == P_OK)
+        printf("%-12s %5lld %5lld %4lld %-9s %-8s %.3g\n", k_pl[p->pl], (long long)p->H, (long long)p->T,
+               (long long)p->P, p->pedantic ? "PEDANTIC" : "32F", "ok", g_res[i].max_rel);
+    else
+        printf("%-12s %5lld %5lld %4lld %-9s %-8s %s\n", k_pl[p->pl], (long long)p->H, (long long)p->T, (long long)p->P,
+               p->pedantic ? "PEDANTIC" : "32F", st == P_FAULT ? "FAULT" : "died",
+               st == P_FAULT ? cudaGetErrorName((cudaError_t)g_res[i].cuda_err) : "(killed mid-probe)");
+    fflush(stdout);
+    return st != P_OK;
+}
+
 START_TEST(cublas_probes)
 {
-    int next = 0, children = 0, faults = 0;
+    int next = 0, printed = 0, children = 0, faults = 0;
     make_probes();
     g_res = mmap(NULL, sizeof(probe_result) * NPROBE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     ck_assert(g_res != MAP_FAILED);
     memset(g_res, 0, sizeof(probe_result) * NPROBE);
+    printf("cuBLAS strided-batched BF16 (cublasGemmStridedBatchedEx, CUBLAS_GEMM_DEFAULT), one operand ending at a "
+           "guard page; L=512, R=64\n");
+    printf("%-12s %5s %5s %4s %-9s %-8s %s\n", "guarded", "H", "T", "P", "compute", "result",
+           "max|cublas-ours|/max|ours|");
     while (next < NPROBE) {
         int status = 0;
-        pid_t pid = fork();
+        pid_t pid;
+        fflush(stdout);
+        pid = fork();
         ck_assert(pid >= 0);
         if (pid == 0)
             child(next);
@@ -175,27 +197,12 @@ START_TEST(cublas_probes)
             g_res[next].state = P_DIED; /* killed mid-probe: record and go on */
             next++;
         }
+        for (; printed < next; printed++)
+            faults += print_probe(printed);
     }
-    printf("\ncuBLAS strided-batched BF16 (cublasGemmStridedBatchedEx, CUBLAS_GEMM_DEFAULT) with one operand ending at "
-           "a guard page; L=512, R=64; %d child processes\n",
-           children);
-    printf("%-12s %5s %5s %4s %-9s %-8s %s\n", "guarded", "H", "T", "P", "compute", "result", "max|cublas-ours|/max|ours|");
-    for (int i = 0; i < NPROBE; i++) {
-        const probe *p = &k_probes[i];
-        const char *st = g_res[i].state == P_OK ? "ok" : g_res[i].state == P_FAULT ? "FAULT" : "died";
-        ck_assert_msg(g_res[i].state == P_OK || g_res[i].state == P_FAULT || g_res[i].state == P_DIED,
-                      "probe %d has no result", i);
-        faults += g_res[i].state != P_OK;
-        if (g_res[i].state == P_OK)
-            printf("%-12s %5lld %5lld %4lld %-9s %-8s %.3g\n", k_pl[p->pl], (long long)p->H, (long long)p->T,
-                   (long long)p->P, p->pedantic ? "PEDANTIC" : "32F", st, g_res[i].max_rel);
-        else
-            printf("%-12s %5lld %5lld %4lld %-9s %-8s (%s)\n", k_pl[p->pl], (long long)p->H, (long long)p->T,
-                   (long long)p->P, p->pedantic ? "PEDANTIC" : "32F", st,
-                   g_res[i].state == P_FAULT ? cudaGetErrorName((cudaError_t)g_res[i].cuda_err) : "child died");
-    }
-    printf("cuBLAS guard probes: %d of %d faulted or died (a finding about cuBLAS, not a failure of mlart)\n", faults,
-           NPROBE);
+    printf("cuBLAS guard probes: %d of %d faulted or died, %d child processes (a finding about cuBLAS, not a failure "
+           "of mlart)\n",
+           faults, NPROBE, children);
     munmap(g_res, sizeof(probe_result) * NPROBE);
 }
 END_TEST

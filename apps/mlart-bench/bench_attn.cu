@@ -1,0 +1,476 @@
+/* mlart-bench suite "attn": the b12x_mla_sparse sparse decode kernel against
+ * the plain CUDA reference, in the same run.
+ *
+ * Shapes: DeepSeek-V3.2 TP8 (16 heads), GLM-5 TP4/DCP4 (64 kernel heads),
+ * 128 heads; T = 1..64 query tokens, each its own request, so no two tokens
+ * share a cache row; topk 2048, every index valid and distinct; both cache
+ * formats.  Columns:
+ *   time     median us of one call (graph replays of a rotation of input
+ *            sets larger than 3x L2, so the rows come from HBM)
+ *   GB/s     unique cache bytes (T x 2048 x bytes per row) over time
+ *   TFLOP/s  2 x H x 2048 x (576 + 512) per token over time
+ *   floor    the larger of unique bytes / copy roofline and FLOPs / the
+ *            bf16 tensor-core rate measured here (cuBLAS 8192^3 GEMM)
+ *   %roof    floor / time
+ *   ref      the plain CUDA reference, same inputs; x_ref = ref / time
+ *   err      output NMSE of b12x against the reference (checked <= 1e-4) */
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/b12x_mla_sparse/b12x.h"
+#include "backends/reference/reference.h"
+#include "bench_common.h"
+#include "ops/numerics.h"
+#include "ops/ops.h"
+
+namespace {
+
+constexpr int kTopk = 2048;
+constexpr int kSeq = 4096;              /* positions per request; 2048 of them selected */
+constexpr int kPage = 64;
+constexpr int kPagesPerReq = kSeq / kPage;
+constexpr int64_t kSlots = 1 << 19;     /* cache rows (604 MB bf16, 344 MB fp8) */
+constexpr int kMaxT = 64;
+constexpr double kNmseMax = 1e-4;
+
+#define ATT_CUDA(stmt)                                                                         \
+    do {                                                                                       \
+        cudaError_t e_ = (stmt);                                                               \
+        if (e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "mlart-bench attn: %s: %s\n", #stmt, cudaGetErrorString(e_));      \
+            goto fail;                                                                         \
+        }                                                                                      \
+    } while (0)
+
+uint64_t mix(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+int bench_err(int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "mlart-bench attn: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    return status;
+}
+
+void bench_log(int level, const char *fmt, ...)
+{
+    (void)level;
+    (void)fmt;
+}
+
+/* One input set: its own query, indices and pages; outputs per backend. */
+struct Set {
+    void *q, *idx, *req, *seq, *bt, *out, *lse, *ref_out, *ref_lse;
+};
+
+struct Ctx {
+    mlart_geometry g;
+    int T, nsets;
+    void *kv;
+    Set sets[128];
+    void *ws;
+    size_t ws_bytes;
+    const mlart_backend_vtable *vt;
+    void *state;
+};
+
+mlart_tensor dense(void *p, mlart_dtype dt, int n, int64_t a, int64_t b, int64_t c)
+{
+    int64_t shape[3] = {a, b, c};
+    return mlart_tensor_dense(p, dt, 0, n, shape);
+}
+
+mlart_step make_step(const Ctx &c, int set, bool ref)
+{
+    const Set &s = c.sets[set];
+    const int T = c.T, H = c.g.heads;
+    mlart_step st;
+    memset(&st, 0, sizeof st);
+    st.struct_size = sizeof st;
+    st.geom = c.g;
+    st.device = 0;
+    st.T = T;
+    st.B = T;
+    st.q_mqa = dense(s.q, MLART_DTYPE_BF16, 3, T, H, 576);
+    st.kv_cache = dense(c.kv, MLART_DTYPE_U8, 2, kSlots, (int64_t)mlart_kv_bytes_per_token(&c.g), 0);
+    st.idx = dense(s.idx, MLART_DTYPE_I32, 2, T, kTopk, 0);
+    st.req_of_token = dense(s.req, MLART_DTYPE_I32, 1, T, 0, 0);
+    st.seq_lens = dense(s.seq, MLART_DTYPE_I32, 1, T, 0, 0);
+    st.block_table = dense(s.bt, MLART_DTYPE_I32, 2, T, kPagesPerReq, 0);
+    st.attn_out = dense(ref ? s.ref_out : s.out, MLART_DTYPE_BF16, 3, H, T, 512);
+    st.lse = dense(ref ? s.ref_lse : s.lse, MLART_DTYPE_F32, 2, H, T, 0);
+    st.workspace = c.ws;
+    st.workspace_bytes = c.ws_bytes;
+    return st;
+}
+
+int enqueue_b12x(void *ctx, int set, cudaStream_t stream)
+{
+    Ctx *c = (Ctx *)ctx;
+    mlart_step st = make_step(*c, set, false);
+    return c->vt->attend(c->state, &st, stream) != 0;
+}
+
+int enqueue_ref(void *ctx, int set, cudaStream_t stream)
+{
+    Ctx *c = (Ctx *)ctx;
+    mlart_step st = make_step(*c, set, true);
+    if (mlart_reference_attend_cuda(&st, stream) != 0) {
+        fprintf(stderr, "mlart-bench attn: reference: %s\n", mlart_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+/* Random cache rows; fp8 records written through mlart_kv_write_cuda. */
+int fill_cache(void *kv, mlart_kv_format fmt, const mlart_geometry &g0)
+{
+    const int64_t chunk = 1 << 16;
+    void *lat = NULL, *slots = NULL;
+    int32_t *hs = (int32_t *)malloc(sizeof(int32_t) * chunk);
+    int rc = -1;
+    mlart_geometry g = g0;
+    g.kv_format = fmt;
+    if (fmt == MLART_KV_BF16) {
+        free(hs);
+        return mlart_bench_fill_bf16(kv, (size_t)kSlots * 576, 0xCAC4E, 0) ? -1 : 0;
+    }
+    ATT_CUDA(cudaMalloc(&lat, (size_t)chunk * 576 * 2));
+    ATT_CUDA(cudaMalloc(&slots, (size_t)chunk * 4));
+    for (int64_t s0 = 0; s0 < kSlots; s0 += chunk) {
+        for (int64_t i = 0; i < chunk; i++)
+            hs[i] = (int32_t)(s0 + i);
+        ATT_CUDA(cudaMemcpy(slots, hs, sizeof(int32_t) * chunk, cudaMemcpyHostToDevice));
+        if (mlart_bench_fill_bf16(lat, (size_t)chunk * 576, 0xCAC4E + (uint64_t)s0, 0))
+            goto fail;
+        mlart_tensor cache = dense(kv, MLART_DTYPE_U8, 2, kSlots, 656, 0);
+        mlart_tensor l = dense(lat, MLART_DTYPE_BF16, 2, chunk, 576, 0);
+        mlart_tensor sl = dense(slots, MLART_DTYPE_I32, 1, chunk, 0, 0);
+        if (mlart_kv_write_cuda(&g, &cache, &l, &sl, NULL)) {
+            fprintf(stderr, "mlart-bench attn: kv_write: %s\n", mlart_last_error());
+            goto fail;
+        }
+    }
+    ATT_CUDA(cudaDeviceSynchronize());
+    rc = 0;
+fail:
+    cudaFree(lat);
+    cudaFree(slots);
+    free(hs);
+    return rc;
+}
+
+void free_sets(Ctx &c)
+{
+    for (int s = 0; s < c.nsets; s++) {
+        Set &x = c.sets[s];
+        cudaFree(x.q);
+        cudaFree(x.idx);
+        cudaFree(x.req);
+        cudaFree(x.seq);
+        cudaFree(x.bt);
+        cudaFree(x.out);
+        cudaFree(x.lse);
+        cudaFree(x.ref_out);
+        cudaFree(x.ref_lse);
+    }
+    memset(c.sets, 0, sizeof c.sets);
+    c.nsets = 0;
+}
+
+/* nsets sets of T tokens: token t of set s is request t with its own 64
+ * pages (page p of the rotation), 2048 distinct positions of 4096. */
+int alloc_sets(Ctx &c, int nsets, uint64_t seed)
+{
+    const int T = c.T, H = c.g.heads;
+    const int64_t pages = kSlots / kPage;
+    int32_t *idx = (int32_t *)malloc(sizeof(int32_t) * T * kTopk);
+    int32_t *bt = (int32_t *)malloc(sizeof(int32_t) * T * kPagesPerReq);
+    int32_t *req = (int32_t *)malloc(sizeof(int32_t) * T);
+    int32_t *seq = (int32_t *)malloc(sizeof(int32_t) * T);
+    int rc = -1;
+    int64_t next_page = 0;
+    c.nsets = nsets;
+    for (int s = 0; s < nsets; s++) {
+        Set &x = c.sets[s];
+        ATT_CUDA(cudaMalloc(&x.q, (size_t)T * H * 576 * 2));
+        ATT_CUDA(cudaMalloc(&x.idx, sizeof(int32_t) * T * kTopk));
+        ATT_CUDA(cudaMalloc(&x.req, sizeof(int32_t) * T));
+        ATT_CUDA(cudaMalloc(&x.seq, sizeof(int32_t) * T));
+        ATT_CUDA(cudaMalloc(&x.bt, sizeof(int32_t) * T * kPagesPerReq));
+        ATT_CUDA(cudaMalloc(&x.out, (size_t)H * T * 512 * 2));
+        ATT_CUDA(cudaMalloc(&x.lse, (size_t)H * T * 4));
+        ATT_CUDA(cudaMalloc(&x.ref_out, (size_t)H * T * 512 * 2));
+        ATT_CUDA(cudaMalloc(&x.ref_lse, (size_t)H * T * 4));
+        if (mlart_bench_fill_bf16(x.q, (size_t)T * H * 576, seed * 977 + s, 0))
+            goto fail;
+        for (int t = 0; t < T; t++) {
+            req[t] = t;
+            seq[t] = kSeq;
+            for (int p = 0; p < kPagesPerReq; p++)
+                bt[t * kPagesPerReq + p] = (int32_t)(next_page++ % pages);
+            for (int k = 0; k < kTopk; k++) /* position 2k or 2k+1: distinct, spread over the request */
+                idx[t * kTopk + k] = 2 * k + (int)(mix(seed ^ ((uint64_t)s << 40) ^ ((uint64_t)t << 20) ^ k) & 1);
+        }
+        ATT_CUDA(cudaMemcpy(x.idx, idx, sizeof(int32_t) * T * kTopk, cudaMemcpyHostToDevice));
+        ATT_CUDA(cudaMemcpy(x.req, req, sizeof(int32_t) * T, cudaMemcpyHostToDevice));
+        ATT_CUDA(cudaMemcpy(x.seq, seq, sizeof(int32_t) * T, cudaMemcpyHostToDevice));
+        ATT_CUDA(cudaMemcpy(x.bt, bt, sizeof(int32_t) * T * kPagesPerReq, cudaMemcpyHostToDevice));
+    }
+    ATT_CUDA(cudaDeviceSynchronize());
+    rc = 0;
+fail:
+    free(idx);
+    free(bt);
+    free(req);
+    free(seq);
+    return rc;
+}
+
+/* NMSE of set 0's b12x output against the reference's; LSE must agree to
+ * 1e-3 relative.  Returns NaN when the outputs hold NaN or LSEs disagree. */
+double check_set0(const Ctx &c)
+{
+    const size_t n = (size_t)c.g.heads * c.T;
+    uint16_t *a = (uint16_t *)malloc(n * 512 * 2), *b = (uint16_t *)malloc(n * 512 * 2);
+    float *la = (float *)malloc(n * 4), *lb = (float *)malloc(n * 4);
+    double num = 0, den = 0, r = NAN;
+    if (cudaMemcpy(a, c.sets[0].out, n * 1024, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(b, c.sets[0].ref_out, n * 1024, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(la, c.sets[0].lse, n * 4, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(lb, c.sets[0].ref_lse, n * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+        goto done;
+    for (size_t i = 0; i < n * 512; i++) {
+        double x = mlart_bf16_to_f32(a[i]), y = mlart_bf16_to_f32(b[i]);
+        if (isnan(x))
+            goto done;
+        num += (x - y) * (x - y);
+        den += y * y;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (!(fabs((double)la[i] - lb[i]) <= 1e-3 * (1.0 + fabs((double)lb[i]))))
+            goto done;
+    r = den > 0 ? num / den : num;
+done:
+    free(a);
+    free(b);
+    free(la);
+    free(lb);
+    return r;
+}
+
+/* bf16 tensor-core rate of this device, TFLOP/s: cuBLAS 8192^3, fp32
+ * accumulate, random data, median of 5 after 2 warm-ups. */
+double measure_tc_peak(void)
+{
+    const int n = 8192;
+    void *A = NULL, *B = NULL, *C = NULL;
+    cublasHandle_t h = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    double best[5], r = NAN;
+    const float one = 1.0f, zero = 0.0f;
+    ATT_CUDA(cudaMalloc(&A, (size_t)n * n * 2));
+    ATT_CUDA(cudaMalloc(&B, (size_t)n * n * 2));
+    ATT_CUDA(cudaMalloc(&C, (size_t)n * n * 2));
+    if (mlart_bench_fill_bf16(A, (size_t)n * n, 1, 0) || mlart_bench_fill_bf16(B, (size_t)n * n, 2, 0))
+        goto fail;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
+        goto fail;
+    ATT_CUDA(cudaEventCreate(&e0));
+    ATT_CUDA(cudaEventCreate(&e1));
+    for (int i = 0; i < 7; i++) {
+        float ms = 0;
+        ATT_CUDA(cudaEventRecord(e0, 0));
+        if (cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16BF, n, B, CUDA_R_16BF, n,
+                         &zero, C, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) !=
+            CUBLAS_STATUS_SUCCESS)
+            goto fail;
+        ATT_CUDA(cudaEventRecord(e1, 0));
+        ATT_CUDA(cudaEventSynchronize(e1));
+        ATT_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+        if (i >= 2)
+            best[i - 2] = 2.0 * n * (double)n * n / (ms * 1e9);
+    }
+    for (int i = 0; i < 5; i++) /* median of 5 by insertion sort */
+        for (int j = i + 1; j < 5; j++)
+            if (best[j] < best[i]) {
+                double t = best[i];
+                best[i] = best[j];
+                best[j] = t;
+            }
+    r = best[2];
+fail:
+    if (h)
+        cublasDestroy(h);
+    if (e0)
+        cudaEventDestroy(e0);
+    if (e1)
+        cudaEventDestroy(e1);
+    cudaFree(A);
+    cudaFree(B);
+    cudaFree(C);
+    return r;
+}
+
+struct Model {
+    const char *name;
+    int heads;
+};
+
+} /* namespace */
+
+extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
+{
+    static const mlart_bench_col cols[] = {
+        {"time", "us", 8, 2},    {"GB/s", "unique", 7, 0}, {"TFLOP/s", "", 8, 1}, {"floor", "us", 7, 2},
+        {"%roof", "%", 6, 1},    {"ref", "us", 9, 1},      {"x_ref", "x", 7, 1},  {"err", "nmse", 9, 7}};
+    const mlart_bench_table t = {"attn decode: b12x_mla_sparse, topk 2048, each token its own request, "
+                                 "q_mqa[T,H,576] x paged cache -> out[H,T,512] + lse",
+                                 "shape", 34, cols, (int)(sizeof cols / sizeof cols[0])};
+    static const Model models[] = {{"DSv3.2-TP8", 16}, {"GLM5-TP4DCP4", 64}, {"H128", 128}};
+    static const int Ts[] = {1, 2, 4, 8, 16, 32, 64};
+    static const mlart_kv_format fmts[] = {MLART_KV_BF16, MLART_KV_FP8_DS_MLA};
+    int wrong = 0, any = 0;
+    double worst_mem_ratio = 0, worst_small_us = 0, h128_fp8_t64 = NAN;
+    char line[768];
+    mlart_bench_opts ref_opts = *o;
+    ref_opts.reps = o->reps < 5 ? o->reps : 5;
+    ref_opts.warmup = 1;
+
+    for (int f = 0; f < 2 && !any; f++)
+        for (int m = 0; m < 3 && !any; m++)
+            for (int it = 0; it < 7 && !any; it++) {
+                char name[64];
+                snprintf(name, sizeof name, "attn %s H%d %s T%d", models[m].name, models[m].heads,
+                         fmts[f] == MLART_KV_BF16 ? "bf16" : "fp8", Ts[it]);
+                any = mlart_bench_match(o, name);
+            }
+    if (!any)
+        return 0;
+
+    const double tc_peak = measure_tc_peak();
+    if (isnan(tc_peak)) {
+        fprintf(stderr, "mlart-bench attn: could not measure the bf16 tensor-core rate\n");
+        return -1;
+    }
+    printf("\n# bf16 tensor-core rate, cuBLAS 8192^3 (median of 5): %.0f TFLOP/s; copy roofline %.0f GB/s\n",
+           tc_peak, o->copy_gbs);
+    mlart_bench_table_head(o, &t);
+    for (int f = 0; f < 2; f++) {
+        void *kv = NULL;
+        mlart_geometry g0;
+        memset(&g0, 0, sizeof g0);
+        g0.qk_nope = 128;
+        g0.rope = 64;
+        g0.kv_lora = 512;
+        g0.v_head = 128;
+        g0.topk = kTopk;
+        g0.page_size = kPage;
+        g0.kv_format = fmts[f];
+        g0.softmax_scale = 0.0417f;
+        const size_t row_bytes = fmts[f] == MLART_KV_BF16 ? 1152 : 656;
+        if (cudaMalloc(&kv, row_bytes * kSlots) != cudaSuccess || fill_cache(kv, fmts[f], g0)) {
+            fprintf(stderr, "mlart-bench attn: cache setup failed\n");
+            cudaFree(kv);
+            return -1;
+        }
+        for (int m = 0; m < 3; m++) {
+            Ctx *c = (Ctx *)calloc(1, sizeof(Ctx));
+            mlart_backend_init init;
+            mlart_plan plan;
+            c->g = g0;
+            c->g.heads = models[m].heads;
+            c->kv = kv;
+            c->vt = mlart_backend_b12x_mla_sparse_vtable();
+            memset(&init, 0, sizeof init);
+            init.struct_size = sizeof init;
+            init.device = o->device;
+            init.geom = c->g;
+            init.error = bench_err;
+            init.log = bench_log;
+            memset(&plan, 0, sizeof plan);
+            plan.struct_size = sizeof plan;
+            plan.geom = c->g;
+            plan.device = o->device;
+            plan.max_tokens = kMaxT;
+            plan.max_requests = kMaxT;
+            plan.max_blocks_per_req = kPagesPerReq;
+            plan.num_slots = kSlots;
+            if (c->vt->create(&init, &c->state) || c->vt->plan(c->state, &plan, &c->ws_bytes) ||
+                (c->ws_bytes && cudaMalloc(&c->ws, c->ws_bytes) != cudaSuccess)) {
+                fprintf(stderr, "mlart-bench attn: backend setup failed\n");
+                if (c->state)
+                    c->vt->destroy(c->state);
+                free(c);
+                cudaFree(kv);
+                return -1;
+            }
+            for (int it = 0; it < 7; it++) {
+                char name[64];
+                double v[8], ref_us = NAN;
+                c->T = Ts[it];
+                snprintf(name, sizeof name, "attn %s H%d %s T%d", models[m].name, models[m].heads,
+                         fmts[f] == MLART_KV_BF16 ? "bf16" : "fp8", c->T);
+                if (!mlart_bench_match(o, name))
+                    continue;
+                const double bytes = (double)c->T * kTopk * row_bytes;
+                const double flops = 2.0 * c->g.heads * kTopk * (576.0 + 512.0) * c->T;
+                const int nsets = mlart_bench_sets(o, (size_t)bytes, 2);
+                if (alloc_sets(*c, nsets, 0x5EED + 131 * it + 7 * m + f)) {
+                    free_sets(*c);
+                    wrong++;
+                    continue;
+                }
+                if (mlart_bench_time(o, enqueue_b12x, c, nsets, &v[0]) ||
+                    mlart_bench_time(&ref_opts, enqueue_ref, c, nsets, &ref_us)) {
+                    fprintf(stderr, "mlart-bench attn: %s: timing failed\n", name);
+                    free_sets(*c);
+                    wrong++;
+                    continue;
+                }
+                v[1] = bytes / (v[0] * 1e3);
+                v[2] = flops / (v[0] * 1e6);
+                v[3] = fmax(bytes / (o->copy_gbs * 1e3), flops / (tc_peak * 1e6));
+                v[4] = 100.0 * v[3] / v[0];
+                v[5] = ref_us;
+                v[6] = ref_us / v[0];
+                v[7] = check_set0(*c);
+                if (!(v[7] <= kNmseMax))
+                    wrong++;
+                mlart_bench_table_row(o, &t, name, v);
+                if (c->g.heads <= 16 && c->T >= 8)
+                    worst_mem_ratio = fmax(worst_mem_ratio, v[0] / (bytes / (o->copy_gbs * 1e3)));
+                if (c->g.heads <= 16 && c->T < 8)
+                    worst_small_us = fmax(worst_small_us, v[0]);
+                if (c->g.heads == 128 && fmts[f] == MLART_KV_FP8_DS_MLA && c->T == 64)
+                    h128_fp8_t64 = v[2];
+                free_sets(*c);
+            }
+            c->vt->destroy(c->state);
+            cudaFree(c->ws);
+            free(c);
+        }
+        cudaFree(kv);
+    }
+    snprintf(line, sizeof line,
+             "attn targets: 16 heads T>=8 worst time/bandwidth-floor %.2fx (target <= 2: %s); 16 heads T<8 "
+             "worst %.2f us (target < 5: %s); 128 heads fp8 T=64 %.1f TFLOP/s (target >= 250: %s)",
+             worst_mem_ratio, worst_mem_ratio == 0 ? "n/a" : worst_mem_ratio <= 2 ? "met" : "MISSED",
+             worst_small_us, worst_small_us == 0 ? "n/a" : worst_small_us < 5 ? "met" : "MISSED", h128_fp8_t64,
+             isnan(h128_fp8_t64) ? "n/a" : h128_fp8_t64 >= 250 ? "met" : "MISSED");
+    mlart_bench_summary(o, t.title, line);
+    return wrong;
+}

@@ -1,0 +1,211 @@
+#include "bench_common.h"
+
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int g_json_rows; /* rows written so far: the separator before each */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+#define BENCH_CUDA(stmt)                                                                       \
+    do {                                                                                       \
+        cudaError_t e_ = (stmt);                                                               \
+        if (e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "mlart-bench: %s: %s\n", #stmt, cudaGetErrorString(e_));           \
+            goto fail;                                                                         \
+        }                                                                                      \
+    } while (0)
+
+extern "C" int mlart_bench_time(const mlart_bench_opts *o, mlart_bench_enqueue_fn fn, void *ctx, int nsets,
+                                double *us)
+{
+    cudaStream_t st = NULL;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    double *samples = (double *)malloc(sizeof(double) * (size_t)(o->reps > 0 ? o->reps : 1));
+    int rc = -1, capturing = 0;
+    if (!samples)
+        return -1;
+    BENCH_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    BENCH_CUDA(cudaEventCreate(&e0));
+    BENCH_CUDA(cudaEventCreate(&e1));
+    /* one eager pass first: lazy module loading and library setup stay out of the capture */
+    for (int s = 0; s < nsets; s++)
+        if (fn(ctx, s, st)) {
+            fprintf(stderr, "mlart-bench: enqueue failed (set %d)\n", s);
+            goto fail;
+        }
+    BENCH_CUDA(cudaStreamSynchronize(st));
+    BENCH_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    capturing = 1;
+    for (int s = 0; s < nsets; s++)
+        if (fn(ctx, s, st)) {
+            fprintf(stderr, "mlart-bench: enqueue failed during capture (set %d)\n", s);
+            goto fail;
+        }
+    capturing = 0;
+    BENCH_CUDA(cudaStreamEndCapture(st, &g));
+    BENCH_CUDA(cudaGraphInstantiate(&ge, g, 0));
+    for (int i = 0; i < o->warmup; i++)
+        BENCH_CUDA(cudaGraphLaunch(ge, st));
+    for (int i = 0; i < o->reps; i++) {
+        float ms = 0;
+        BENCH_CUDA(cudaEventRecord(e0, st));
+        BENCH_CUDA(cudaGraphLaunch(ge, st));
+        BENCH_CUDA(cudaEventRecord(e1, st));
+        BENCH_CUDA(cudaEventSynchronize(e1));
+        BENCH_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+        samples[i] = ms * 1000.0 / nsets;
+    }
+    qsort(samples, (size_t)o->reps, sizeof(double), cmp_double);
+    *us = o->reps % 2 ? samples[o->reps / 2] : 0.5 * (samples[o->reps / 2 - 1] + samples[o->reps / 2]);
+    rc = 0;
+fail:
+    if (capturing) {
+        cudaGraph_t junk = NULL;
+        cudaStreamEndCapture(st, &junk);
+        if (junk)
+            cudaGraphDestroy(junk);
+        cudaGetLastError();
+    }
+    if (ge)
+        cudaGraphExecDestroy(ge);
+    if (g)
+        cudaGraphDestroy(g);
+    if (e0)
+        cudaEventDestroy(e0);
+    if (e1)
+        cudaEventDestroy(e1);
+    if (st)
+        cudaStreamDestroy(st);
+    free(samples);
+    return rc;
+}
+
+extern "C" int mlart_bench_sets(const mlart_bench_opts *o, size_t bytes_per_set, int min_sets)
+{
+    size_t want = 3 * o->l2_bytes;
+    size_t n = bytes_per_set ? (want + bytes_per_set - 1) / bytes_per_set : 1;
+    if (n < (size_t)min_sets)
+        n = (size_t)min_sets;
+    if (n > 128)
+        n = 128;
+    return (int)n;
+}
+
+typedef struct copy_ctx {
+    void *src, *dst;
+    size_t bytes;
+} copy_ctx;
+
+static int copy_enqueue(void *ctx, int set, cudaStream_t st)
+{
+    copy_ctx *c = (copy_ctx *)ctx;
+    (void)set;
+    return cudaMemcpyAsync(c->dst, c->src, c->bytes, cudaMemcpyDeviceToDevice, st) != cudaSuccess;
+}
+
+extern "C" int mlart_bench_copy_roofline(mlart_bench_opts *o)
+{
+    copy_ctx c = {NULL, NULL, (size_t)1 << 30};
+    double us = 0;
+    int rc = -1;
+    BENCH_CUDA(cudaMalloc(&c.src, c.bytes));
+    BENCH_CUDA(cudaMalloc(&c.dst, c.bytes));
+    if (mlart_bench_fill_bf16(c.src, c.bytes / 2, 1, 0))
+        goto fail;
+    if (mlart_bench_time(o, copy_enqueue, &c, 4, &us))
+        goto fail;
+    o->copy_gbs = 2.0 * (double)c.bytes / (us * 1e3);
+    rc = 0;
+fail:
+    cudaFree(c.src);
+    cudaFree(c.dst);
+    return rc;
+}
+
+__global__ void fill_bf16_kernel(__nv_bfloat16 *p, size_t n, uint64_t seed)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+        x ^= x >> 31;
+        x *= 0xBF58476D1CE4E5B9ull;
+        x ^= x >> 29;
+        p[i] = __float2bfloat16_rn((float)((double)(x >> 11) / 9007199254740992.0 * 2.0 - 1.0));
+    }
+}
+
+extern "C" int mlart_bench_fill_bf16(void *p, size_t n, uint64_t seed, cudaStream_t stream)
+{
+    if (n == 0)
+        return 0;
+    fill_bf16_kernel<<<1024, 256, 0, stream>>>((__nv_bfloat16 *)p, n, seed * 0xD1B54A32D192ED03ull + 7);
+    return cudaGetLastError() != cudaSuccess;
+}
+
+extern "C" int mlart_bench_match(const mlart_bench_opts *o, const char *name)
+{
+    return !o->filter || !*o->filter || strstr(name, o->filter) != NULL;
+}
+
+extern "C" void mlart_bench_table_head(const mlart_bench_opts *o, const mlart_bench_table *t)
+{
+    (void)o;
+    printf("\n# %s\n#\n# %-*s", t->title, t->name_width, t->name_head);
+    for (int i = 0; i < t->ncols; i++)
+        printf(" %*s", t->cols[i].width, t->cols[i].name);
+    printf("\n# %-*s", t->name_width, "");
+    for (int i = 0; i < t->ncols; i++)
+        printf(" %*s", t->cols[i].width, t->cols[i].unit);
+    printf("\n");
+    fflush(stdout);
+}
+
+static void json_sep(const mlart_bench_opts *o)
+{
+    fprintf(o->json, g_json_rows++ ? ",\n" : "");
+}
+
+extern "C" void mlart_bench_table_row(const mlart_bench_opts *o, const mlart_bench_table *t, const char *name,
+                                      const double *vals)
+{
+    printf("  %-*s", t->name_width, name);
+    for (int i = 0; i < t->ncols; i++) {
+        if (isnan(vals[i]))
+            printf(" %*s", t->cols[i].width, "-");
+        else
+            printf(" %*.*f", t->cols[i].width, t->cols[i].prec, vals[i]);
+    }
+    printf("\n");
+    fflush(stdout);
+    if (o->json) {
+        json_sep(o);
+        fprintf(o->json, "  {\"table\": \"%s\", \"name\": \"%s\"", t->title, name);
+        for (int i = 0; i < t->ncols; i++) {
+            if (isnan(vals[i]) || isinf(vals[i]))
+                fprintf(o->json, ", \"%s\": null", t->cols[i].name);
+            else
+                fprintf(o->json, ", \"%s\": %.6g", t->cols[i].name, vals[i]);
+        }
+        fprintf(o->json, "}");
+        fflush(o->json);
+    }
+}
+
+extern "C" void mlart_bench_summary(const mlart_bench_opts *o, const char *table, const char *line)
+{
+    printf("# %s\n", line);
+    fflush(stdout);
+    if (o->json) {
+        json_sep(o);
+        fprintf(o->json, "  {\"table\": \"%s\", \"summary\": \"%s\"}", table, line);
+        fflush(o->json);
+    }
+}

@@ -1,0 +1,93 @@
+/* mlart-bench: shared timing, roofline and table/JSON printing for the
+ * benchmark suites (bench_*.cu).  A suite declares its rows, times each
+ * candidate with mlart_bench_time and prints fixed-width rows
+ * (nccl-tests style: a header, a units row, one line per shape).
+ *
+ * Timing: the enqueue callback is captured once per input set into one CUDA
+ * graph (set 0, 1, ..., n-1 in order); each replay is timed with CUDA events
+ * and divided by n; the result is the median over replays.  The sets rotate
+ * so that their bytes exceed the L2 cache (mlart_bench_sets): each launch
+ * streams its operands from HBM as it would in a decode step. */
+#ifndef MLART_BENCH_COMMON_H
+#define MLART_BENCH_COMMON_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mlart_bench_opts {
+    const char *filter; /* run rows whose name contains this; NULL = all */
+    FILE *json;         /* rows appended as JSON objects; NULL = none */
+    int reps;           /* timed replays per measurement (median) */
+    int warmup;         /* untimed replays first */
+    int variants;       /* also time kernel variants (tuning tables) */
+    int device;
+    int sms;            /* multiprocessors */
+    size_t l2_bytes;    /* L2 cache size */
+    double copy_gbs;    /* device-to-device copy, GB/s of bytes read + written, this run */
+    char gpu[256];      /* device name */
+} mlart_bench_opts;
+
+/* Enqueue one operation on `stream` using input set `set`.  0 or nonzero. */
+typedef int (*mlart_bench_enqueue_fn)(void *ctx, int set, cudaStream_t stream);
+
+/* Median microseconds of one operation, over opts->reps graph replays of
+ * the nsets-long rotation (see above).  0 on success; -1 with a message on
+ * stderr if capture, launch or the callback failed. */
+int mlart_bench_time(const mlart_bench_opts *o, mlart_bench_enqueue_fn fn, void *ctx, int nsets, double *us);
+
+/* Input sets to rotate so that nsets * bytes_per_set >= 3 * L2: at least
+ * min_sets, at most 128. */
+int mlart_bench_sets(const mlart_bench_opts *o, size_t bytes_per_set, int min_sets);
+
+/* Measure the device-to-device copy roofline (1 GiB cudaMemcpyAsync in a
+ * graph, bytes read + written) into o->copy_gbs.  0 or -1. */
+int mlart_bench_copy_roofline(mlart_bench_opts *o);
+
+/* Fill n bf16 values at p with uniform [-1, 1) from a hash of seed and index. */
+int mlart_bench_fill_bf16(void *p, size_t n, uint64_t seed, cudaStream_t stream);
+
+/* 1 if `name` passes the --filter. */
+int mlart_bench_match(const mlart_bench_opts *o, const char *name);
+
+/* A fixed-width table: a name column, then numeric columns. */
+typedef struct mlart_bench_col {
+    const char *name; /* header and JSON key */
+    const char *unit; /* units row ("us", "GB/s", "x", "") */
+    int width;
+    int prec;         /* digits after the point */
+} mlart_bench_col;
+
+typedef struct mlart_bench_table {
+    const char *title;
+    const char *name_head; /* header of the name column */
+    int name_width;
+    const mlart_bench_col *cols;
+    int ncols;
+} mlart_bench_table;
+
+/* Title, header and units rows. */
+void mlart_bench_table_head(const mlart_bench_opts *o, const mlart_bench_table *t);
+/* One row: name and ncols values (NAN prints "-" and JSON null); appended
+ * to the JSON file as {"table":..., "name":..., <col>: value, ...}. */
+void mlart_bench_table_row(const mlart_bench_opts *o, const mlart_bench_table *t, const char *name,
+                           const double *vals);
+/* A free-form summary line, also stored in the JSON as {"summary": line}. */
+void mlart_bench_summary(const mlart_bench_opts *o, const char *table, const char *line);
+
+/* Suites: each returns the number of wrong results it found (0 = all
+ * values checked out) or -1 if it could not run. */
+int mlart_bench_ops(const mlart_bench_opts *o);
+#ifdef MLART_BENCH_ATTN
+int mlart_bench_attn(const mlart_bench_opts *o);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MLART_BENCH_COMMON_H */

@@ -1,0 +1,525 @@
+/* Suite "ops": the query absorption and the V up-projection against cuBLAS
+ * strided-batched GEMM on the same views, measured in the same run:
+ *   cublas    CUBLAS_COMPUTE_32F on the strided q_nope view
+ *   pedantic  CUBLAS_COMPUTE_32F_PEDANTIC on the same view
+ *   copy+cb   cudaMemcpy2DAsync of q_nope into a dense [T,H,P] buffer, then cublas
+ *   fused     our op writing q_mqa and copying q_pe in one launch, against
+ *             cublas into q_mqa plus a cudaMemcpy2DAsync of q_pe
+ * Unique bytes: weights + activation in + result out (docs/ops.md). */
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_common.h"
+#include "ops/bmm_cuda.h"
+#include "ops/numerics.h"
+#include "ops/ops.h"
+
+namespace {
+
+const int64_t kL = 512, kR = 64;
+
+struct Set {
+    __nv_bfloat16 *a;  /* query: q [T,H,P+R]; v_up: x [H,T,L] */
+    __nv_bfloat16 *w;  /* [H,K,N] */
+    __nv_bfloat16 *c;  /* query: q_mqa [T,H,L+R]; v_up: o [T,H*V] */
+    __nv_bfloat16 *ac; /* query: dense copy of q_nope [T,H,P] */
+};
+
+struct Ctx {
+    int vup;
+    int64_t H, T, K, N; /* query: K=P, N=L; v_up: K=L, N=V */
+    int nsets;
+    Set *sets;
+    cublasHandle_t hb;
+    cublasComputeType_t ct;
+    int pe;                 /* fused q_pe copy */
+    const mlart_bmm_config *cfg; /* NULL: public entry */
+    int method;
+};
+
+enum { M_OURS, M_CUBLAS, M_COPY_CUBLAS, M_CUBLAS_CONCAT };
+
+int64_t as_of(const Ctx &c) { return c.vup ? c.K : c.K + kR; }
+size_t a_elems(const Ctx &c) { return (size_t)(c.T * c.H * as_of(c)); }
+size_t w_elems(const Ctx &c) { return (size_t)(c.H * c.K * c.N); }
+size_t c_elems(const Ctx &c) { return c.vup ? (size_t)(c.T * c.H * c.N) : (size_t)(c.T * c.H * (c.N + kR)); }
+
+mlart_tensor view3(void *data, void *base, size_t extent, int64_t d0, int64_t d1, int64_t d2, int64_t s0, int64_t s1)
+{
+    mlart_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.dtype = MLART_DTYPE_BF16;
+    t.ndim = 3;
+    t.shape[0] = d0;
+    t.shape[1] = d1;
+    t.shape[2] = d2;
+    t.stride[0] = s0;
+    t.stride[1] = s1;
+    t.stride[2] = 1;
+    t.base = base;
+    t.extent = extent;
+    t.device = 0;
+    return t;
+}
+
+/* a [H,T,K], w [H,K,N], c [H,T,N] views of set s; pe_in/pe_out for query */
+void views(const Ctx &c, const Set &s, mlart_tensor *a, mlart_tensor *w, mlart_tensor *o, mlart_tensor *pi,
+           mlart_tensor *po)
+{
+    const size_t ab = a_elems(c) * 2, wb = w_elems(c) * 2, cb = c_elems(c) * 2;
+    *w = view3(s.w, s.w, wb, c.H, c.K, c.N, c.K * c.N, c.N);
+    if (c.vup) {
+        *a = view3(s.a, s.a, ab, c.H, c.T, c.K, c.T * c.K, c.K);
+        *o = view3(s.c, s.c, cb, c.H, c.T, c.N, c.N, c.H * c.N);
+        return;
+    }
+    const int64_t AS = c.K + kR, CS = c.N + kR;
+    *a = view3(s.a, s.a, ab, c.H, c.T, c.K, AS, c.H * AS);
+    *o = view3(s.c, s.c, cb, c.H, c.T, c.N, CS, c.H * CS);
+    *pi = view3(s.a + c.K, s.a, ab, c.T, c.H, kR, c.H * AS, AS);
+    *po = view3(s.c + c.N, s.c, cb, c.T, c.H, kR, c.H * CS, CS);
+}
+
+int run_ours(const Ctx &c, const Set &s, cudaStream_t st)
+{
+    mlart_tensor a, w, o, pi, po;
+    views(c, s, &a, &w, &o, &pi, &po);
+    if (c.cfg) {
+        mlart_bmm_desc d;
+        memset(&d, 0, sizeof d);
+        d.H = c.H;
+        d.T = c.T;
+        d.K = c.K;
+        d.N = c.N;
+        d.a = a.data;
+        d.a_sh = a.stride[0];
+        d.a_st = a.stride[1];
+        d.w = w.data;
+        d.w_sh = w.stride[0];
+        d.w_sk = w.stride[1];
+        d.c = o.data;
+        d.c_sh = o.stride[0];
+        d.c_st = o.stride[1];
+        return mlart_bmm_cuda_run(&d, c.cfg, st);
+    }
+    if (c.vup)
+        return mlart_v_up_bmm_cuda(&a, &w, &o, st);
+    return mlart_query_bmm_cuda(&a, &w, &o, c.pe ? &pi : NULL, c.pe ? &po : NULL, st);
+}
+
+/* cuBLAS column-major: C^T[N x T] = W^T[N x K] * A^T[K x T] per head. */
+int run_cublas(const Ctx &c, const __nv_bfloat16 *a, int64_t lda_t, int64_t stride_h, const Set &s,
+               cudaStream_t st)
+{
+    const float alpha = 1.f, beta = 0.f;
+    const int64_t ldc = c.vup ? c.H * c.N : c.H * (c.N + kR), sc = c.vup ? c.N : c.N + kR;
+    if (cublasSetStream(c.hb, st) != CUBLAS_STATUS_SUCCESS)
+        return 1;
+    return cublasGemmStridedBatchedEx(c.hb, CUBLAS_OP_N, CUBLAS_OP_N, (int)c.N, (int)c.T, (int)c.K, &alpha, s.w,
+                                      CUDA_R_16BF, (int)c.N, c.K * c.N, a, CUDA_R_16BF, (int)lda_t, stride_h, &beta,
+                                      s.c, CUDA_R_16BF, (int)ldc, sc, (int)c.H, c.ct, CUBLAS_GEMM_DEFAULT) !=
+           CUBLAS_STATUS_SUCCESS;
+}
+
+int enqueue(void *vctx, int set, cudaStream_t st)
+{
+    const Ctx &c = *(const Ctx *)vctx;
+    const Set &s = c.sets[set];
+    const int64_t AS = as_of(c);
+    switch (c.method) {
+    case M_OURS:
+        return run_ours(c, s, st);
+    case M_CUBLAS:
+        return c.vup ? run_cublas(c, s.a, c.K, c.T * c.K, s, st) : run_cublas(c, s.a, c.H * AS, AS, s, st);
+    case M_COPY_CUBLAS:
+        if (cudaMemcpy2DAsync(s.ac, (size_t)c.K * 2, s.a, (size_t)AS * 2, (size_t)c.K * 2, (size_t)(c.T * c.H),
+                              cudaMemcpyDeviceToDevice, st) != cudaSuccess)
+            return 1;
+        return run_cublas(c, s.ac, c.H * c.K, c.K, s, st);
+    case M_CUBLAS_CONCAT:
+        if (run_cublas(c, s.a, c.H * AS, AS, s, st))
+            return 1;
+        return cudaMemcpy2DAsync(s.c + c.N, (size_t)(c.N + kR) * 2, s.a + c.K, (size_t)AS * 2, (size_t)kR * 2,
+                                 (size_t)(c.T * c.H), cudaMemcpyDeviceToDevice, st) != cudaSuccess;
+    }
+    return 1;
+}
+
+int alloc_sets(Ctx &c, const mlart_bench_opts *o)
+{
+    const size_t per = (a_elems(c) + w_elems(c) + c_elems(c)) * 2;
+    c.nsets = mlart_bench_sets(o, per, c.T >= 256 ? 2 : 8);
+    c.sets = (Set *)calloc((size_t)c.nsets, sizeof(Set));
+    if (!c.sets)
+        return -1;
+    for (int i = 0; i < c.nsets; i++) {
+        Set &s = c.sets[i];
+        if (cudaMalloc(&s.a, a_elems(c) * 2) || cudaMalloc(&s.w, w_elems(c) * 2) || cudaMalloc(&s.c, c_elems(c) * 2))
+            return -1;
+        if (!c.vup && cudaMalloc(&s.ac, (size_t)(c.T * c.H * c.K) * 2))
+            return -1;
+        if (mlart_bench_fill_bf16(s.a, a_elems(c), 3 * i + 1, 0) || mlart_bench_fill_bf16(s.w, w_elems(c), 3 * i + 2, 0) ||
+            mlart_bench_fill_bf16(s.c, c_elems(c), 3 * i + 3, 0))
+            return -1;
+    }
+    return cudaDeviceSynchronize() == cudaSuccess ? 0 : -1;
+}
+
+void free_sets(Ctx &c)
+{
+    for (int i = 0; c.sets && i < c.nsets; i++) {
+        cudaFree(c.sets[i].a);
+        cudaFree(c.sets[i].w);
+        cudaFree(c.sets[i].c);
+        cudaFree(c.sets[i].ac);
+    }
+    free(c.sets);
+    c.sets = NULL;
+}
+
+double time_method(Ctx &c, const mlart_bench_opts *o, int method, cublasComputeType_t ct, int pe)
+{
+    double us = NAN;
+    c.method = method;
+    c.ct = ct;
+    c.pe = pe;
+    if (mlart_bench_time(o, enqueue, &c, c.nsets, &us))
+        return NAN;
+    return us;
+}
+
+/* Our result against cuBLAS COMPUTE_32F on set 0 (first rows): max |diff| /
+ * max |cublas|.  Both round one FP32 sum to bf16, so they differ by at most
+ * about one bf16 step of the largest values. */
+double check_vs_cublas(Ctx &c, const mlart_bench_opts *o)
+{
+    const size_t n = c_elems(c) < ((size_t)1 << 22) ? c_elems(c) : ((size_t)1 << 22);
+    uint16_t *h1 = (uint16_t *)malloc(n * 2), *h2 = (uint16_t *)malloc(n * 2);
+    double md = 0, mx = 0;
+    (void)o;
+    if (!h1 || !h2)
+        goto fail;
+    c.method = M_OURS;
+    c.pe = 0;
+    if (enqueue(&c, 0, 0) || cudaDeviceSynchronize() || cudaMemcpy(h1, c.sets[0].c, n * 2, cudaMemcpyDeviceToHost))
+        goto fail;
+    c.method = M_CUBLAS;
+    c.ct = CUBLAS_COMPUTE_32F;
+    if (enqueue(&c, 0, 0) || cudaDeviceSynchronize() || cudaMemcpy(h2, c.sets[0].c, n * 2, cudaMemcpyDeviceToHost))
+        goto fail;
+    for (size_t i = 0; i < n; i++) {
+        const int64_t row = c.vup ? c.H * c.N : c.N + kR;
+        if ((int64_t)(i % (size_t)row) >= (c.vup ? row : c.N))
+            continue; /* q_pe columns: not written by either */
+        double x = mlart_bf16_to_f32(h1[i]), y = mlart_bf16_to_f32(h2[i]);
+        if (isnan(x) || isnan(y)) {
+            md = INFINITY;
+            break;
+        }
+        md = fmax(md, fabs(x - y));
+        mx = fmax(mx, fabs(y));
+    }
+    free(h1);
+    free(h2);
+    return md / (mx > 0 ? mx : 1);
+fail:
+    free(h1);
+    free(h2);
+    return INFINITY;
+}
+
+const double kTolerance = 1.0 / 128; /* two bf16 steps relative to the largest value */
+
+double geomean(const double *v, int n)
+{
+    double s = 0;
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (v[i] > 0 && isfinite(v[i])) {
+            s += log(v[i]);
+            k++;
+        }
+    return k ? exp(s / k) : NAN;
+}
+
+const int64_t kDecH[] = {16, 32, 64, 128};
+const int64_t kDecT[] = {1, 4, 16, 64};
+
+int bench_query_decode(const mlart_bench_opts *o, cublasHandle_t hb)
+{
+    static const mlart_bench_col cols[] = {
+        {"time", "us", 8, 2},      {"GB/s", "unique", 8, 0},  {"%copy", "%", 6, 1},     {"cublas", "us", 8, 2},
+        {"pedantic", "us", 9, 2},  {"copy+cb", "us", 8, 2},   {"x_cublas", "x", 8, 2},  {"x_pedant", "x", 8, 2},
+        {"x_copycb", "x", 8, 2},   {"fused", "us", 8, 2},     {"cb+cat", "us", 8, 2},   {"x_fused", "x", 7, 2},
+        {"err", "rel", 8, 5}};
+    const mlart_bench_table t = {"query_bmm decode: q_nope[H,T,P] view x W_UK_T[H,P,L] -> q_mqa[T,H,L+R], L=512 R=64",
+                                 "shape", 20, cols, (int)(sizeof cols / sizeof cols[0])};
+    double xs_cb[64], xs_ped[64], xs_cc[64], xs_f[64];
+    double min_cb = INFINITY, min_cc = INFINITY, min_bw128 = INFINITY;
+    int n = 0, wrong = 0;
+    char line[512];
+    mlart_bench_table_head(o, &t);
+    for (int p = 0; p < 2; p++)
+        for (int ih = 0; ih < 4; ih++)
+            for (int it = 0; it < 4; it++) {
+                Ctx c;
+                char name[64];
+                memset(&c, 0, sizeof c);
+                c.H = kDecH[ih];
+                c.T = kDecT[it];
+                c.K = p ? 192 : 128;
+                c.N = kL;
+                c.hb = hb;
+                snprintf(name, sizeof name, "qbmm H%lld T%lld P%lld", (long long)c.H, (long long)c.T, (long long)c.K);
+                if (!mlart_bench_match(o, name))
+                    continue;
+                if (alloc_sets(c, o)) {
+                    fprintf(stderr, "mlart-bench: %s: allocation failed\n", name);
+                    free_sets(c);
+                    return -1;
+                }
+                double v[13];
+                const double bytes = (double)(c.H * c.K * c.N + c.H * c.T * c.K + c.H * c.T * c.N) * 2;
+                v[0] = time_method(c, o, M_OURS, CUBLAS_COMPUTE_32F, 0);
+                v[1] = bytes / (v[0] * 1e3);
+                v[2] = 100.0 * v[1] / o->copy_gbs;
+                v[3] = time_method(c, o, M_CUBLAS, CUBLAS_COMPUTE_32F, 0);
+                v[4] = time_method(c, o, M_CUBLAS, CUBLAS_COMPUTE_32F_PEDANTIC, 0);
+                v[5] = time_method(c, o, M_COPY_CUBLAS, CUBLAS_COMPUTE_32F, 0);
+                v[6] = v[3] / v[0];
+                v[7] = v[4] / v[0];
+                v[8] = v[5] / v[0];
+                v[9] = time_method(c, o, M_OURS, CUBLAS_COMPUTE_32F, 1);
+                v[10] = time_method(c, o, M_CUBLAS_CONCAT, CUBLAS_COMPUTE_32F, 0);
+                v[11] = v[10] / v[9];
+                v[12] = check_vs_cublas(c, o);
+                wrong += !(v[12] <= kTolerance);
+                mlart_bench_table_row(o, &t, name, v);
+                if (n < 64) {
+                    xs_cb[n] = v[6];
+                    xs_ped[n] = v[7];
+                    xs_cc[n] = v[8];
+                    xs_f[n] = v[11];
+                    n++;
+                }
+                min_cb = fmin(min_cb, v[6]);
+                min_cc = fmin(min_cc, v[8]);
+                if (c.H == 128 && c.T <= 16)
+                    min_bw128 = fmin(min_bw128, v[1]);
+                free_sets(c);
+            }
+    if (n) {
+        const double g_cb = geomean(xs_cb, n), g_ped = geomean(xs_ped, n), g_cc = geomean(xs_cc, n);
+        snprintf(line, sizeof line,
+                 "query_bmm decode, %d shapes: geomean speedup vs cublas %.2fx (target >= 1.3: %s), vs pedantic %.2fx "
+                 "(>= 2: %s), vs copy+cublas %.2fx; min vs cublas %.2fx (>= 1: %s), min vs copy+cublas %.2fx (>= 1.5: %s); "
+                 "H=128 T<=16 min %.0f GB/s (>= 3000: %s); fused vs cublas+concat geomean %.2fx",
+                 n, g_cb, g_cb >= 1.3 ? "met" : "MISSED", g_ped, g_ped >= 2 ? "met" : "MISSED", g_cc, min_cb,
+                 min_cb >= 1 ? "met" : "MISSED", min_cc, min_cc >= 1.5 ? "met" : "MISSED", min_bw128,
+                 isinf(min_bw128) ? "n/a" : min_bw128 >= 3000 ? "met" : "MISSED", geomean(xs_f, n));
+        mlart_bench_summary(o, t.title, line);
+    }
+    return wrong;
+}
+
+int bench_query_prefill(const mlart_bench_opts *o, cublasHandle_t hb)
+{
+    static const mlart_bench_col cols[] = {{"time", "us", 9, 1},    {"TFLOP/s", "", 8, 1},  {"GB/s", "unique", 8, 0},
+                                           {"cublas", "us", 9, 1},  {"ratio", "ours/cb", 8, 3}, {"copy+cb", "us", 9, 1},
+                                           {"err", "rel", 8, 5}};
+    const mlart_bench_table t = {"query_bmm prefill-sized T (tiled tensor-core path), L=512 R=64", "shape", 22, cols,
+                                 (int)(sizeof cols / sizeof cols[0])};
+    static const int64_t Ts[] = {256, 1024, 8192};
+    static const int64_t Hs[] = {16, 128};
+    double worst = 0;
+    int wrong = 0, n = 0;
+    char line[256];
+    mlart_bench_table_head(o, &t);
+    for (int p = 0; p < 2; p++)
+        for (int ih = 0; ih < 2; ih++)
+            for (int it = 0; it < 3; it++) {
+                Ctx c;
+                char name[64];
+                memset(&c, 0, sizeof c);
+                c.H = Hs[ih];
+                c.T = Ts[it];
+                c.K = p ? 192 : 128;
+                c.N = kL;
+                c.hb = hb;
+                snprintf(name, sizeof name, "qbmm H%lld T%lld P%lld", (long long)c.H, (long long)c.T, (long long)c.K);
+                if (!mlart_bench_match(o, name))
+                    continue;
+                if (alloc_sets(c, o)) {
+                    fprintf(stderr, "mlart-bench: %s: allocation failed\n", name);
+                    free_sets(c);
+                    return -1;
+                }
+                double v[7];
+                const double bytes = (double)(c.H * c.K * c.N + c.H * c.T * c.K + c.H * c.T * c.N) * 2;
+                v[0] = time_method(c, o, M_OURS, CUBLAS_COMPUTE_32F, 0);
+                v[1] = 2.0 * c.H * c.T * c.K * c.N / (v[0] * 1e6);
+                v[2] = bytes / (v[0] * 1e3);
+                v[3] = time_method(c, o, M_CUBLAS, CUBLAS_COMPUTE_32F, 0);
+                v[4] = v[0] / v[3];
+                v[5] = time_method(c, o, M_COPY_CUBLAS, CUBLAS_COMPUTE_32F, 0);
+                v[6] = check_vs_cublas(c, o);
+                wrong += !(v[6] <= kTolerance);
+                worst = fmax(worst, v[4]);
+                n++;
+                mlart_bench_table_row(o, &t, name, v);
+                free_sets(c);
+            }
+    if (n) {
+        snprintf(line, sizeof line, "query_bmm T>=256, %d shapes: worst time ratio ours/cublas %.3f (target <= 1.25: %s)",
+                 n, worst, worst <= 1.25 ? "met" : "MISSED");
+        mlart_bench_summary(o, t.title, line);
+    }
+    return wrong;
+}
+
+int bench_vup(const mlart_bench_opts *o, cublasHandle_t hb)
+{
+    static const mlart_bench_col cols[] = {{"time", "us", 9, 2},     {"GB/s", "unique", 8, 0}, {"%copy", "%", 6, 1},
+                                           {"cublas", "us", 9, 2},   {"pedantic", "us", 9, 2}, {"x_cublas", "x", 8, 2},
+                                           {"x_pedant", "x", 8, 2},  {"err", "rel", 8, 5}};
+    const mlart_bench_table t = {"v_up_bmm: out[H,T,L] x W_UV[H,L,V] -> o[T,H*V], L=512", "shape", 22, cols,
+                                 (int)(sizeof cols / sizeof cols[0])};
+    static const int64_t Ts[] = {1, 4, 16, 64, 256, 8192};
+    double xs[64];
+    int wrong = 0, n = 0;
+    char line[256];
+    mlart_bench_table_head(o, &t);
+    for (int vv = 0; vv < 2; vv++)
+        for (int ih = 0; ih < 4; ih++)
+            for (int it = 0; it < 6; it++) {
+                Ctx c;
+                char name[64];
+                memset(&c, 0, sizeof c);
+                c.vup = 1;
+                c.H = kDecH[ih];
+                c.T = Ts[it];
+                c.K = kL;
+                c.N = vv ? 256 : 128;
+                c.hb = hb;
+                if (c.T == 8192 && c.H != 16 && c.H != 128)
+                    continue;
+                snprintf(name, sizeof name, "v_up H%lld T%lld V%lld", (long long)c.H, (long long)c.T, (long long)c.N);
+                if (!mlart_bench_match(o, name))
+                    continue;
+                if (alloc_sets(c, o)) {
+                    fprintf(stderr, "mlart-bench: %s: allocation failed\n", name);
+                    free_sets(c);
+                    return -1;
+                }
+                double v[8];
+                const double bytes = (double)(c.H * c.K * c.N + c.H * c.T * c.K + c.H * c.T * c.N) * 2;
+                v[0] = time_method(c, o, M_OURS, CUBLAS_COMPUTE_32F, 0);
+                v[1] = bytes / (v[0] * 1e3);
+                v[2] = 100.0 * v[1] / o->copy_gbs;
+                v[3] = time_method(c, o, M_CUBLAS, CUBLAS_COMPUTE_32F, 0);
+                v[4] = time_method(c, o, M_CUBLAS, CUBLAS_COMPUTE_32F_PEDANTIC, 0);
+                v[5] = v[3] / v[0];
+                v[6] = v[4] / v[0];
+                v[7] = check_vs_cublas(c, o);
+                wrong += !(v[7] <= kTolerance);
+                if (c.T <= 64 && n < 64)
+                    xs[n++] = v[5];
+                mlart_bench_table_row(o, &t, name, v);
+                free_sets(c);
+            }
+    if (n) {
+        snprintf(line, sizeof line, "v_up_bmm decode (T<=64), %d shapes: geomean speedup vs cublas %.2fx", n,
+                 geomean(xs, n));
+        mlart_bench_summary(o, t.title, line);
+    }
+    return wrong;
+}
+
+/* Tuning table: the stream kernel's warp split and row tile, and the tiled
+ * kernel, on the same shapes. */
+int bench_variants(const mlart_bench_opts *o)
+{
+    static const mlart_bench_col cols[] = {{"time", "us", 9, 2}, {"GB/s", "unique", 8, 0}};
+    const mlart_bench_table t = {"variants: stream kernel (mt, warps) and tiled kernel", "shape variant", 34, cols, 2};
+    static const int64_t Ts[] = {1, 4, 16, 64, 96, 128, 192, 256};
+    static const int64_t Hs[] = {16, 128};
+    mlart_bench_table_head(o, &t);
+    for (int vup = 0; vup < 2; vup++)
+        for (int p = 0; p < 2; p++)
+            for (int ih = 0; ih < 2; ih++)
+                for (int it = 0; it < 8; it++) {
+                    Ctx c;
+                    memset(&c, 0, sizeof c);
+                    c.vup = vup;
+                    c.H = Hs[ih];
+                    c.T = Ts[it];
+                    c.K = vup ? kL : (p ? 192 : 128);
+                    c.N = vup ? (p ? 256 : 128) : kL;
+                    char base[48];
+                    snprintf(base, sizeof base, "%s H%lld T%lld %c%lld", vup ? "v_up" : "qbmm", (long long)c.H,
+                             (long long)c.T, vup ? 'V' : 'P', (long long)(vup ? c.N : c.K));
+                    if (!mlart_bench_match(o, base))
+                        continue;
+                    if (alloc_sets(c, o)) {
+                        free_sets(c);
+                        return -1;
+                    }
+                    const double bytes = (double)(c.H * c.K * c.N + c.H * c.T * c.K + c.H * c.T * c.N) * 2;
+                    const int ks = (int)(c.K / 16);
+                    for (int mt = 0; mt <= 4; mt++)
+                        for (int nw = 1; nw <= 16; nw++) {
+                            if (mt == 0 && nw > 1)
+                                break; /* mt 0 = the tiled kernel, timed once */
+                            if (mt > 0 && (ks % nw || nw * 32 > (mt == 1 ? 512 : 256) || (mt - 1) * 16 >= c.T))
+                                continue;
+                            mlart_bmm_config cfg = {mt ? MLART_BMM_STREAM : MLART_BMM_TILED, mt, mt ? nw : 0};
+                            char name[96];
+                            double v[2];
+                            if (mt)
+                                snprintf(name, sizeof name, "%s stream mt%d w%d", base, mt, nw);
+                            else
+                                snprintf(name, sizeof name, "%s tiled", base);
+                            c.cfg = &cfg;
+                            v[0] = time_method(c, o, M_OURS, CUBLAS_COMPUTE_32F, 0);
+                            v[1] = bytes / (v[0] * 1e3);
+                            c.cfg = NULL;
+                            if (!isnan(v[0]))
+                                mlart_bench_table_row(o, &t, name, v);
+                        }
+                    free_sets(c);
+                }
+    return 0;
+}
+
+} // namespace
+
+extern "C" int mlart_bench_ops(const mlart_bench_opts *o)
+{
+    cublasHandle_t hb;
+    void *ws = NULL;
+    int wrong = 0, rc;
+    if (cublasCreate(&hb) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "mlart-bench: cublasCreate failed\n");
+        return -1;
+    }
+    /* a fixed workspace: no allocation inside graph capture */
+    if (cudaMalloc(&ws, (size_t)64 << 20) == cudaSuccess)
+        cublasSetWorkspace(hb, ws, (size_t)64 << 20);
+    rc = bench_query_decode(o, hb);
+    wrong += rc < 0 ? 1 : rc;
+    rc = bench_query_prefill(o, hb);
+    wrong += rc < 0 ? 1 : rc;
+    rc = bench_vup(o, hb);
+    wrong += rc < 0 ? 1 : rc;
+    if (o->variants) {
+        rc = bench_variants(o);
+        wrong += rc < 0 ? 1 : 0;
+    }
+    cublasDestroy(hb);
+    cudaFree(ws);
+    return wrong;
+}

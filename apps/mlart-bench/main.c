@@ -1,0 +1,126 @@
+/* mlart-bench: benchmarks of the mlart ops and attention backends on one GPU.
+ *
+ *   mlart-bench [--filter STR] [--json FILE] [--reps N] [--warmup N]
+ *               [--variants] [--device N]
+ *
+ * Prints one fixed-width table per suite (units row under the header), a
+ * summary line per table, and with --json the same rows as a JSON array.
+ * Exit code: 0 when every result checked out, 1 when some value was wrong,
+ * 2 on a usage or device error. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench_common.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: mlart-bench [--filter STR] [--json FILE] [--reps N] [--warmup N] [--variants] [--device N]\n"
+               "  --filter STR  only rows whose name contains STR (e.g. 'qbmm H128', 'v_up')\n"
+               "  --json FILE   also write every row as JSON\n"
+               "  --reps N      timed graph replays per measurement, median reported (default 25)\n"
+               "  --warmup N    untimed replays first (default 3)\n"
+               "  --variants    also time kernel variants (tuning tables)\n"
+               "  --device N    CUDA device (default 0)\n");
+}
+
+int main(int argc, char **argv)
+{
+    mlart_bench_opts o;
+    struct cudaDeviceProp prop;
+    const char *json_path = NULL;
+    int ndev = 0, wrong = 0, rc, drv = 0, rt = 0;
+    char stamp[64];
+    time_t now = time(NULL);
+    memset(&o, 0, sizeof o);
+    o.reps = 25;
+    o.warmup = 3;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--filter") && v) {
+            o.filter = v;
+            i++;
+        } else if (!strcmp(a, "--json") && v) {
+            json_path = v;
+            i++;
+        } else if (!strcmp(a, "--reps") && v) {
+            o.reps = atoi(v);
+            i++;
+        } else if (!strcmp(a, "--warmup") && v) {
+            o.warmup = atoi(v);
+            i++;
+        } else if (!strcmp(a, "--device") && v) {
+            o.device = atoi(v);
+            i++;
+        } else if (!strcmp(a, "--variants")) {
+            o.variants = 1;
+        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "mlart-bench: unknown or incomplete option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (o.reps < 1 || o.warmup < 0) {
+        fprintf(stderr, "mlart-bench: --reps must be >= 1 and --warmup >= 0\n");
+        return 2;
+    }
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev <= o.device) {
+        fprintf(stderr, "mlart-bench: no CUDA device %d\n", o.device);
+        return 2;
+    }
+    if (cudaSetDevice(o.device) != cudaSuccess || cudaGetDeviceProperties(&prop, o.device) != cudaSuccess) {
+        fprintf(stderr, "mlart-bench: cannot use device %d\n", o.device);
+        return 2;
+    }
+    snprintf(o.gpu, sizeof o.gpu, "%s", prop.name);
+    o.sms = prop.multiProcessorCount;
+    o.l2_bytes = (size_t)prop.l2CacheSize;
+    cudaDriverGetVersion(&drv);
+    cudaRuntimeGetVersion(&rt);
+    strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S UTC", gmtime(&now));
+    printf("# mlart-bench %s\n# %s, %d SMs, L2 %zu MiB, sm_%d%d, driver %d, runtime %d\n# command:", stamp, o.gpu,
+           o.sms, o.l2_bytes >> 20, prop.major, prop.minor, drv, rt);
+    for (int i = 0; i < argc; i++)
+        printf(" %s", argv[i]);
+    printf("\n# timing: CUDA events around graph replays of a rotation of input sets larger than L2; median of %d\n",
+           o.reps);
+    if (json_path) {
+        o.json = fopen(json_path, "w");
+        if (!o.json) {
+            fprintf(stderr, "mlart-bench: cannot write %s\n", json_path);
+            return 2;
+        }
+        fprintf(o.json, "[\n  {\"date\": \"%s\", \"gpu\": \"%s\", \"sms\": %d, \"l2_bytes\": %zu, \"reps\": %d}", stamp,
+                o.gpu, o.sms, o.l2_bytes, o.reps);
+    }
+    if (mlart_bench_copy_roofline(&o)) {
+        fprintf(stderr, "mlart-bench: copy roofline failed\n");
+        return 2;
+    }
+    printf("# device-to-device copy roofline: %.0f GB/s (1 GiB cudaMemcpyAsync, bytes read + written)\n", o.copy_gbs);
+    if (o.json)
+        fprintf(o.json, ",\n  {\"copy_roofline_gbs\": %.1f}", o.copy_gbs);
+
+    rc = mlart_bench_ops(&o);
+    wrong += rc > 0 ? rc : 0;
+    if (rc < 0)
+        wrong++;
+#ifdef MLART_BENCH_ATTN
+    rc = mlart_bench_attn(&o);
+    wrong += rc > 0 ? rc : 0;
+    if (rc < 0)
+        wrong++;
+#endif
+    if (o.json) {
+        fprintf(o.json, "\n]\n");
+        fclose(o.json);
+    }
+    printf("\n# wrong results: %d\n", wrong);
+    return wrong ? 1 : 0;
+}
