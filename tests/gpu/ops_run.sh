@@ -25,7 +25,7 @@ run() { # name limit command...
 
 run ops_bmm_gpu 80 "$build/tests/ops_bmm_gpu"
 run ops_guard_gpu 50 "$build/tests/ops_guard_gpu"
-run bench 110 "$build/apps/mlart-bench/mlart-bench" --json "$out/bench.json" "$@"
+run bench 100 "$build/apps/mlart-bench/mlart-bench" --json "$out/bench.json" "$@"
 grep -E "^# (mlart|NVIDIA|device)|geomean|worst|wrong results" "$out/bench.log"
 run ops_guard_cublas 50 "$build/tests/ops_guard_cublas"
 exit $status
