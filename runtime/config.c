@@ -273,6 +273,12 @@ int mlart_config_set(mlart_config *cfg, const char *key, const char *value, cons
     return set_value(cfg, k, value, origin);
 }
 
+const char *mlart_config_origin(const mlart_config *cfg, const char *key)
+{
+    int k = cfg && key ? find_key(key) : -1;
+    return k < 0 ? NULL : cfg->origin[k];
+}
+
 /* ---- file -------------------------------------------------------------- */
 
 typedef struct file_reader {

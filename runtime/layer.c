@@ -323,6 +323,16 @@ int mlart_layer_create(mlart_context *ctx, const mlart_layer_desc *desc, mlart_l
     ly->validate_indices = ly->device < 0 ? 1 : desc->validate_indices;
     name = desc->backend && desc->backend[0] ? desc->backend
                                              : ly->device >= 0 ? "b12x_mla_sparse" : "reference";
+#ifdef MLART_WITH_CUDA
+    if (ly->device >= 0) { /* buffers below belong to the context's device */
+        cudaError_t e = cudaSetDevice(ly->device);
+        if (e != cudaSuccess) {
+            rc = mlart_set_error(MLART_ECUDA, "cudaSetDevice(%d): %s", ly->device,
+                                 cudaGetErrorString(e));
+            goto fail;
+        }
+    }
+#endif
     rc = mlart_backend_lookup(name, &ly->vt);
     if (rc < 0)
         goto fail;

@@ -202,37 +202,55 @@ static int make_weights(run *r, int li, uint16_t *dst)
     return 0;
 }
 
-/* Write rows [n, L+R] (host) into slots (host) of every layer's cache. */
-static int write_rows(run *r, int li, const uint16_t *rows, const int32_t *slots, int64_t n)
+/* Views of n new rows and their slots on the run's device; on CUDA the host
+ * rows are uploaded first (into d_new / d_slots). */
+static int kv_views(run *r, const uint16_t *rows, const int32_t *slots, int64_t n,
+                    mlart_tensor *lat, mlart_tensor *sl)
+{
+    const mlart_geometry *g = &r->cfg.geom;
+    int rc;
+    if (r->dev < 0) {
+        *lat = view((void *)rows, MLART_DTYPE_BF16, -1, 2, n, g->kv_lora + g->rope, 0);
+        *sl = view((void *)slots, MLART_DTYPE_I32, -1, 1, n, 0, 0);
+        return 0;
+    }
+    if ((rc = dev_copy(r->dev, r->d_new, rows, (size_t)n * (size_t)(g->kv_lora + g->rope) * 2,
+                       1)) < 0 ||
+        (rc = dev_copy(r->dev, r->d_slots, slots, (size_t)n * 4, 1)) < 0)
+        return rc;
+    *lat = view(r->d_new, MLART_DTYPE_BF16, r->dev, 2, n, g->kv_lora + g->rope, 0);
+    *sl = view(r->d_slots, MLART_DTYPE_I32, r->dev, 1, n, 0, 0);
+    return 0;
+}
+
+/* CUDA + --verify: the same rows into the host image of layer li's cache,
+ * by the CPU quantiser, for the oracle. */
+static int mirror_rows(run *r, int li, const uint16_t *rows, const int32_t *slots, int64_t n)
 {
     const mlart_geometry *g = &r->cfg.geom;
     layer_run *lr = &r->layers[li];
+    mlart_tensor cache, lat, sl;
+    int rc;
+    if (r->dev < 0 || !lr->h_cache)
+        return 0;
+    cache = view(lr->h_cache, MLART_DTYPE_U8, -1, 2, r->num_slots, (int64_t)r->bpt, 0);
+    lat = view((void *)rows, MLART_DTYPE_BF16, -1, 2, n, g->kv_lora + g->rope, 0);
+    sl = view((void *)slots, MLART_DTYPE_I32, -1, 1, n, 0, 0);
+    rc = mlart_kv_write_cpu(g, &cache, &lat, &sl);
+    return rc < 0 ? fail(rc, "mlart_kv_write_cpu") : 0;
+}
+
+/* Write rows [n, L+R] (host) into slots (host) of layer li's cache. */
+static int write_rows(run *r, int li, const uint16_t *rows, const int32_t *slots, int64_t n)
+{
     mlart_tensor lat, sl;
     int rc;
-    if (r->dev < 0) {
-        lat = view((void *)rows, MLART_DTYPE_BF16, -1, 2, n, g->kv_lora + g->rope, 0);
-        sl = view((void *)slots, MLART_DTYPE_I32, -1, 1, n, 0, 0);
-    } else {
-        if ((rc = dev_copy(r->dev, r->d_new, rows, (size_t)n * (size_t)(g->kv_lora + g->rope) * 2,
-                           1)) < 0 ||
-            (rc = dev_copy(r->dev, r->d_slots, slots, (size_t)n * 4, 1)) < 0)
-            return rc;
-        lat = view(r->d_new, MLART_DTYPE_BF16, r->dev, 2, n, g->kv_lora + g->rope, 0);
-        sl = view(r->d_slots, MLART_DTYPE_I32, r->dev, 1, n, 0, 0);
-    }
-    rc = mlart_layer_write_kv(lr->layer, &lat, &sl, NULL);
+    if ((rc = kv_views(r, rows, slots, n, &lat, &sl)) < 0)
+        return rc;
+    rc = mlart_layer_write_kv(r->layers[li].layer, &lat, &sl, NULL);
     if (rc < 0)
         return fail(rc, "mlart_layer_write_kv");
-    if (r->dev >= 0 && lr->h_cache) { /* host image for the oracle, by the CPU quantiser */
-        mlart_tensor cache = view(lr->h_cache, MLART_DTYPE_U8, -1, 2, r->num_slots,
-                                  (int64_t)r->bpt, 0);
-        lat = view((void *)rows, MLART_DTYPE_BF16, -1, 2, n, g->kv_lora + g->rope, 0);
-        sl = view((void *)slots, MLART_DTYPE_I32, -1, 1, n, 0, 0);
-        rc = mlart_kv_write_cpu(g, &cache, &lat, &sl);
-        if (rc < 0)
-            return fail(rc, "mlart_kv_write_cpu");
-    }
-    return 0;
+    return mirror_rows(r, li, rows, slots, n);
 }
 
 static int32_t slot_of(const run *r, int32_t req, int32_t pos)
@@ -484,6 +502,7 @@ static int run_decode(run *r)
         return rc;
 
     for (int step = 0; step < r->cfg.steps; step++) {
+        mlart_tensor new_lat, new_slots;
         double t0;
         /* this step's new token of each request lands at position context + step */
         for (int32_t b = 0; b < r->B; b++) {
@@ -497,11 +516,14 @@ static int run_decode(run *r)
              (rc = dev_copy(dev, r->d_idx, r->h_idx, (size_t)r->B * K * 4, 1)) < 0 ||
              (rc = dev_copy(dev, r->d_lens, r->h_lens, (size_t)r->B * 4, 1)) < 0))
             return rc;
+        if ((rc = kv_views(r, r->h_new, r->h_slots, r->B, &new_lat, &new_slots)) < 0)
+            return rc;
         t0 = now_s();
         for (int li = 0; li < r->cfg.layers; li++) {
             layer_run *lr = &r->layers[li];
-            if ((rc = write_rows(r, li, r->h_new, r->h_slots, r->B)) < 0)
-                return rc;
+            rc = mlart_layer_write_kv(lr->layer, &new_lat, &new_slots, NULL);
+            if (rc < 0)
+                return fail(rc, "mlart_layer_write_kv");
             io.o = view(lr->d_o, MLART_DTYPE_BF16, dev, 2, r->B, H * V, 0);
             rc = mlart_layer_decode(lr->layer, &io, NULL);
             if (rc < 0)
@@ -510,6 +532,9 @@ static int run_decode(run *r)
         if ((rc = dev_sync(dev)) < 0)
             return rc;
         t_decode += now_s() - t0;
+        for (int li = 0; li < r->cfg.layers; li++)
+            if ((rc = mirror_rows(r, li, r->h_new, r->h_slots, r->B)) < 0)
+                return rc;
 
         /* outside the timed region: checksum, verification, progress */
         for (int li = 0; li < r->cfg.layers; li++) {

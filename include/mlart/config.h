@@ -64,7 +64,7 @@ typedef struct mlart_config {
     int32_t batch, context, steps;
     uint64_t seed;
     char path[512];        /* file read last ("" if none) */
-    /* where each key was set: "" = default, else "file:line", "MLART_X" or "--x" */
+    /* where each key was set: read it with mlart_config_origin */
     char origin[MLART_CONFIG_MAX_KEYS][560];
 } mlart_config;
 
@@ -85,6 +85,10 @@ MLART_API int mlart_config_set(mlart_config *cfg, const char *key, const char *v
 MLART_API int mlart_config_finish(mlart_config *cfg);
 /* init + read_file + read_env + finish. */
 MLART_API int mlart_config_load(const char *path, mlart_config *out);
+
+/* Where `key` was set: "" for its default, else "file:line", "environment
+ * MLART_X" or the command-line origin; NULL for an unknown key. */
+MLART_API const char *mlart_config_origin(const mlart_config *cfg, const char *key);
 
 MLART_API const char *mlart_device_kind_name(mlart_device_kind d);
 MLART_API const char *mlart_dcp_routing_name(mlart_dcp_routing r);

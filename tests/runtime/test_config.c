@@ -75,7 +75,9 @@ START_TEST(parse_good)
     ck_assert_int_eq(c.dcp_routing, MLART_DCP_A2A);
     ck_assert_int_eq(c.device, MLART_DEVICE_AUTO);
     ck_assert_int_eq(c.layers, 1);
-    ck_assert_ptr_nonnull(strstr(c.origin[0], ":3"));
+    ck_assert_ptr_nonnull(strstr(mlart_config_origin(&c, "heads"), ":3"));
+    ck_assert_str_eq(mlart_config_origin(&c, "page_size"), ""); /* default */
+    ck_assert_ptr_null(mlart_config_origin(&c, "nosuchkey"));
     unlink(path);
 }
 END_TEST
@@ -180,7 +182,7 @@ START_TEST(precedence)
     ck_assert_int_eq(mlart_config_load(ini("[model]\nheads = 2\nqk_nope_dim = 8\nrope_dim = 8\n"
                                            "kv_lora_rank = 16\nv_head_dim = 8\n"), &c), 0);
     ck_assert_int_eq(c.geom.topk, 16);
-    ck_assert_str_eq(c.origin[5], "environment MLART_TOPK");
+    ck_assert_str_eq(mlart_config_origin(&c, "topk"), "environment MLART_TOPK");
     unlink(path);
     printf("precedence: command line > environment > file\n");
 }
