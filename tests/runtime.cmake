@@ -27,6 +27,18 @@ mlart_test_plugin(nulltable NULL_TABLE)
 mlart_test_plugin(noattend NO_ATTEND)
 mlart_test_plugin(wrongname TABLE_NAME="othername")
 
+if(MLART_WITH_CUDA)
+  # a CUDA module with a CONTIGUOUS query contract, for the device-side materialisation
+  add_library(mlart-backend-testcuda MODULE ${CMAKE_CURRENT_SOURCE_DIR}/plugins/testcuda.c)
+  target_include_directories(mlart-backend-testcuda PRIVATE ${PROJECT_SOURCE_DIR}/include
+                             ${PROJECT_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR})
+  target_compile_options(mlart-backend-testcuda PRIVATE ${MLART_C_WARNINGS})
+  target_link_libraries(mlart-backend-testcuda PRIVATE CUDA::cudart)
+  set_target_properties(mlart-backend-testcuda PROPERTIES
+                        LIBRARY_OUTPUT_DIRECTORY ${MLART_TEST_PLUGIN_DIR})
+  list(APPEND MLART_TEST_PLUGINS mlart-backend-testcuda)
+endif()
+
 set(_runtime_defs MLART_TEST_PLUGIN_DIR="${MLART_TEST_PLUGIN_DIR}"
                   MLART_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 foreach(n tensor config registry layer)
@@ -38,6 +50,13 @@ foreach(n tensor config registry layer)
   target_compile_definitions(test_runtime_${n} PRIVATE ${_runtime_defs})
   add_dependencies(test_runtime_${n} ${MLART_TEST_PLUGINS})
 endforeach()
+
+if(MLART_WITH_CUDA)
+  mlart_test(test_runtime_layer_gpu LABELS gpu
+             SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/runtime/test_layer_gpu.c LIBS ${CMAKE_DL_LIBS})
+  target_compile_definitions(test_runtime_layer_gpu PRIVATE ${_runtime_defs})
+  add_dependencies(test_runtime_layer_gpu ${MLART_TEST_PLUGINS})
+endif()
 
 # mlart-decode end to end: default config, verification against the
 # double-precision oracle, backend swapped by config / environment / flag,

@@ -1,0 +1,237 @@
+/* Layer on a CUDA device: the CONTIGUOUS query operand materialised on the
+ * device is the exact split-and-transpose of q (both copy paths: one 2-d
+ * copy per token when T <= H, per head otherwise); dense device weights keep
+ * their address, strided ones are replaced by dense copies staged once; the
+ * reference backend on CUDA agrees with the host reference; a strided lse is
+ * filled by the device copy; validate_indices refuses an index >= seq_len.
+ * Exits 77 without a usable device. */
+#define _POSIX_C_SOURCE 200809L
+#include <check.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mlart/backend.h"
+#include "plugins/testhost.h"
+#include "tests/runtime/fixture.h"
+
+enum { H_ = 4, P_ = 16, R_ = 8, L_ = 32, V_ = 16, K_ = 24, PAGE_ = 4, T_ = 5, B_ = 3, MB_ = 6 };
+
+static fx f;
+static mlart_context *ctx, *host;
+
+/* Device copy of a host view (same shape and strides, dense storage). */
+static mlart_tensor up(const mlart_tensor *h)
+{
+    mlart_tensor d = *h;
+    void *p = NULL;
+    ck_assert_int_eq(cudaMalloc(&p, h->extent), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(p, h->base, h->extent, cudaMemcpyHostToDevice), cudaSuccess);
+    d.data = (char *)p + ((const char *)h->data - (const char *)h->base);
+    d.base = p;
+    d.device = 0;
+    return d;
+}
+
+static void down(void *dst, const mlart_tensor *d)
+{
+    ck_assert_int_eq(cudaMemcpy(dst, d->base, d->extent, cudaMemcpyDeviceToHost), cudaSuccess);
+}
+
+static mlart_step_io io_up(const mlart_step_io *h)
+{
+    mlart_step_io d = *h;
+    d.q = up(&h->q), d.idx = up(&h->idx), d.req_of_token = up(&h->req_of_token);
+    d.seq_lens = up(&h->seq_lens), d.block_table = up(&h->block_table);
+    d.o = up(&h->o), d.lse = up(&h->lse);
+    return d;
+}
+
+static void io_free(mlart_step_io *d)
+{
+    cudaFree((void *)d->q.base), cudaFree((void *)d->idx.base);
+    cudaFree((void *)d->req_of_token.base), cudaFree((void *)d->seq_lens.base);
+    cudaFree((void *)d->block_table.base), cudaFree((void *)d->o.base);
+    cudaFree((void *)d->lse.base);
+}
+
+static mlart_layer_desc desc_up(const char *backend)
+{
+    mlart_layer_desc d = fx_desc(&f, backend);
+    d.w_uk_t = up(&d.w_uk_t), d.w_uv = up(&d.w_uv), d.kv_cache = up(&d.kv_cache);
+    return d;
+}
+
+static void desc_free(mlart_layer_desc *d)
+{
+    cudaFree((void *)d->w_uk_t.base), cudaFree((void *)d->w_uv.base);
+    cudaFree((void *)d->kv_cache.base);
+}
+
+static void setup(void)
+{
+    uint64_t seed = fx_seed();
+    setenv("MLART_BACKEND_PATH", MLART_TEST_PLUGIN_DIR, 1);
+    fx_init(&f, H_, P_, R_, L_, V_, K_, PAGE_, T_, B_, MB_, seed);
+    printf("seed %llu\n", (unsigned long long)seed);
+    ck_assert_int_eq(mlart_context_create(0, &ctx), 0);
+    ck_assert_int_eq(mlart_context_create(-1, &host), 0);
+}
+
+static void teardown(void)
+{
+    mlart_context_destroy(ctx);
+    mlart_context_destroy(host);
+    fx_free(&f);
+}
+
+static testhost_record *record_of(const char *name)
+{
+    char path[512];
+    void *h;
+    testhost_record_fn get;
+    snprintf(path, sizeof path, "%s/libmlart-backend-%s.so", MLART_TEST_PLUGIN_DIR, name);
+    h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    ck_assert_msg(h != NULL, "module %s not loaded", name);
+    *(void **)&get = dlsym(h, "testhost_record_get");
+    ck_assert_ptr_nonnull(get);
+    dlclose(h);
+    return get();
+}
+
+START_TEST(contiguous_query_on_device)
+{
+    mlart_layer_desc d = desc_up("testcuda");
+    mlart_layer *ly = NULL;
+    mlart_tensor uk, uv;
+    mlart_step_io hio = fx_io(&f), io = io_up(&hio);
+    testhost_record *rec;
+    ck_assert_msg(mlart_layer_create(ctx, &d, &ly) == 0, "%s", mlart_last_error());
+    rec = record_of("testcuda");
+    ck_assert_int_eq(mlart_layer_weights(ly, &uk, &uv), 0);
+    ck_assert_ptr_eq(uk.data, d.w_uk_t.data); /* dense device weights kept */
+    ck_assert_ptr_eq(uv.data, d.w_uv.data);
+    for (int T = T_; T >= 1; T -= 2) { /* T=5 > H: per-head copies; T=3,1 <= H: per-token */
+        io.T = T;
+        io.q.shape[0] = T, io.idx.shape[0] = T, io.req_of_token.shape[0] = T;
+        io.o.shape[0] = T, io.lse.shape[1] = T, io.lse.stride[0] = T;
+        memset(rec->q_nope, 0xff, sizeof rec->q_nope);
+        ck_assert_msg(mlart_layer_decode(ly, &io, NULL) == 0, "%s", mlart_last_error());
+        ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+        ck_assert_int_eq(rec->q_nope_count, H_ * T * P_);
+        for (int h = 0; h < H_; h++)
+            for (int t = 0; t < T; t++)
+                ck_assert_mem_eq(rec->q_nope + (h * T + t) * P_, f.q + (t * H_ + h) * (P_ + R_),
+                                 P_ * sizeof(uint16_t));
+        printf("CUDA CONTIGUOUS: q_nope [%d,%d,%d] byte-exact\n", H_, T, P_);
+    }
+    mlart_layer_destroy(ly);
+    io_free(&io);
+    desc_free(&d);
+}
+END_TEST
+
+START_TEST(reference_on_device)
+{
+    mlart_layer_desc d = desc_up("reference"), hd = fx_desc(&f, "reference");
+    mlart_tensor kvb_h = fx_view(f.kv_b_proj, MLART_DTYPE_BF16, 2, H_ * (P_ + V_), L_, 0);
+    mlart_tensor kvb = up(&kvb_h), uk, uv;
+    mlart_layer *ly = NULL, *hl = NULL;
+    mlart_step_io hio = fx_io(&f), io = io_up(&hio);
+    uint16_t *o_host = malloc(sizeof(uint16_t) * T_ * H_ * V_), *w = malloc(sizeof(uint16_t) *
+                                                                               H_ * L_ * V_);
+    float *lse_host = malloc(sizeof(float) * H_ * T_), *wide = malloc(sizeof(float) * H_ * (T_ + 3));
+    double num = 0.0, den = 0.0;
+    mlart_tensor wide_h = fx_view(wide, MLART_DTYPE_F32, 2, H_, T_ + 3, 0), wide_d;
+    /* strided device views of kv_b_proj: replaced by dense copies */
+    cudaFree((void *)d.w_uk_t.base), cudaFree((void *)d.w_uv.base);
+    ck_assert_int_eq(mlart_weights_from_kv_b_proj(&f.g, &kvb, &d.w_uk_t, &d.w_uv), 0);
+    ck_assert_msg(mlart_layer_create(ctx, &d, &ly) == 0, "%s", mlart_last_error());
+    ck_assert_int_eq(mlart_layer_weights(ly, &uk, &uv), 0);
+    ck_assert_ptr_ne(uv.data, d.w_uv.data);
+    ck_assert_int_eq(mlart_tensor_is_dense(&uv), 1);
+    ck_assert_int_eq(uv.device, 0);
+    ck_assert_int_eq(cudaMemcpy(w, uv.data, sizeof(uint16_t) * H_ * L_ * V_,
+                                cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_mem_eq(w, f.w_uv, sizeof(uint16_t) * H_ * L_ * V_);
+    ck_assert_int_eq(cudaMemcpy(w, uk.data, sizeof(uint16_t) * H_ * P_ * L_,
+                                cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_mem_eq(w, f.w_uk_t, sizeof(uint16_t) * H_ * P_ * L_);
+    /* the same step on the host reference */
+    ck_assert_int_eq(mlart_layer_create(host, &hd, &hl), 0);
+    ck_assert_int_eq(mlart_layer_decode(hl, &hio, NULL), 0);
+    memcpy(o_host, f.o, sizeof(uint16_t) * T_ * H_ * V_);
+    memcpy(lse_host, f.lse, sizeof(float) * H_ * T_);
+    /* on the device, lse into a strided buffer */
+    for (int i = 0; i < H_ * (T_ + 3); i++)
+        wide[i] = 12345.0f;
+    wide_h.shape[1] = T_;
+    wide_d = up(&wide_h);
+    cudaFree((void *)io.lse.base);
+    io.lse = wide_d;
+    ck_assert_msg(mlart_layer_decode(ly, &io, NULL) == 0, "%s", mlart_last_error());
+    ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+    memset(f.o, 0xff, sizeof(uint16_t) * T_ * H_ * V_);
+    down(f.o, &io.o);
+    down(wide, &wide_d);
+    for (int i = 0; i < T_ * H_ * V_; i++) {
+        double a = mlart_bf16_to_f32(f.o[i]), b = mlart_bf16_to_f32(o_host[i]);
+        ck_assert(!isnan(a));
+        num += (a - b) * (a - b);
+        den += b * b;
+    }
+    printf("reference CUDA vs host: nmse %.3e\n", num / den);
+    ck_assert(num / den < 1e-4);
+    for (int h = 0; h < H_; h++) {
+        for (int t = 0; t < T_; t++) {
+            float a = wide[h * (T_ + 3) + t], b = lse_host[h * T_ + t];
+            ck_assert(isinf(b) ? isinf(a) && a < 0 : fabsf(a - b) <= 1e-3f * (1.0f + fabsf(b)));
+        }
+        ck_assert(wide[h * (T_ + 3) + T_] == 12345.0f);
+    }
+    /* validate_indices: an index >= seq_len is refused before anything runs */
+    mlart_layer_destroy(ly);
+    ly = NULL;
+    d.validate_indices = 1;
+    ck_assert_int_eq(mlart_layer_create(ctx, &d, &ly), 0);
+    f.idx[K_ + 1] = f.lens[f.req[1]];
+    cudaFree((void *)io.idx.base);
+    io.idx = up(&hio.idx);
+    ck_assert_int_eq(mlart_layer_decode(ly, &io, NULL), MLART_ERANGE);
+    printf("validate_indices: %s\n", mlart_last_error());
+    mlart_layer_destroy(ly);
+    mlart_layer_destroy(hl);
+    cudaFree((void *)kvb.base);
+    cudaFree((void *)d.kv_cache.base);
+    io_free(&io);
+    free(o_host), free(w), free(lse_host), free(wide);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s;
+    TCase *tc;
+    SRunner *sr;
+    int failed, n = 0;
+    if (mlart_cuda_device_count(&n) < 0 || n == 0) {
+        printf("no usable CUDA device: skipped\n");
+        return 77;
+    }
+    s = suite_create("runtime_layer_gpu");
+    tc = tcase_create("layer_gpu");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, contiguous_query_on_device);
+    tcase_add_test(tc, reference_on_device);
+    tcase_set_timeout(tc, 60);
+    suite_add_tcase(s, tc);
+    sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_NOFORK); /* CUDA does not survive fork() */
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
