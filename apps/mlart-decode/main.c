@@ -169,6 +169,7 @@ typedef struct layer_run {
 typedef struct run {
     mlart_config cfg;
     int dev;             /* -1 host */
+    mlart_context *ctx;
     int verify;
     const char *weights;
     int layer0;
@@ -274,7 +275,7 @@ static int setup_layer(run *r, int li)
     const size_t wbytes = (size_t)(H * (P + V) * L) * 2, cbytes = (size_t)r->num_slots * r->bpt;
     mlart_layer_desc d;
     mlart_tensor kvb;
-    mlart_context *ctx = NULL;
+    mlart_context *ctx = r->ctx;
     int rc;
     lr->h_kv_b_proj = malloc(wbytes);
     lr->h_o = malloc((size_t)r->B * (size_t)(H * V) * 2);
@@ -308,8 +309,6 @@ static int setup_layer(run *r, int li)
     if ((rc = mlart_weights_from_kv_b_proj(g, &kvb, &d.w_uk_t, &d.w_uv)) < 0)
         return fail(rc, "mlart_weights_from_kv_b_proj");
     d.kv_cache = view(lr->d_cache, MLART_DTYPE_U8, r->dev, 2, r->num_slots, (int64_t)r->bpt, 0);
-    if ((rc = mlart_context_create(r->dev, &ctx)) < 0)
-        return fail(rc, "mlart_context_create");
     rc = mlart_layer_create(ctx, &d, &lr->layer);
     if (rc == 0 && r->verify && strcmp(mlart_layer_backend_name(lr->layer), "reference")) {
         d.backend = "reference";
@@ -318,12 +317,9 @@ static int setup_layer(run *r, int li)
             rc = dev_alloc(r->dev, (size_t)r->B * (size_t)(H * V) * 2, &lr->d_o_ref);
         if (rc == 0 && !(lr->h_o_ref = malloc((size_t)r->B * (size_t)(H * V) * 2)))
             rc = MLART_ENOMEM;
-        if (rc < 0) {
-            mlart_context_destroy(ctx);
+        if (rc < 0)
             return fail(rc, "creating the reference layer for --verify");
-        }
     }
-    mlart_context_destroy(ctx); /* layers keep only the device number */
     if (rc < 0)
         return fail(rc, "mlart_layer_create");
 
@@ -362,6 +358,7 @@ static void destroy_run(run *r)
         free(lr->h_o_ref);
     }
     free(r->layers);
+    mlart_context_destroy(r->ctx);
     if (r->dev >= 0) {
         dev_free(r->dev, r->d_q), dev_free(r->dev, r->d_new), dev_free(r->dev, r->d_idx);
         dev_free(r->dev, r->d_req), dev_free(r->dev, r->d_lens), dev_free(r->dev, r->d_bt);
@@ -620,6 +617,8 @@ static int setup(run *r)
     int64_t nb;
     int rc;
     r->B = r->cfg.batch;
+    if ((rc = mlart_context_create(r->dev, &r->ctx)) < 0)
+        return fail(rc, "mlart_context_create");
     r->MB = (int32_t)((total + g->page_size - 1) / g->page_size);
     nb = (int64_t)r->B * r->MB;
     r->num_slots = nb * g->page_size;
