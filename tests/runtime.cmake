@@ -96,11 +96,33 @@ if(TARGET mlart-decode)
   add_test(NAME decode_config_typo COMMAND ${_dec} --config ${CMAKE_CURRENT_SOURCE_DIR}/runtime/typo.ini)
   set_tests_properties(decode_config_typo PROPERTIES
                        PASS_REGULAR_EXPRESSION "typo.ini:7: unknown key 'hedas'")
+  add_test(NAME decode_default_from_build_dir COMMAND ${_dec} --steps 1)
+  set_tests_properties(decode_default_from_build_dir PROPERTIES
+                       WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR}
+                       PASS_REGULAR_EXPRESSION "tiny-cpu.ini.*result: backend=reference")
+  # --weights: kv_b_proj from a .safetensors file written by a small tool
+  add_executable(make_kv_b_proj ${CMAKE_CURRENT_SOURCE_DIR}/runtime/make_kv_b_proj.c)
+  target_link_libraries(make_kv_b_proj PRIVATE mlart_common m)
+  add_test(NAME decode_weights_file_setup
+           COMMAND make_kv_b_proj ${CMAKE_CURRENT_BINARY_DIR}/tiny-kv_b_proj.safetensors)
+  set_tests_properties(decode_weights_file_setup PROPERTIES FIXTURES_SETUP decode_weights)
+  add_test(NAME decode_weights_file
+           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 2 --set layers=2 --verify
+                   --weights ${CMAKE_CURRENT_BINARY_DIR}/tiny-kv_b_proj.safetensors --layer 0)
+  add_test(NAME decode_weights_missing_layer
+           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 1
+                   --weights ${CMAKE_CURRENT_BINARY_DIR}/tiny-kv_b_proj.safetensors --layer 5)
+  set_tests_properties(decode_weights_file PROPERTIES FIXTURES_REQUIRED decode_weights
+                       PASS_REGULAR_EXPRESSION "layers.*verify=PASS")
+  set_tests_properties(decode_weights_missing_layer PROPERTIES FIXTURES_REQUIRED decode_weights
+                       PASS_REGULAR_EXPRESSION "model.layers.5.self_attn.kv_b_proj.weight")
   add_test(NAME decode_bad_flag COMMAND ${_dec} --steps zero)
   set_tests_properties(decode_bad_flag PROPERTIES WILL_FAIL TRUE)
   set_tests_properties(decode_tiny_verify decode_default_config decode_fp8_verify
                        decode_backend_flag decode_backend_env decode_backend_config
                        decode_flag_beats_env
                        decode_wrong_abi decode_config_typo decode_bad_flag
+                       decode_default_from_build_dir decode_weights_file_setup decode_weights_file
+                       decode_weights_missing_layer
                        PROPERTIES LABELS cpu TIMEOUT 120)
 endif()

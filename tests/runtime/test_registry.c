@@ -90,7 +90,7 @@ END_TEST
 START_TEST(no_path)
 {
     unsetenv("MLART_BACKEND_PATH");
-    refused("testhost", MLART_ENOBACKEND, "MLART_BACKEND_PATH is not set", NULL);
+    refused("testpad", MLART_ENOBACKEND, "MLART_BACKEND_PATH is not set", NULL);
     ck_assert_int_eq(mlart_backend_lookup(NULL, NULL), MLART_EINVAL);
 }
 END_TEST
