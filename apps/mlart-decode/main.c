@@ -575,6 +575,11 @@ static int run_decode(run *r)
         const char *dname = dev < 0 ? "cpu" : "cuda";
         int ok = 1;
         printf("# mlart-decode  config %s\n", r->config_path ? r->config_path : "(none)");
+        if (r->weights)
+            printf("# weights: kv_b_proj of layers %d..%d from %s\n", r->layer0,
+                   r->layer0 + r->cfg.layers - 1, r->weights);
+        else
+            printf("# weights: synthetic kv_b_proj, seed %llu\n", (unsigned long long)r->cfg.seed);
         printf("# heads are per rank (total %d / tp_size %d); ms/step covers the KV write of the "
                "new tokens and the decode step of every layer\n",
                r->cfg.heads_total, r->cfg.tp_size);
