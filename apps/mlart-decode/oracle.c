@@ -18,13 +18,15 @@ static void decode_row(const mlart_geometry *g, const uint8_t *rec, double *out)
             out[j] = mlart_bf16_to_f32(v[j]);
         return;
     }
-    {
-        const float *scale = (const float *)(rec + L); /* L/128 tile scales after the e4m3 */
-        const uint16_t *pe = (const uint16_t *)(rec + L + (L / 128) * 4);
-        for (int j = 0; j < L; j++)
-            out[j] = (double)mlart_e4m3_to_f32(rec[j]) * (double)scale[j / 128];
-        for (int j = 0; j < R; j++)
-            out[L + j] = mlart_bf16_to_f32(pe[j]);
+    for (int j = 0; j < L; j++) {
+        float scale; /* L/128 fp32 tile scales follow the e4m3 bytes */
+        memcpy(&scale, rec + L + (j / 128) * 4, sizeof scale);
+        out[j] = (double)mlart_e4m3_to_f32(rec[j]) * (double)scale;
+    }
+    for (int j = 0; j < R; j++) { /* then R bf16 rope values */
+        uint16_t pe;
+        memcpy(&pe, rec + L + (L / 128) * 4 + j * 2, sizeof pe);
+        out[L + j] = mlart_bf16_to_f32(pe);
     }
 }
 
