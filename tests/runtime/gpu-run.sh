@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runtime checks on a CUDA machine, from a build folder made elsewhere:
+#   tests/runtime/gpu-run.sh BUILD_DIR OUT_DIR
+# Runs the layer's device test and mlart-decode on the device (default backend
+# and reference, both KV formats, --verify against the float64 oracle), and
+# writes one log per run into OUT_DIR.  Exit status: number of failed runs.
+set -uo pipefail
+build=${1:?usage: gpu-run.sh BUILD_DIR OUT_DIR}
+out=${2:?usage: gpu-run.sh BUILD_DIR OUT_DIR}
+src=$(cd "$(dirname "$0")/../.." && pwd)
+dec="$build/apps/mlart-decode/mlart-decode"
+mkdir -p "$out"
+failed=0
+
+run() { # name, command...
+  local name=$1
+  shift
+  echo "== $name: $*" | tee "$out/$name.log"
+  if ! "$@" 2>&1 | tee -a "$out/$name.log"; then
+    echo "== $name FAILED" | tee -a "$out/$name.log"
+    failed=$((failed + 1))
+  fi
+}
+
+run runtime_layer_gpu "$build/tests/test_runtime_layer_gpu"
+run decode_tiny_cuda "$dec" --config "$src/configs/tiny-cpu.ini" --device cuda --steps 4 --verify
+run decode_tiny_cuda_ref "$dec" --config "$src/configs/tiny-cpu.ini" --device cuda --backend reference --steps 4 --verify
+run decode_glm5_verify "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --batch 8 --context 4096 --steps 2 --verify
+run decode_dsv32_verify "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda --batch 8 --context 4096 --steps 2 --verify
+run decode_glm5_bf16_verify "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --kv-format bf16 --batch 4 --context 3000 --steps 2 --verify
+run decode_glm5 "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda
+run decode_dsv32 "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda
+exit "$failed"
