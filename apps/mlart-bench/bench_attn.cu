@@ -373,6 +373,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
         void *kv = NULL;
         mlart_geometry g0;
         memset(&g0, 0, sizeof g0);
+        g0.heads = 16; /* set per model below */
         g0.qk_nope = 128;
         g0.rope = 64;
         g0.kv_lora = 512;

@@ -20,8 +20,12 @@
  * merged at the end.
  *
  * Splits write fp32 partial outputs and natural-log LSEs to the workspace;
- * a small kernel combines them (LSE-weighted).  No allocation, no host read,
- * no synchronisation: the launch sequence can be captured in a graph. */
+ * the last chunk of a (token, head tile) to finish combines them
+ * (LSE-weighted), counted by a per-(token, tile) counter that the backend
+ * allocates and zeroes at plan time and that each launch leaves at zero.
+ * One launch per step (two when the head count leaves a partial tile).
+ * No allocation, no host read, no synchronisation: it can be captured in a
+ * graph. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -68,6 +72,8 @@ struct AttendArgs {
     int64_t l_sh, l_st;
     float *ws_o;   /* [splits][T][H][512] when splits > 1 */
     float *ws_lse; /* [splits][T][H] */
+    int *counters; /* [T][tiles] finished chunks, 0 between launches */
+    int tiles;     /* head tiles of the step */
     int T, H, B, topk, page;
     int tile_base;        /* first head tile of this launch */
     int blocks_per_split; /* pipeline blocks per chunk */
@@ -94,6 +100,8 @@ template <bool FP8, int RT> struct Smem {
     static constexpr int MERGE_FLOATS = 132 * 32;
     static_assert(KS == 1 || 2 * 2 * MERGE_FLOATS * 4 <= KV_STAGES * KV_STAGE,
                   "merge buffer must fit in the KV stages");
+    static_assert(HEAD_TILE * (MAX_SPLITS + 3) * 4 <= KV_STAGES * KV_STAGE,
+                  "combine scratch must fit in the KV stages");
     static constexpr size_t bytes(int chunk_slots) { return (size_t)OFF_SLOT + 4u * chunk_slots; }
 };
 
@@ -187,6 +195,64 @@ __device__ __forceinline__ uint32_t sw_off(int r, int c)
     return (uint32_t)(r * ROW_BYTES + ((c ^ (r & 7)) << 4));
 }
 
+/* out[h,t,:] = sum_z w_z * part_z / sum_z w_z with w_z = exp(lse_z - max),
+ * for the `rows` heads of one tile, by all threads of the block.  Shared
+ * memory: weights [rows][MAX_SPLITS + 1] (padded: one thread per row scans
+ * its row), then per-row max and sum.  Partials are read with ld.global.cg
+ * (L2): other blocks wrote them during this launch.  Empty partials (lse
+ * -inf) weigh 0 and are never read, so 0 * NaN cannot occur. */
+__device__ __forceinline__ void b12x_combine_tile(const AttendArgs &a, uint8_t *scratch, int t, int h0,
+                                               int rows)
+{
+    constexpr int WS = MAX_SPLITS + 1;
+    float *s_w = reinterpret_cast<float *>(scratch);
+    float *s_mx = s_w + HEAD_TILE * WS, *s_sum = s_mx + HEAD_TILE;
+    const int tid = threadIdx.x, S = a.splits;
+    for (int u = tid; u < rows * S; u += NTHREADS) {
+        const int hr = u / S, z = u - hr * S;
+        s_w[hr * WS + z] = __ldcg(a.ws_lse + ((int64_t)z * a.T + t) * a.H + h0 + hr);
+    }
+    __syncthreads();
+    if (tid < rows) {
+        float mx = -INFINITY, sum = 0.0f;
+        for (int z = 0; z < S; z++)
+            mx = fmaxf(mx, s_w[tid * WS + z]);
+        for (int z = 0; z < S; z++) {
+            const float w = mx == -INFINITY ? 0.0f : expf(s_w[tid * WS + z] - mx);
+            s_w[tid * WS + z] = w;
+            sum += w;
+        }
+        s_mx[tid] = mx;
+        s_sum[tid] = sum;
+    }
+    __syncthreads();
+    const int c = (tid & 127) * 4;
+    for (int hr = tid >> 7; hr < rows; hr += NTHREADS / 128) {
+        const int h = h0 + hr;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+        for (int z = 0; z < S; z++) {
+            const float w = s_w[hr * WS + z];
+            if (w != 0.0f) {
+                const int64_t row = ((int64_t)z * a.T + t) * a.H + h;
+                const float4 v = __ldcg(reinterpret_cast<const float4 *>(a.ws_o + row * KV_L + c));
+                acc.x += w * v.x;
+                acc.y += w * v.y;
+                acc.z += w * v.z;
+                acc.w += w * v.w;
+            }
+        }
+        const float sum = s_sum[hr];
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        __nv_bfloat16 *orow = a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + c;
+        reinterpret_cast<uint32_t *>(orow)[0] = pack_bf16(acc.x * inv, acc.y * inv);
+        reinterpret_cast<uint32_t *>(orow)[1] = pack_bf16(acc.z * inv, acc.w * inv);
+        if ((tid & 127) == 0 && a.lse)
+            a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] =
+                sum > 0.0f ? s_mx[hr] + logf(sum) : -INFINITY;
+    }
+}
+
 template <bool FP8, int RT>
 __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendArgs a)
 {
@@ -196,6 +262,8 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
     constexpr int SN = SUB / 2;    /* score columns per warp */
     constexpr int NTS = SN / 8;    /* n-tiles of scores per warp */
     constexpr int PV_K = SUB / 16; /* k-steps of P.V per block */
+    constexpr int QCH = NTS == 1 ? 4 : 2; /* independent score accumulators per n-tile */
+    static_assert((KV_D / 32) % 2 == 0, "score loop steps two k-pairs at a time");
     extern __shared__ __align__(128) uint8_t smem[];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -342,27 +410,46 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
         if (!active)
             continue;
 
-        /* Scores: 16 head rows x SN slots over 576 dims. */
+        /* Scores: 16 head rows x SN slots over 576 dims.  QCH independent
+         * accumulators per n-tile (alternating k-steps), summed after the
+         * loop: one chain of 36 dependent mma would leave the tensor pipe
+         * waiting on its latency. */
         const int scol = g * SUB + ch * SN;
-        float sacc[NTS][4];
+        float sacc[NTS][4], qacc[NTS][QCH][4];
 #pragma unroll
         for (int nt = 0; nt < NTS; nt++)
-            sacc[nt][0] = sacc[nt][1] = sacc[nt][2] = sacc[nt][3] = 0.0f;
+#pragma unroll
+            for (int c = 0; c < QCH; c++)
+                qacc[nt][c][0] = qacc[nt][c][1] = qacc[nt][c][2] = qacc[nt][c][3] = 0.0f;
         const uint32_t qrow = sbase + (rt * 16 + (lane & 15)) * ROW_BYTES;
 #pragma unroll 3
-        for (int kc = 0; kc < KV_D / 32; kc++) {
-            uint32_t a0[4], a1[4];
-            ldsm_x4(a0, qrow + (((4 * kc + (lane >> 4)) ^ sw) << 4));
-            ldsm_x4(a1, qrow + (((4 * kc + 2 + (lane >> 4)) ^ sw) << 4));
+        for (int kk = 0; kk < KV_D / 32; kk += 2) {
 #pragma unroll
-            for (int nt = 0; nt < NTS; nt++) {
-                uint32_t b[4];
-                ldsm_x4(b, kvb + (scol + nt * 8 + (lane & 7)) * ROW_BYTES +
-                               (((4 * kc + (lane >> 3)) ^ sw) << 4));
-                mma_bf16(sacc[nt], a0, b[0], b[1]);
-                mma_bf16(sacc[nt], a1, b[2], b[3]);
+            for (int u = 0; u < 2; u++) {
+                const int kc = kk + u;
+                uint32_t a0[4], a1[4];
+                ldsm_x4(a0, qrow + (((4 * kc + (lane >> 4)) ^ sw) << 4));
+                ldsm_x4(a1, qrow + (((4 * kc + 2 + (lane >> 4)) ^ sw) << 4));
+#pragma unroll
+                for (int nt = 0; nt < NTS; nt++) {
+                    uint32_t b[4];
+                    ldsm_x4(b, kvb + (scol + nt * 8 + (lane & 7)) * ROW_BYTES +
+                                   (((4 * kc + (lane >> 3)) ^ sw) << 4));
+                    mma_bf16(qacc[nt][(2 * u) % QCH], a0, b[0], b[1]);
+                    mma_bf16(qacc[nt][(2 * u + 1) % QCH], a1, b[2], b[3]);
+                }
             }
         }
+#pragma unroll
+        for (int nt = 0; nt < NTS; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = 0.0f;
+#pragma unroll
+                for (int c = 0; c < QCH; c++)
+                    v += qacc[nt][c][e];
+                sacc[nt][e] = v;
+            }
 
         /* Mask empty slots, scale into log2 units, row maxima over the pair. */
         float mx[2] = {-INFINITY, -INFINITY};
@@ -481,73 +568,61 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
                 o[i >> 2][i & 3] = o[i >> 2][i & 3] * f0[(i & 3) >> 1] + mb[i * 32 + lane] * f1[(i & 3) >> 1];
         }
     }
-    if (!active || g != 0)
+    const bool writer = active && g == 0;
+    if (writer) {
+        float inv[2], lse[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            inv[i] = l_run[i] > 0.0f ? 1.0f / l_run[i] : 0.0f;
+            lse[i] = l_run[i] > 0.0f ? (m_run[i] + log2f(l_run[i])) * LN2 : -INFINITY;
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int hr = rt * 16 + r4 + 8 * i;
+            if (hr >= rows)
+                continue;
+            const int h = h0 + hr;
+            if (a.splits == 1) {
+                __nv_bfloat16 *orow =
+                    a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + ch * 256 + 2 * q4;
+#pragma unroll
+                for (int nt = 0; nt < 32; nt++)
+                    *reinterpret_cast<uint32_t *>(orow + nt * 8) =
+                        pack_bf16(o[nt][2 * i] * inv[i], o[nt][2 * i + 1] * inv[i]);
+                if (ch == 0 && q4 == 0 && a.lse)
+                    a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = lse[i];
+            } else {
+                const int64_t row = ((int64_t)split * a.T + t) * a.H + h;
+                float *orow = a.ws_o + row * KV_L + ch * 256 + 2 * q4;
+#pragma unroll
+                for (int nt = 0; nt < 32; nt++)
+                    *reinterpret_cast<float2 *>(orow + nt * 8) =
+                        make_float2(o[nt][2 * i] * inv[i], o[nt][2 * i + 1] * inv[i]);
+                if (ch == 0 && q4 == 0)
+                    a.ws_lse[row] = lse[i];
+            }
+        }
+    }
+    if (a.splits == 1)
         return;
 
-    float inv[2], lse[2];
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        inv[i] = l_run[i] > 0.0f ? 1.0f / l_run[i] : 0.0f;
-        lse[i] = l_run[i] > 0.0f ? (m_run[i] + log2f(l_run[i])) * LN2 : -INFINITY;
-    }
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int hr = rt * 16 + r4 + 8 * i;
-        if (hr >= rows)
-            continue;
-        const int h = h0 + hr;
-        if (a.splits == 1) {
-            __nv_bfloat16 *orow = a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + ch * 256 + 2 * q4;
-#pragma unroll
-            for (int nt = 0; nt < 32; nt++)
-                *reinterpret_cast<uint32_t *>(orow + nt * 8) =
-                    pack_bf16(o[nt][2 * i] * inv[i], o[nt][2 * i + 1] * inv[i]);
-            if (ch == 0 && q4 == 0 && a.lse)
-                a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = lse[i];
-        } else {
-            const int64_t row = ((int64_t)split * a.T + t) * a.H + h;
-            float *orow = a.ws_o + row * KV_L + ch * 256 + 2 * q4;
-#pragma unroll
-            for (int nt = 0; nt < 32; nt++)
-                *reinterpret_cast<float2 *>(orow + nt * 8) =
-                    make_float2(o[nt][2 * i] * inv[i], o[nt][2 * i + 1] * inv[i]);
-            if (ch == 0 && q4 == 0)
-                a.ws_lse[row] = lse[i];
-        }
-    }
-}
-
-/* out[h,t,:] = sum_z w_z * part_z / sum_z w_z with w_z = exp(lse_z - max):
- * one block of 128 threads per (t, h), 4 columns per thread.  Empty
- * partials (lse -inf) weigh 0 and are never read, so 0 * NaN cannot occur. */
-__global__ void __launch_bounds__(128) b12x_combine_kernel(const AttendArgs a)
-{
-    const int t = blockIdx.x, h = blockIdx.y, c = threadIdx.x * 4;
-    float mx = -INFINITY;
-    for (int z = 0; z < a.splits; z++)
-        mx = fmaxf(mx, a.ws_lse[((int64_t)z * a.T + t) * a.H + h]);
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float sum = 0.0f;
-    if (mx != -INFINITY) {
-        for (int z = 0; z < a.splits; z++) {
-            const int64_t row = ((int64_t)z * a.T + t) * a.H + h;
-            const float w = expf(a.ws_lse[row] - mx);
-            if (w == 0.0f)
-                continue;
-            const float4 v = *reinterpret_cast<const float4 *>(a.ws_o + row * KV_L + c);
-            sum += w;
-            acc.x += w * v.x;
-            acc.y += w * v.y;
-            acc.z += w * v.z;
-            acc.w += w * v.w;
-        }
-    }
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    __nv_bfloat16 *orow = a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + c;
-    reinterpret_cast<uint32_t *>(orow)[0] = pack_bf16(acc.x * inv, acc.y * inv);
-    reinterpret_cast<uint32_t *>(orow)[1] = pack_bf16(acc.z * inv, acc.w * inv);
-    if (threadIdx.x == 0 && a.lse)
-        a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
+    /* Split-k: the last chunk of this (token, head tile) to finish combines
+     * all chunks' partials.  Each block publishes its partials (fence), then
+     * counts itself in; the block that brings the count to `splits` reads
+     * them all and resets the counter to 0 for the next launch. */
+    __threadfence();
+    __syncthreads();
+    int *s_flag = reinterpret_cast<int *>(smem + S::OFF_MAX);
+    int *counter = a.counters + (int64_t)t * a.tiles + a.tile_base + blockIdx.y;
+    if (tid == 0)
+        *s_flag = atomicAdd(counter, 1) == a.splits - 1;
+    __syncthreads();
+    if (!*s_flag)
+        return;
+    __threadfence();
+    b12x_combine_tile(a, smem + S::OFF_KV, t, h0, rows);
+    if (tid == 0)
+        *counter = 0;
 }
 
 typedef void (*attend_kernel_fn)(AttendArgs);
@@ -626,14 +701,15 @@ extern "C" b12x_split b12x_attend_split(int T, int heads, int topk, int num_sms)
     int64_t best_cost = -1;
     if (num_sms < 1)
         num_sms = 1;
-    /* Time ~ waves x (blocks per chunk + a fixed cost of about two blocks
-     * for the prologue and the partial write).  Ties keep fewer splits. */
+    /* Time ~ waves x (blocks per chunk + about three blocks of prologue
+     * and partial write) + the combine launch and its reads when split.
+     * Ties keep fewer splits. */
     for (int s = 1; s <= nblk && s <= MAX_SPLITS; s++) {
         const int bps = (nblk + s - 1) / s;
         if ((nblk + bps - 1) / bps != s)
             continue;
         const int64_t waves = (work * s + num_sms - 1) / num_sms;
-        const int64_t cost = waves * (bps + 2);
+        const int64_t cost = waves * (bps + 3) + (s > 1 ? 2 + s / 16 : 0);
         if (best_cost < 0 || cost < best_cost) {
             best_cost = cost;
             best.splits = s;
@@ -652,8 +728,31 @@ extern "C" size_t b12x_attend_workspace(int T, int heads, int topk, int num_sms)
     return rows * KV_L * sizeof(float) + rows * sizeof(float);
 }
 
-extern "C" int b12x_attend_launch(const mlart_step *s, int num_sms, void *stream,
-                                  mlart_error_fn err)
+extern "C" int b12x_counters_create(int n, int **counters, mlart_error_fn err)
+{
+    int *p = NULL;
+    cudaError_t e = cudaMalloc((void **)&p, sizeof(int) * (size_t)(n > 0 ? n : 1));
+    if (e != cudaSuccess)
+        return cuda_fail(err, "counter allocation", e);
+    e = cudaMemset(p, 0, sizeof(int) * (size_t)(n > 0 ? n : 1));
+    if (e == cudaSuccess)
+        e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        cudaFree(p);
+        return cuda_fail(err, "counter initialisation", e);
+    }
+    *counters = p;
+    return 0;
+}
+
+extern "C" void b12x_counters_destroy(int *counters)
+{
+    if (counters)
+        cudaFree(counters);
+}
+
+extern "C" int b12x_attend_launch(const mlart_step *s, int num_sms, int *counters, int counters_len,
+                                  void *stream, mlart_error_fn err)
 {
     const mlart_geometry *g = &s->geom;
     const int T = s->T, H = g->heads;
@@ -710,6 +809,8 @@ extern "C" int b12x_attend_launch(const mlart_step *s, int num_sms, void *stream
     a.l_st = s->lse.stride[1];
     a.ws_o = NULL;
     a.ws_lse = NULL;
+    a.counters = counters;
+    a.tiles = (H + HEAD_TILE - 1) / HEAD_TILE;
     a.T = T;
     a.H = H;
     a.B = s->B;
@@ -725,6 +826,9 @@ extern "C" int b12x_attend_launch(const mlart_step *s, int num_sms, void *stream
                        "b12x_mla_sparse: step of %d tokens needs %zu bytes of 16-aligned "
                        "workspace, has %zu (plan for max_tokens >= %d)",
                        T, need, s->workspace ? s->workspace_bytes : (size_t)0, T);
+        if (!counters || counters_len < T * ((H + HEAD_TILE - 1) / HEAD_TILE))
+            return err(MLART_EINVAL,
+                       "b12x_mla_sparse: step of %d tokens exceeds the planned max_tokens", T);
         a.ws_o = (float *)s->workspace;
         a.ws_lse = a.ws_o + (size_t)sp.splits * T * H * KV_L;
     }
@@ -742,10 +846,6 @@ extern "C" int b12x_attend_launch(const mlart_step *s, int num_sms, void *stream
         a.tile_base = part == 0 ? 0 : full;
         dim3 grid((unsigned)T, (unsigned)tiles, (unsigned)sp.splits);
         fn<<<grid, NTHREADS, smem, st>>>(a);
-    }
-    if (sp.splits > 1) {
-        dim3 grid((unsigned)T, (unsigned)H);
-        b12x_combine_kernel<<<grid, 128, 0, st>>>(a);
     }
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
