@@ -34,13 +34,15 @@ enum {
     MLART_BMM_AUTO = 0,
     MLART_BMM_GENERIC = 1, /* any sizes and alignments, CUDA cores, slow */
     MLART_BMM_STREAM = 2,  /* decode: W streamed once through registers, mma.sync */
-    MLART_BMM_TILED = 3    /* large T: 128x128 shared-memory tiles, cp.async + mma.sync */
+    MLART_BMM_TILED = 3,   /* larger T: 64 or 128 x 128 shared-memory tiles, cp.async + mma.sync */
+    MLART_BMM_PSTREAM = 4  /* decode: STREAM on a persistent grid that prefetches its next item */
 };
 
 typedef struct mlart_bmm_config {
     int path;  /* MLART_BMM_*; AUTO picks by shape and alignment */
-    int mt;    /* STREAM: 16-row tiles per block (1..4), 0 = auto */
-    int warps; /* STREAM: warps splitting K (must divide K/16), 0 = auto */
+    int mt;    /* STREAM: 16-row tiles per block (1..4; PSTREAM 1..2), 0 = auto */
+    int warps; /* (P)STREAM: warps splitting K (must divide K/16; PSTREAM: <= 4 steps each), 0 = auto */
+    int bm;    /* TILED: rows per tile, 64 or 128, 0 = auto */
 } mlart_bmm_config;
 
 /* Launch on `stream` (cudaStream_t).  cfg NULL = auto.  Returns 0,

@@ -38,7 +38,6 @@ struct Desc {
     int64_t R, pi_st, pi_sh, po_st, po_sh;
     int a_vec;  /* a rows may be read 16 bytes at a time */
     int c_vec;  /* c rows may be written 16 bytes at a time */
-    int c_vec4; /* ... 4 bytes at a time */
     int pe_vec; /* pe rows copied 16 bytes at a time */
 };
 
@@ -46,7 +45,8 @@ __device__ __forceinline__ uint4 ldg_stream(const void *p)
 {
     uint4 v;
     /* weights are used once per launch: keep them out of L1 */
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+    /* volatile: stays where it is issued, ahead of the work it overlaps */
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
@@ -112,6 +112,38 @@ __device__ void pe_copy_rows(const Desc &d, int64_t h, int64_t t0, int64_t t1)
     }
 }
 
+/* Rows [t0, t0 + rows) of a[h] (K columns) into shared memory with row
+ * stride lds.  16-byte cp.async when rows are aligned (the caller commits
+ * and waits), else plain loads; rows t >= T are zero and never read. */
+__device__ __forceinline__ void load_a_tile(const Desc &d, __nv_bfloat16 *As, int lds, int64_t h, int64_t t0,
+                                            int rows)
+{
+    const __nv_bfloat16 *ah = d.a + h * d.a_sh;
+    const int chunks = (int)(d.K / 8);
+    for (int i = threadIdx.x; i < rows * chunks; i += blockDim.x) {
+        const int r = i / chunks, k = (i % chunks) * 8;
+        const int64_t t = t0 + r;
+        const bool ok = t < d.T;
+        if (d.a_vec) {
+            /* src-size 0 reads nothing; the address stays a valid element */
+            cp_async16(As + r * lds + k, ok ? ah + t * d.a_st + k : ah + k, ok ? 16 : 0);
+        } else {
+            union {
+                uint4 u;
+                __nv_bfloat16 b[8];
+            } tmp;
+            tmp.u = make_uint4(0, 0, 0, 0);
+            if (ok) {
+                const __nv_bfloat16 *src = ah + t * d.a_st + k;
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    tmp.b[e] = src[e];
+            }
+            *(uint4 *)(As + r * lds + k) = tmp.u;
+        }
+    }
+}
+
 /* ---- stream kernel ------------------------------------------------------
  * Block (n-chunk of 64 columns, head, m-chunk of 16*MT rows), nw warps;
  * warp w owns k-steps [w*kpw, (w+1)*kpw) of 16 rows of K, loaded KB steps at
@@ -140,33 +172,6 @@ __global__ void __launch_bounds__(StreamBounds<MT>::threads) bmm_stream_kernel(D
     const int64_t t0 = (int64_t)blockIdx.z * 16 * MT;
     const int rows = 16 * MT;
 
-    /* A tile to shared memory: only rows t < T are read; others are zero */
-    {
-        const __nv_bfloat16 *ah = d.a + h * d.a_sh;
-        const int chunks = K / 8;
-        for (int i = threadIdx.x; i < rows * chunks; i += blockDim.x) {
-            int r = i / chunks, k = (i % chunks) * 8;
-            int64_t t = t0 + r;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (t < d.T) {
-                const __nv_bfloat16 *src = ah + t * d.a_st + k;
-                if (d.a_vec) {
-                    v = *(const uint4 *)src;
-                } else {
-                    union {
-                        uint4 u;
-                        __nv_bfloat16 b[8];
-                    } tmp;
-#pragma unroll
-                    for (int e = 0; e < 8; e++)
-                        tmp.b[e] = src[e];
-                    v = tmp.u;
-                }
-            }
-            *(uint4 *)(As + r * lds + k) = v;
-        }
-    }
-
     float acc[MT][8][4];
 #pragma unroll
     for (int m = 0; m < MT; m++)
@@ -180,7 +185,6 @@ __global__ void __launch_bounds__(StreamBounds<MT>::threads) bmm_stream_kernel(D
     const __nv_bfloat16 *wh = d.w + h * d.w_sh + n0 + 8 * g;
     const int64_t sk = d.w_sk;
 
-    /* issue the first batch before waiting for the A tile */
     uint4 wv[KB][4];
     auto load_batch = [&](int s0) {
 #pragma unroll
@@ -194,7 +198,10 @@ __global__ void __launch_bounds__(StreamBounds<MT>::threads) bmm_stream_kernel(D
             }
         }
     };
-    load_batch(s_begin);
+    load_batch(s_begin); /* weights first: the A tile loads overlap them */
+    load_a_tile(d, As, lds, h, t0, rows);
+    cp_async_commit();
+    cp_async_wait<0>();
     __syncthreads();
 
     for (int s0 = s_begin; s0 < s_end; s0 += KB) {
@@ -272,23 +279,188 @@ __global__ void __launch_bounds__(StreamBounds<MT>::threads) bmm_stream_kernel(D
         pe_copy_rows(d, h, t0, t0 + rows);
 }
 
-/* ---- tiled kernel --------------------------------------------------------
- * 128x128 tile of c per block, 8 warps as 2 (rows) x 4 (columns), warp tile
- * 64x32; K in steps of 32 through TSTAGES cp.async stages. */
-constexpr int TBM = 128, TBN = 128, TBK = 32, TSTAGES = 4;
-constexpr int TLDA = TBK + 8, TLDB = TBN + 8; /* padded rows: ldmatrix conflict-free */
-constexpr int TILED_SMEM = TSTAGES * (TBM * TLDA + TBK * TLDB) * 2;
+/* ---- persistent stream kernel --------------------------------------------
+ * The stream kernel's tile (64 columns x 16*MT rows of one head, K split
+ * over the warps), but each block walks items it, it + gridDim.x, ... and
+ * issues the next item's weight loads (registers) and A tile (cp.async,
+ * second shared buffer) before computing the current one, so the memory
+ * pipe stays full across items instead of draining at every block
+ * boundary.  Needs 16-byte aligned a rows (cp.async). */
+template <int MT, int KPW> struct PStream {
+    static __device__ __forceinline__ void coords(const Desc &d, int it, int nch, int64_t &h, int64_t &n0,
+                                                  int64_t &t0)
+    {
+        const int n = it % nch, r = it / nch;
+        h = r % d.H;
+        t0 = (int64_t)(r / d.H) * 16 * MT;
+        n0 = (int64_t)n * 64;
+    }
 
-__global__ void __launch_bounds__(256, 2) bmm_tiled_kernel(Desc d)
+    static __device__ __forceinline__ void issue(const Desc &d, int it, int nch, uint4 (&wv)[KPW][4],
+                                                 __nv_bfloat16 *As, int lds)
+    {
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+        const int g = lane >> 2, q = lane & 3;
+        int64_t h, n0, t0;
+        coords(d, it, nch, h, n0, t0);
+        const __nv_bfloat16 *wh = d.w + h * d.w_sh + n0 + 8 * g;
+        const int64_t sk = d.w_sk;
+#pragma unroll
+        for (int i = 0; i < KPW; i++) {
+            const __nv_bfloat16 *p = wh + (int64_t)((warp * KPW + i) * 16 + 2 * q) * sk;
+            wv[i][0] = ldg_stream(p);
+            wv[i][1] = ldg_stream(p + sk);
+            wv[i][2] = ldg_stream(p + 8 * sk);
+            wv[i][3] = ldg_stream(p + 9 * sk);
+        }
+        load_a_tile(d, As, lds, h, t0, 16 * MT);
+        cp_async_commit();
+    }
+
+    static __device__ __forceinline__ void compute(const Desc &d, int it, int nch, const uint4 (&wv)[KPW][4],
+                                                   const __nv_bfloat16 *As, int lds, float *red)
+    {
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+        int64_t h, n0, t0;
+        coords(d, it, nch, h, n0, t0);
+        float acc[MT][8][4];
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    acc[m][j][e] = 0.f;
+#pragma unroll
+        for (int i = 0; i < KPW; i++) {
+            const int k0 = (warp * KPW + i) * 16;
+            uint32_t af[MT][4];
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+                ldmatrix_x4(af[m], As + (m * 16 + (lane & 15)) * lds + k0 + (lane >> 4) * 8);
+            const uint32_t *r0 = (const uint32_t *)&wv[i][0];
+            const uint32_t *r1 = (const uint32_t *)&wv[i][1];
+            const uint32_t *r8 = (const uint32_t *)&wv[i][2];
+            const uint32_t *r9 = (const uint32_t *)&wv[i][3];
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const uint32_t sel = (j & 1) ? 0x7632u : 0x5410u;
+                const uint32_t b0 = __byte_perm(r0[j >> 1], r1[j >> 1], sel);
+                const uint32_t b1 = __byte_perm(r8[j >> 1], r9[j >> 1], sel);
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+                    mma_bf16(acc[m][j], af[m], b0, b1);
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    red[((((warp * MT + m) * 4 + e) * 8 + j) << 5) + lane] = acc[m][j][e];
+        __syncthreads();
+        for (int x = threadIdx.x; x < MT * 4 * 32; x += blockDim.x) {
+            const int ln = x & 31, e = (x >> 5) & 3, m = x >> 7;
+            const int64_t t = t0 + m * 16 + (ln >> 2) + 8 * (e >> 1);
+            if (t >= d.T)
+                continue;
+            float v[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                v[j] = 0.f;
+            for (int w = 0; w < nw; w++) {
+                const float *src = red + ((((w * MT + m) * 4 + e) * 8) << 5) + ln;
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    v[j] += src[j << 5];
+            }
+            const int64_t col = n0 + 8 * (2 * (ln & 3) + (e & 1));
+            __nv_bfloat16 *dst = d.c + h * d.c_sh + t * d.c_st + col;
+            if (d.c_vec) {
+                uint4 o;
+                o.x = pack_bf16(v[0], v[1]);
+                o.y = pack_bf16(v[2], v[3]);
+                o.z = pack_bf16(v[4], v[5]);
+                o.w = pack_bf16(v[6], v[7]);
+                *(uint4 *)dst = o;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    dst[j] = __float2bfloat16_rn(v[j]);
+            }
+        }
+        if (d.pe_in && n0 == 0)
+            pe_copy_rows(d, h, t0, t0 + 16 * MT);
+        __syncthreads(); /* red and this item's A buffer are free again */
+    }
+};
+
+template <int MT, int KPW>
+__global__ void __launch_bounds__(256) bmm_pstream_kernel(Desc d, int total, int nch)
 {
     extern __shared__ __align__(16) unsigned char smem[];
+    const int lds = (int)d.K + 8, rows = 16 * MT;
+    __nv_bfloat16 *As0 = (__nv_bfloat16 *)smem;
+    __nv_bfloat16 *As1 = As0 + rows * lds;
+    float *red = (float *)(As1 + rows * lds);
+    uint4 wv0[KPW][4], wv1[KPW][4];
+    typedef PStream<MT, KPW> P;
+    int it = blockIdx.x;
+    if (it >= total)
+        return;
+    P::issue(d, it, nch, wv0, As0, lds);
+    for (;;) { /* unrolled by two: the register buffers need constant indices */
+        int nx = it + (int)gridDim.x;
+        if (nx < total)
+            P::issue(d, nx, nch, wv1, As1, lds);
+        else
+            cp_async_commit(); /* an empty group keeps the wait count uniform */
+        cp_async_wait<1>();
+        __syncthreads();
+        P::compute(d, it, nch, wv0, As0, lds, red);
+        it = nx;
+        if (it >= total)
+            break;
+        nx = it + (int)gridDim.x;
+        if (nx < total)
+            P::issue(d, nx, nch, wv0, As0, lds);
+        else
+            cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        P::compute(d, it, nch, wv1, As1, lds, red);
+        it = nx;
+        if (it >= total)
+            break;
+    }
+    cp_async_wait<0>();
+}
+
+/* ---- tiled kernel --------------------------------------------------------
+ * BM x 128 tile of c per block, 8 warps as 2 (rows) x 4 (columns), warp tile
+ * (BM/2) x 32; K in steps of 32 through TSTAGES cp.async stages.  The tile
+ * is staged in shared memory and written as full 16-byte row chunks, so
+ * every 32-byte sector of the output is written whole. */
+constexpr int TBN = 128, TBK = 32, TSTAGES = 4;
+constexpr int TLDA = TBK + 8, TLDB = TBN + 8, TLDC = TBN + 8; /* padded rows: conflict-free */
+template <int BM> struct Tiled {
+    static constexpr int SMEM = TSTAGES * (BM * TLDA + TBK * TLDB) * 2;
+    static_assert(BM * TLDC * 2 <= SMEM, "C staging fits in the pipeline buffers");
+};
+
+template <int BM>
+__global__ void __launch_bounds__(256, 2) bmm_tiled_kernel(Desc d)
+{
+    constexpr int MI = BM / 32; /* m16 tiles per warp */
+    extern __shared__ __align__(16) unsigned char smem[];
     __nv_bfloat16 *As = (__nv_bfloat16 *)smem;
-    __nv_bfloat16 *Bs = As + TSTAGES * TBM * TLDA;
+    __nv_bfloat16 *Bs = As + TSTAGES * BM * TLDA;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp >> 2, wn = warp & 3;
     const int64_t n0 = (int64_t)blockIdx.x * TBN;
-    const int64_t t0 = (int64_t)blockIdx.y * TBM;
+    const int64_t t0 = (int64_t)blockIdx.y * BM;
     const int64_t h = blockIdx.z;
     const int KT = (int)(d.K / TBK);
     const __nv_bfloat16 *ah = d.a + h * d.a_sh;
@@ -297,12 +469,12 @@ __global__ void __launch_bounds__(256, 2) bmm_tiled_kernel(Desc d)
     auto load_stage = [&](int kt, int st) {
         const int k0 = kt * TBK;
 #pragma unroll
-        for (int i = 0; i < 2; i++) { /* A: 128 rows x 4 chunks of 8 */
+        for (int i = 0; i < BM / 64; i++) { /* A: BM rows x 4 chunks of 8 */
             int idx = tid + i * 256, r = idx >> 2, ck = (idx & 3) * 8;
             int64_t t = t0 + r;
             bool ok = t < d.T;
             const __nv_bfloat16 *src = ok ? ah + t * d.a_st + k0 + ck : ah + k0 + ck;
-            cp_async16(As + (st * TBM + r) * TLDA + ck, src, ok ? 16 : 0);
+            cp_async16(As + (st * BM + r) * TLDA + ck, src, ok ? 16 : 0);
         }
 #pragma unroll
         for (int i = 0; i < 2; i++) { /* W: 32 rows x 16 chunks of 8 */
@@ -311,9 +483,9 @@ __global__ void __launch_bounds__(256, 2) bmm_tiled_kernel(Desc d)
         }
     };
 
-    float acc[4][4][4];
+    float acc[MI][4][4];
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < MI; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -335,10 +507,10 @@ __global__ void __launch_bounds__(256, 2) bmm_tiled_kernel(Desc d)
         const int st = kt % TSTAGES;
 #pragma unroll
         for (int kk = 0; kk < TBK; kk += 16) {
-            uint32_t af[4][4], bf[4][2];
+            uint32_t af[MI][4], bf[4][2];
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-                ldmatrix_x4(af[i], As + (st * TBM + wm * 64 + i * 16 + (lane & 15)) * TLDA + kk + (lane >> 4) * 8);
+            for (int i = 0; i < MI; i++)
+                ldmatrix_x4(af[i], As + (st * BM + wm * (BM / 2) + i * 16 + (lane & 15)) * TLDA + kk + (lane >> 4) * 8);
 #pragma unroll
             for (int jj = 0; jj < 2; jj++) {
                 uint32_t r[4];
@@ -349,40 +521,48 @@ __global__ void __launch_bounds__(256, 2) bmm_tiled_kernel(Desc d)
                 bf[2 * jj + 1][1] = r[3];
             }
 #pragma unroll
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < MI; i++)
 #pragma unroll
                 for (int j = 0; j < 4; j++)
                     mma_bf16(acc[i][j], af[i], bf[j][0], bf[j][1]);
         }
     }
     cp_async_wait<0>();
+    __syncthreads(); /* pipeline buffers become the C staging tile */
 
     const int g = lane >> 2, q = lane & 3;
-    __nv_bfloat16 *ch = d.c + h * d.c_sh;
+    __nv_bfloat16 *Cs = (__nv_bfloat16 *)smem;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < MI; i++)
 #pragma unroll
         for (int half = 0; half < 2; half++) {
-            const int64_t t = t0 + wm * 64 + i * 16 + g + half * 8;
-            if (t >= d.T)
-                continue;
+            const int r = wm * (BM / 2) + i * 16 + g + half * 8;
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int64_t col = n0 + wn * 32 + j * 8 + 2 * q;
-                __nv_bfloat16 *dst = ch + t * d.c_st + col;
-                float lo = acc[i][j][2 * half], hi = acc[i][j][2 * half + 1];
-                if (d.c_vec4) {
-                    *(uint32_t *)dst = pack_bf16(lo, hi);
-                } else {
-                    dst[0] = __float2bfloat16_rn(lo);
-                    dst[1] = __float2bfloat16_rn(hi);
-                }
-            }
+            for (int j = 0; j < 4; j++)
+                *(uint32_t *)(Cs + r * TLDC + wn * 32 + j * 8 + 2 * q) =
+                    pack_bf16(acc[i][j][2 * half], acc[i][j][2 * half + 1]);
+        }
+    __syncthreads();
+    __nv_bfloat16 *ch = d.c + h * d.c_sh;
+    for (int idx = tid; idx < BM * (TBN / 8); idx += 256) {
+        const int r = idx / (TBN / 8), cn = (idx % (TBN / 8)) * 8;
+        const int64_t t = t0 + r;
+        if (t >= d.T)
+            continue;
+        __nv_bfloat16 *dst = ch + t * d.c_st + n0 + cn;
+        const uint4 v = *(const uint4 *)(Cs + r * TLDC + cn);
+        if (d.c_vec) {
+            *(uint4 *)dst = v;
+        } else {
+            const __nv_bfloat16 *b = (const __nv_bfloat16 *)&v;
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                dst[e] = b[e];
         }
     }
 
     if (d.pe_in && blockIdx.x == 0)
-        pe_copy_rows(d, h, t0, t0 + TBM);
+        pe_copy_rows(d, h, t0, t0 + BM);
 }
 
 /* ---- generic kernel: one thread per output element ---------------------- */
@@ -433,7 +613,6 @@ Desc make_desc(const mlart_bmm_desc *s)
     d.po_sh = s->po_sh;
     d.a_vec = aligned(s->a, s->a_sh, s->a_st, 16) && s->K % 8 == 0;
     d.c_vec = aligned(s->c, s->c_sh, s->c_st, 16);
-    d.c_vec4 = aligned(s->c, s->c_sh, s->c_st, 4);
     d.pe_vec = s->pe_in && d.R % 8 == 0 && aligned(s->pe_in, s->pi_st, s->pi_sh, 16) &&
                aligned(s->pe_out, s->po_st, s->po_sh, 16);
     return d;
@@ -444,21 +623,28 @@ bool stream_ok(const Desc &d)
     return d.K % 16 == 0 && d.N % 64 == 0 && aligned(d.w, d.w_sh, d.w_sk, 16) && d.H <= 65535;
 }
 
+bool pstream_ok(const Desc &d)
+{
+    /* items are counted in int */
+    return stream_ok(d) && d.a_vec && (d.N / 64) * d.H * ((d.T + 15) / 16) < (1ll << 30);
+}
+
 bool tiled_ok(const Desc &d)
 {
     return d.K % TBK == 0 && d.N % TBN == 0 && d.a_vec && aligned(d.w, d.w_sh, d.w_sk, 16) &&
-           d.H <= 65535 && (d.T + TBM - 1) / TBM <= 65535;
+           d.H <= 65535 && (d.T + 63) / 64 <= 65535;
 }
 
-/* Warps splitting K for the stream kernel: 2 to 4 k-steps of 16 per warp
+/* Warps splitting K for the stream kernels: 2 to 4 k-steps of 16 per warp
  * keep 8 to 16 loads of 16 bytes in flight per thread at a register count
  * that leaves room for several blocks per SM. */
-int stream_warps(int ks)
+int stream_warps(int ks, int mt, int persistent)
 {
-    const int cap = ks > 16 ? 8 : 4;
-    int best = 1;
+    const int cap = persistent ? 8 : (ks > 16 ? 8 : 4);
+    const int kpw_max = persistent ? 4 : 1 << 30;
+    int best = 0;
     for (int nw = 1; nw <= cap && nw <= ks; nw++)
-        if (ks % nw == 0)
+        if (ks % nw == 0 && ks / nw <= kpw_max && (best == 0 || !persistent || ks / nw >= 2))
             best = nw;
     return best;
 }
@@ -467,17 +653,21 @@ int pick_path(const Desc &d, const mlart_bmm_config *cfg)
 {
     int path = cfg ? cfg->path : MLART_BMM_AUTO;
     if (path == MLART_BMM_AUTO) {
-        if (d.T > 128 && tiled_ok(d))
+        if (d.T > 32 && tiled_ok(d))
             return MLART_BMM_TILED;
+        if (d.T <= 32 && pstream_ok(d))
+            return MLART_BMM_PSTREAM;
         if (stream_ok(d))
             return MLART_BMM_STREAM;
         return MLART_BMM_GENERIC;
     }
+    if (path < MLART_BMM_GENERIC || path > MLART_BMM_PSTREAM)
+        return -1;
     if (path == MLART_BMM_STREAM && !stream_ok(d))
         return -1;
-    if (path == MLART_BMM_TILED && !tiled_ok(d))
+    if (path == MLART_BMM_PSTREAM && !pstream_ok(d))
         return -1;
-    if (path < MLART_BMM_GENERIC || path > MLART_BMM_TILED)
+    if (path == MLART_BMM_TILED && !tiled_ok(d))
         return -1;
     return path;
 }
@@ -508,6 +698,54 @@ template <int MT> cudaError_t launch_stream_mt(const Desc &d, int nw, int kpw, s
     }
 }
 
+/* Persistent grid: as many blocks as fit on the device at once, at most one
+ * per item. */
+template <int MT, int KPW> cudaError_t launch_pstream_k(const Desc &d, int nw, cudaStream_t st)
+{
+    const int lds = (int)d.K + 8, rows = 16 * MT;
+    const size_t smem = (size_t)2 * rows * lds * 2 + (size_t)nw * MT * 4 * 8 * 32 * 4;
+    const int nch = (int)(d.N / 64);
+    const int total = nch * (int)d.H * (int)((d.T + rows - 1) / rows);
+    int dev = 0, sms = 0, per_sm = 0;
+    cudaError_t e;
+    if (nw * 32 > 256 || smem > 220 * 1024)
+        return cudaErrorInvalidConfiguration;
+    if ((e = cudaFuncSetAttribute(bmm_pstream_kernel<MT, KPW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)smem)) != cudaSuccess ||
+        (e = cudaGetDevice(&dev)) != cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
+        (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bmm_pstream_kernel<MT, KPW>, nw * 32, smem)) !=
+            cudaSuccess)
+        return e;
+    if (per_sm < 1)
+        return cudaErrorInvalidConfiguration;
+    const int blocks = total < sms * per_sm ? total : sms * per_sm;
+    bmm_pstream_kernel<MT, KPW><<<blocks, nw * 32, smem, st>>>(d, total, nch);
+    return cudaGetLastError();
+}
+
+template <int MT> cudaError_t launch_pstream_mt(const Desc &d, int nw, int kpw, cudaStream_t st)
+{
+    switch (kpw) {
+    case 1: return launch_pstream_k<MT, 1>(d, nw, st);
+    case 2: return launch_pstream_k<MT, 2>(d, nw, st);
+    case 3: return launch_pstream_k<MT, 3>(d, nw, st);
+    case 4: return launch_pstream_k<MT, 4>(d, nw, st);
+    default: return cudaErrorInvalidConfiguration;
+    }
+}
+
+template <int BM> cudaError_t launch_tiled(const Desc &d, cudaStream_t st)
+{
+    cudaError_t e = cudaFuncSetAttribute(bmm_tiled_kernel<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Tiled<BM>::SMEM);
+    if (e != cudaSuccess)
+        return e;
+    dim3 grid((unsigned)(d.N / TBN), (unsigned)((d.T + BM - 1) / BM), (unsigned)d.H);
+    bmm_tiled_kernel<BM><<<grid, 256, Tiled<BM>::SMEM, st>>>(d);
+    return cudaGetLastError();
+}
+
 int run(const Desc &d, const mlart_bmm_config *cfg, cudaStream_t st)
 {
     const int path = pick_path(d, cfg);
@@ -517,34 +755,38 @@ int run(const Desc &d, const mlart_bmm_config *cfg, cudaStream_t st)
                                cfg ? cfg->path : 0, (long long)d.K, (long long)d.N);
     if (d.H == 0 || d.T == 0 || (d.N == 0 && !d.pe_in))
         return 0;
-    if (path == MLART_BMM_STREAM) {
+    if (path == MLART_BMM_STREAM || path == MLART_BMM_PSTREAM) {
+        const int pers = path == MLART_BMM_PSTREAM;
+        const int mtmax = pers ? 2 : 4;
         int mt = cfg && cfg->mt ? cfg->mt : (int)((d.T + 15) / 16);
-        if (mt > 4)
-            mt = 4;
-        if (mt < 1)
-            mt = 1;
+        mt = mt < 1 ? 1 : mt > mtmax ? mtmax : mt;
         const int ks = (int)(d.K / 16);
-        int nw = cfg && cfg->warps ? cfg->warps : stream_warps(ks);
-        if (nw < 1 || nw > 16 || ks % nw != 0)
-            return mlart_set_error(MLART_ENOTSUP, "bmm: %d warps do not divide %d k-steps", nw, ks);
-        const size_t a_bytes = (size_t)16 * mt * (d.K + 8) * 2;
-        const size_t r_bytes = (size_t)nw * mt * 4 * 8 * 32 * 4;
-        const size_t smem = a_bytes > r_bytes ? a_bytes : r_bytes;
-        if (smem > 200 * 1024)
-            return mlart_set_error(MLART_ENOTSUP, "bmm: K=%lld needs %zu bytes of shared memory", (long long)d.K, smem);
-        switch (mt) {
-        case 1: e = launch_stream_mt<1>(d, nw, ks / nw, smem, st); break;
-        case 2: e = launch_stream_mt<2>(d, nw, ks / nw, smem, st); break;
-        case 3: e = launch_stream_mt<3>(d, nw, ks / nw, smem, st); break;
-        default: e = launch_stream_mt<4>(d, nw, ks / nw, smem, st); break;
+        const int nw = cfg && cfg->warps ? cfg->warps : stream_warps(ks, mt, pers);
+        if (nw < 1 || nw > 16 || ks % nw != 0 || (pers && ks / nw > 4))
+            return mlart_set_error(MLART_ENOTSUP, "bmm: %d warps cannot split %d k-steps here", nw, ks);
+        if (pers) {
+            e = mt == 1 ? launch_pstream_mt<1>(d, nw, ks / nw, st) : launch_pstream_mt<2>(d, nw, ks / nw, st);
+        } else {
+            const size_t a_bytes = (size_t)16 * mt * (d.K + 8) * 2;
+            const size_t r_bytes = (size_t)nw * mt * 4 * 8 * 32 * 4;
+            const size_t smem = a_bytes > r_bytes ? a_bytes : r_bytes;
+            if (smem > 200 * 1024)
+                return mlart_set_error(MLART_ENOTSUP, "bmm: K=%lld needs %zu bytes of shared memory", (long long)d.K,
+                                       smem);
+            switch (mt) {
+            case 1: e = launch_stream_mt<1>(d, nw, ks / nw, smem, st); break;
+            case 2: e = launch_stream_mt<2>(d, nw, ks / nw, smem, st); break;
+            case 3: e = launch_stream_mt<3>(d, nw, ks / nw, smem, st); break;
+            default: e = launch_stream_mt<4>(d, nw, ks / nw, smem, st); break;
+            }
         }
+        if (e == cudaErrorInvalidConfiguration)
+            return mlart_set_error(MLART_ENOTSUP, "bmm: %d warps x %d row tiles do not fit a block here", nw, mt);
     } else if (path == MLART_BMM_TILED) {
-        e = cudaFuncSetAttribute(bmm_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TILED_SMEM);
-        if (e == cudaSuccess) {
-            dim3 grid((unsigned)(d.N / TBN), (unsigned)((d.T + TBM - 1) / TBM), (unsigned)d.H);
-            bmm_tiled_kernel<<<grid, 256, TILED_SMEM, st>>>(d);
-            e = cudaGetLastError();
-        }
+        const int bm = cfg && cfg->bm ? cfg->bm : (d.T <= 64 ? 64 : 128);
+        if (bm != 64 && bm != 128)
+            return mlart_set_error(MLART_ENOTSUP, "bmm: tiled rows %d (64 or 128)", bm);
+        e = bm == 64 ? launch_tiled<64>(d, st) : launch_tiled<128>(d, st);
     } else {
         if (d.T > 65535 || d.H > 65535)
             return mlart_set_error(MLART_ENOTSUP, "bmm: generic path limited to T, H <= 65535");

@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int g_json_rows; /* rows written so far: the separator before each */
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -121,9 +120,15 @@ extern "C" int mlart_bench_copy_roofline(mlart_bench_opts *o)
     BENCH_CUDA(cudaMalloc(&c.dst, c.bytes));
     if (mlart_bench_fill_bf16(c.src, c.bytes / 2, 1, 0))
         goto fail;
-    if (mlart_bench_time(o, copy_enqueue, &c, 4, &us))
-        goto fail;
-    o->copy_gbs = 2.0 * (double)c.bytes / (us * 1e3);
+    /* twice: the first pass also brings the clocks up; keep the faster */
+    for (int pass = 0; pass < 2; pass++) {
+        double gbs;
+        if (mlart_bench_time(o, copy_enqueue, &c, 4, &us))
+            goto fail;
+        gbs = 2.0 * (double)c.bytes / (us * 1e3);
+        if (gbs > o->copy_gbs)
+            o->copy_gbs = gbs;
+    }
     rc = 0;
 fail:
     cudaFree(c.src);
@@ -168,9 +173,10 @@ extern "C" void mlart_bench_table_head(const mlart_bench_opts *o, const mlart_be
     fflush(stdout);
 }
 
+/* main.c writes the run's header objects first, so every row follows one */
 static void json_sep(const mlart_bench_opts *o)
 {
-    fprintf(o->json, g_json_rows++ ? ",\n" : "");
+    fprintf(o->json, ",\n");
 }
 
 extern "C" void mlart_bench_table_row(const mlart_bench_opts *o, const mlart_bench_table *t, const char *name,

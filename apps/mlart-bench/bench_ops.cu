@@ -444,7 +444,7 @@ int bench_vup(const mlart_bench_opts *o, cublasHandle_t hb)
 int bench_variants(const mlart_bench_opts *o)
 {
     static const mlart_bench_col cols[] = {{"time", "us", 9, 2}, {"GB/s", "unique", 8, 0}};
-    const mlart_bench_table t = {"variants: stream kernel (mt, warps) and tiled kernel", "shape variant", 34, cols, 2};
+    const mlart_bench_table t = {"variants: tiled (bm), stream (mt, warps), persistent stream (mt, warps)", "shape variant", 34, cols, 2};
     static const int64_t Ts[] = {1, 4, 16, 64, 96, 128, 192, 256};
     static const int64_t Hs[] = {16, 128};
     mlart_bench_table_head(o, &t);
@@ -470,26 +470,33 @@ int bench_variants(const mlart_bench_opts *o)
                     }
                     const double bytes = (double)(c.H * c.K * c.N + c.H * c.T * c.K + c.H * c.T * c.N) * 2;
                     const int ks = (int)(c.K / 16);
-                    for (int mt = 0; mt <= 4; mt++)
-                        for (int nw = 1; nw <= 16; nw++) {
-                            if (mt == 0 && nw > 1)
-                                break; /* mt 0 = the tiled kernel, timed once */
-                            if (mt > 0 && (ks % nw || nw * 32 > (mt == 1 ? 512 : 256) || (mt - 1) * 16 >= c.T))
-                                continue;
-                            mlart_bmm_config cfg = {mt ? MLART_BMM_STREAM : MLART_BMM_TILED, mt, mt ? nw : 0};
-                            char name[96];
-                            double v[2];
-                            if (mt)
-                                snprintf(name, sizeof name, "%s stream mt%d w%d", base, mt, nw);
-                            else
-                                snprintf(name, sizeof name, "%s tiled", base);
-                            c.cfg = &cfg;
-                            v[0] = time_method(c, o, M_OURS, CUBLAS_COMPUTE_32F, 0);
-                            v[1] = bytes / (v[0] * 1e3);
-                            c.cfg = NULL;
-                            if (!isnan(v[0]))
-                                mlart_bench_table_row(o, &t, name, v);
-                        }
+                    mlart_bmm_config cfgs[64];
+                    int ncfg = 0;
+                    const int mt_auto = (int)((c.T + 15) / 16) > 4 ? 4 : (int)((c.T + 15) / 16);
+                    cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_TILED, 0, 0, 64};
+                    cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_TILED, 0, 0, 128};
+                    for (int nw = 1; nw <= 16; nw++)
+                        if (ks % nw == 0 && nw * 32 <= (mt_auto == 1 ? 512 : 256))
+                            cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_STREAM, mt_auto, nw, 0};
+                    for (int mt = 1; mt <= 2; mt++)
+                        for (int nw = 1; nw <= 8; nw++)
+                            if (ks % nw == 0 && ks / nw <= 4 && (mt == 1 || c.T > 16))
+                                cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_PSTREAM, mt, nw, 0};
+                    for (int i = 0; i < ncfg; i++) {
+                        char name[96];
+                        double v[2];
+                        if (cfgs[i].path == MLART_BMM_TILED)
+                            snprintf(name, sizeof name, "%s tiled bm%d", base, cfgs[i].bm);
+                        else
+                            snprintf(name, sizeof name, "%s %s mt%d w%d", base,
+                                     cfgs[i].path == MLART_BMM_STREAM ? "stream" : "pstream", cfgs[i].mt, cfgs[i].warps);
+                        c.cfg = &cfgs[i];
+                        v[0] = time_method(c, o, M_OURS, CUBLAS_COMPUTE_32F, 0);
+                        v[1] = bytes / (v[0] * 1e3);
+                        c.cfg = NULL;
+                        if (!isnan(v[0]))
+                            mlart_bench_table_row(o, &t, name, v);
+                    }
                     free_sets(c);
                 }
     return 0;
