@@ -58,3 +58,13 @@ add_test(NAME test_embed_install
          COMMAND sh ${_embed}/install_consumer.sh ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR}
                  ${CMAKE_C_COMPILER} ${CMAKE_COMMAND})
 set_tests_properties(test_embed_install PROPERTIES LABELS cpu TIMEOUT 300 SKIP_RETURN_CODE 77)
+
+# The serving example: protocol unit tests + load and shutdown tests against
+# the real binary on 127.0.0.1.
+if(TARGET mlart-serve-example)
+  mlart_test(test_embed_serve LABELS cpu TIMEOUT 300
+    SOURCES ${_embed}/test_serve.c ${PROJECT_SOURCE_DIR}/apps/serve-example/serve_proto.c
+    ARGS $<TARGET_FILE:mlart-serve-example>)
+  target_include_directories(test_embed_serve PRIVATE ${PROJECT_SOURCE_DIR}/apps/serve-example)
+  add_dependencies(test_embed_serve mlart-serve-example)
+endif()

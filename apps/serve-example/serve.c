@@ -1,0 +1,602 @@
+/* mlart-serve-example: a small serving binary that embeds libmlart.
+ *
+ * A libuv loop accepts newline-delimited JSON decode requests on 127.0.0.1
+ * (protocol: docs/serve.md), batches the pending ones into one decode step,
+ * runs the step on a worker thread (one step in flight at a time: the layer
+ * owns one set of buffers), and answers each request with its timing and a
+ * checksum of its output.  SIGINT/SIGTERM: stop accepting, answer every
+ * request already received, refuse new ones, close, exit 0. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include <mlart/config.h>
+#include <mlart/mlart.h>
+
+#include "engine.h"
+#include "serve_proto.h"
+
+#define REPLY_MAX 1024
+/* Stop reading from a client whose unread replies pile up past this. */
+#define WRITE_HIGH_WATER (1u << 20)
+
+typedef struct server server;
+typedef struct conn conn;
+
+typedef struct pending {
+    struct pending *next;
+    conn *c;
+    serve_request req;
+    uint64_t t_arrival;   /* ns, uv_hrtime */
+    uint64_t checksum;
+} pending;
+
+struct conn {
+    uv_tcp_t tcp;
+    server *srv;
+    serve_framer fr;
+    int refs;             /* 1 while the handle is open, + 1 per request in the queue or step */
+    int closing;
+    int reading;
+    conn *prev, *next;    /* the server's list of open connections */
+};
+
+typedef struct write_req {
+    uv_write_t w;
+    conn *c;
+    size_t len;
+    char data[];
+} write_req;
+
+struct server {
+    uv_loop_t *loop;
+    uv_tcp_t listener;
+    uv_signal_t sig[2];
+    uv_work_t work;
+    serve_engine *eng;
+    serve_limits lim;
+    int32_t max_batch_tokens, max_batch_requests;
+    size_t max_line, max_queue;
+    pending *qhead, *qtail;
+    size_t qlen;
+    /* the step in flight */
+    int busy;
+    pending **batch;
+    int nbatch;
+    int batch_tokens;
+    uint64_t t_step0, t_step1;
+    int step_rc;
+    char step_err[256];
+    /* shutdown */
+    int stopping;
+    conn *conns;
+    /* counters */
+    uint64_t served, errors, steps, step_tokens, step_requests, step_ns;
+};
+
+static uint64_t now_ns(void)
+{
+    return uv_hrtime();
+}
+
+/* ---- connections and writes ------------------------------------------- */
+
+static void conn_unref(conn *c)
+{
+    if (--c->refs == 0) {
+        serve_framer_free(&c->fr);
+        free(c);
+    }
+}
+
+static void on_closed(uv_handle_t *h)
+{
+    conn *c = h->data;
+    server *s = c->srv;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    conn_unref(c);
+}
+
+static void conn_close(conn *c)
+{
+    if (c->closing)
+        return;
+    c->closing = 1;
+    uv_close((uv_handle_t *)&c->tcp, on_closed);
+}
+
+static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf);
+static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf);
+
+static void on_written(uv_write_t *w, int status)
+{
+    write_req *wr = (write_req *)w;
+    conn *c = wr->c;
+    if (status < 0 && !c->closing)
+        conn_close(c);
+    /* resume a client we paused for not reading its replies */
+    if (!c->closing && !c->reading && !c->srv->stopping &&
+        uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) < WRITE_HIGH_WATER / 2) {
+        if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
+            c->reading = 1;
+    }
+    free(wr);
+    conn_unref(c);
+}
+
+static void send_reply(conn *c, const char *text, size_t len)
+{
+    write_req *wr;
+    uv_buf_t b;
+    if (c->closing || !len)
+        return;
+    wr = malloc(sizeof *wr + len);
+    if (!wr) {
+        conn_close(c); /* cannot answer: closing tells the client so */
+        return;
+    }
+    memcpy(wr->data, text, len);
+    wr->len = len;
+    wr->c = c;
+    c->refs++;
+    b = uv_buf_init(wr->data, (unsigned)len);
+    if (uv_write(&wr->w, (uv_stream_t *)&c->tcp, &b, 1, on_written) < 0) {
+        c->refs--;
+        free(wr);
+        conn_close(c);
+        return;
+    }
+    if (c->reading && uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > WRITE_HIGH_WATER) {
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        c->reading = 0;
+    }
+}
+
+static void send_error(conn *c, const char *id, serve_err e, const char *msg)
+{
+    char buf[REPLY_MAX];
+    c->srv->errors++;
+    send_reply(c, buf, serve_format_error(buf, sizeof buf, id, e, msg));
+}
+
+/* ---- steps ------------------------------------------------------------- */
+
+static void maybe_finish(server *s);
+static void start_step(server *s);
+
+static void work_cb(uv_work_t *w)
+{
+    server *s = w->data;
+    const serve_request *reqs[256];
+    uint64_t sums[256];
+    s->t_step0 = now_ns();
+    for (int i = 0; i < s->nbatch; i++)
+        reqs[i] = &s->batch[i]->req;
+    s->step_rc = serve_engine_step(s->eng, reqs, s->nbatch, sums, s->step_err,
+                                   sizeof s->step_err);
+    for (int i = 0; i < s->nbatch; i++)
+        s->batch[i]->checksum = sums[i];
+    s->t_step1 = now_ns();
+}
+
+static void after_work_cb(uv_work_t *w, int status)
+{
+    server *s = w->data;
+    uint64_t t = now_ns();
+    s->steps++;
+    s->step_tokens += (uint64_t)s->batch_tokens;
+    s->step_requests += (uint64_t)s->nbatch;
+    s->step_ns += s->t_step1 - s->t_step0;
+    for (int i = 0; i < s->nbatch; i++) {
+        pending *p = s->batch[i];
+        if (status < 0 || s->step_rc) {
+            send_error(p->c, p->req.id, SERVE_EINTERNAL,
+                       status < 0 ? "step cancelled" : s->step_err);
+        } else {
+            char buf[REPLY_MAX];
+            serve_result r;
+            r.batch_tokens = s->batch_tokens;
+            r.batch_requests = s->nbatch;
+            r.queue_us = (s->t_step0 - p->t_arrival) / 1000;
+            r.compute_us = (s->t_step1 - s->t_step0) / 1000;
+            r.total_us = (t - p->t_arrival) / 1000;
+            r.checksum = p->checksum;
+            s->served++;
+            send_reply(p->c, buf, serve_format_ok(buf, sizeof buf, &p->req, &r));
+        }
+        conn_unref(p->c);
+        free(p);
+    }
+    s->nbatch = 0;
+    s->busy = 0;
+    if (s->qhead)
+        start_step(s);
+    else
+        maybe_finish(s);
+}
+
+/* Take whole requests from the queue head while they fit one step. */
+static void start_step(server *s)
+{
+    int tokens = 0;
+    if (s->busy || !s->qhead)
+        return;
+    while (s->qhead && s->nbatch < s->max_batch_requests &&
+           tokens + s->qhead->req.tokens <= s->max_batch_tokens) {
+        pending *p = s->qhead;
+        s->qhead = p->next;
+        if (!s->qhead)
+            s->qtail = NULL;
+        s->qlen--;
+        tokens += p->req.tokens;
+        s->batch[s->nbatch++] = p;
+    }
+    s->batch_tokens = tokens;
+    s->busy = 1;
+    s->work.data = s;
+    if (uv_queue_work(s->loop, &s->work, work_cb, after_work_cb) < 0) {
+        s->step_rc = -1;
+        snprintf(s->step_err, sizeof s->step_err, "cannot queue the step");
+        after_work_cb(&s->work, -1);
+    }
+}
+
+/* ---- requests ---------------------------------------------------------- */
+
+static void on_line(void *ctx, const char *line, size_t len, int too_long)
+{
+    conn *c = ctx;
+    server *s = c->srv;
+    serve_request req;
+    char msg[200];
+    serve_err e;
+    pending *p;
+    if (c->closing)
+        return;
+    if (too_long) {
+        snprintf(msg, sizeof msg, "request line longer than %zu bytes", s->max_line);
+        send_error(c, NULL, SERVE_ETOOLONG, msg);
+        return;
+    }
+    e = serve_parse_request(line, len, &s->lim, &req, msg, sizeof msg);
+    if (e != SERVE_OK) {
+        send_error(c, req.id, e, msg);
+        return;
+    }
+    if (s->stopping) {
+        send_error(c, req.id, SERVE_ESHUTDOWN, "the server is shutting down");
+        return;
+    }
+    if (s->qlen >= s->max_queue) {
+        snprintf(msg, sizeof msg, "%zu requests already queued", s->qlen);
+        send_error(c, req.id, SERVE_EBUSY, msg);
+        return;
+    }
+    p = malloc(sizeof *p);
+    if (!p) {
+        send_error(c, req.id, SERVE_EINTERNAL, "out of memory");
+        return;
+    }
+    p->next = NULL;
+    p->c = c;
+    p->req = req;
+    p->t_arrival = now_ns();
+    c->refs++;
+    if (s->qtail)
+        s->qtail->next = p;
+    else
+        s->qhead = p;
+    s->qtail = p;
+    s->qlen++;
+}
+
+static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
+{
+    static char slab[65536]; /* one loop thread, and on_read consumes it before returning */
+    (void)h;
+    (void)hint;
+    *buf = uv_buf_init(slab, sizeof slab);
+}
+
+static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
+{
+    conn *c = st->data;
+    if (n < 0) {
+        conn_close(c); /* EOF or error: queued requests are dropped at reply time */
+        return;
+    }
+    serve_framer_feed(&c->fr, buf->base, (size_t)n, on_line, c);
+    start_step(c->srv);
+}
+
+static void on_connection(uv_stream_t *l, int status)
+{
+    server *s = l->data;
+    conn *c;
+    if (status < 0 || s->stopping)
+        return;
+    c = calloc(1, sizeof *c);
+    if (!c)
+        return;
+    c->srv = s;
+    c->refs = 1;
+    if (serve_framer_init(&c->fr, s->max_line)) {
+        free(c);
+        return;
+    }
+    uv_tcp_init(s->loop, &c->tcp);
+    c->tcp.data = c;
+    c->next = s->conns;
+    if (s->conns)
+        s->conns->prev = c;
+    s->conns = c;
+    if (uv_accept(l, (uv_stream_t *)&c->tcp) < 0 ||
+        uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) < 0) {
+        conn_close(c);
+        return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    c->reading = 1;
+}
+
+/* ---- shutdown ---------------------------------------------------------- */
+
+static void on_shutdown(uv_shutdown_t *r, int status)
+{
+    conn *c = r->data;
+    (void)status;
+    free(r);
+    conn_close(c);
+    conn_unref(c);
+}
+
+/* Once nothing is queued or running: flush every connection, then close. */
+static void maybe_finish(server *s)
+{
+    if (!s->stopping || s->busy || s->qhead)
+        return;
+    for (conn *c = s->conns; c; c = c->next) {
+        uv_shutdown_t *r;
+        if (c->closing)
+            continue;
+        if (c->reading)
+            uv_read_stop((uv_stream_t *)&c->tcp);
+        c->reading = 0;
+        r = malloc(sizeof *r);
+        if (!r) {
+            conn_close(c);
+            continue;
+        }
+        r->data = c;
+        c->refs++;
+        if (uv_shutdown(r, (uv_stream_t *)&c->tcp, on_shutdown) < 0) {
+            free(r);
+            c->refs--;
+            conn_close(c);
+        }
+    }
+    for (int i = 0; i < 2; i++)
+        if (!uv_is_closing((uv_handle_t *)&s->sig[i]))
+            uv_close((uv_handle_t *)&s->sig[i], NULL);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    server *s = h->data;
+    if (s->stopping)
+        return;
+    s->stopping = 1;
+    fprintf(stderr, "mlart-serve-example: signal %d: answering %zu queued%s request(s), then "
+                    "exiting\n",
+            signum, s->qlen, s->busy ? " + running" : "");
+    uv_close((uv_handle_t *)&s->listener, NULL);
+    maybe_finish(s);
+}
+
+/* ---- main -------------------------------------------------------------- */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: mlart-serve-example [options]\n"
+            "  --port N               TCP port on 127.0.0.1 (0: any free port; default 0)\n"
+            "  --device auto|cpu|cuda where steps run (default auto: cuda if present)\n"
+            "  --backend NAME         attention backend (default: the device's default)\n"
+            "  --config FILE          model geometry from an mlart config file\n"
+            "  --heads N --topk N     geometry overrides (default H=4 P=64 R=64 L=256 V=64\n"
+            "                         topk=64 page=64 bf16 cache)\n"
+            "  --kv-format bf16|fp8_ds_mla\n"
+            "  --context N            positions per request: [0, N) (default 1024)\n"
+            "  --max-request-tokens N tokens per request, <= 64 (default 8)\n"
+            "  --max-batch-tokens N   tokens per step (default 32)\n"
+            "  --max-batch-requests N requests per step (default 16, <= 256)\n"
+            "  --max-line N           request line cap in bytes (default 4096)\n"
+            "  --max-queue N          queued requests before 'busy' replies (default 4096)\n"
+            "  --weights FILE --layer N  W_UK_T/W_UV from a .safetensors kv_b_proj\n"
+            "  --seed N               synthetic weights and cache (default 1)\n");
+}
+
+static int parse_int(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    server s;
+    serve_engine_opts eo;
+    struct sockaddr_in addr;
+    struct sockaddr_storage bound;
+    int namelen = sizeof bound, rc, port = 0;
+    long v;
+    const char *config = NULL;
+    long heads = -1, topk = -1;
+    const char *kvfmt = NULL;
+    char err[512], backend_buf[64];
+
+    memset(&s, 0, sizeof s);
+    memset(&eo, 0, sizeof eo);
+    eo.device = SERVE_DEVICE_AUTO;
+    eo.geom.heads = 4, eo.geom.qk_nope = 64, eo.geom.rope = 64, eo.geom.kv_lora = 256;
+    eo.geom.v_head = 64, eo.geom.topk = 64, eo.geom.page_size = 64;
+    eo.geom.kv_format = MLART_KV_BF16;
+    eo.geom.softmax_scale = 0.0f; /* 1/sqrt(P+R) below */
+    eo.context = 1024;
+    eo.seed = 1;
+    s.lim.max_tokens = 8;
+    s.max_batch_tokens = 32;
+    s.max_batch_requests = 16;
+    s.max_line = 4096;
+    s.max_queue = 4096;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        int ok = 1;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!val) {
+            fprintf(stderr, "mlart-serve-example: %s needs a value\n", a);
+            usage(stderr);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "--port"))
+            ok = !parse_int(val, 0, 65535, &v) && ((port = (int)v), 1);
+        else if (!strcmp(a, "--device"))
+            ok = !strcmp(val, "auto") ? (eo.device = SERVE_DEVICE_AUTO, 1)
+                 : !strcmp(val, "cpu") ? (eo.device = -1, 1)
+                 : !strcmp(val, "cuda") ? (eo.device = 0, 1)
+                                        : 0;
+        else if (!strcmp(a, "--backend"))
+            eo.backend = val;
+        else if (!strcmp(a, "--config"))
+            config = val;
+        else if (!strcmp(a, "--heads"))
+            ok = !parse_int(val, 1, 1024, &heads);
+        else if (!strcmp(a, "--topk"))
+            ok = !parse_int(val, 1, 65536, &topk);
+        else if (!strcmp(a, "--kv-format"))
+            kvfmt = val;
+        else if (!strcmp(a, "--context"))
+            ok = !parse_int(val, 1, 1 << 24, &v) && ((eo.context = (int32_t)v), 1);
+        else if (!strcmp(a, "--max-request-tokens"))
+            ok = !parse_int(val, 1, SERVE_MAX_TOKENS, &v) && ((s.lim.max_tokens = (int32_t)v), 1);
+        else if (!strcmp(a, "--max-batch-tokens"))
+            ok = !parse_int(val, 1, 1 << 16, &v) && ((s.max_batch_tokens = (int32_t)v), 1);
+        else if (!strcmp(a, "--max-batch-requests"))
+            ok = !parse_int(val, 1, 256, &v) && ((s.max_batch_requests = (int32_t)v), 1);
+        else if (!strcmp(a, "--max-line"))
+            ok = !parse_int(val, 64, 1 << 24, &v) && ((s.max_line = (size_t)v), 1);
+        else if (!strcmp(a, "--max-queue"))
+            ok = !parse_int(val, 1, 1 << 24, &v) && ((s.max_queue = (size_t)v), 1);
+        else if (!strcmp(a, "--weights"))
+            eo.weights = val;
+        else if (!strcmp(a, "--layer"))
+            ok = !parse_int(val, 0, 1 << 20, &v) && ((eo.layer = (int)v), 1);
+        else if (!strcmp(a, "--seed"))
+            ok = !parse_int(val, 0, 0x7fffffffL, &v) && ((eo.seed = (uint64_t)v), 1);
+        else {
+            fprintf(stderr, "mlart-serve-example: unknown option %s\n", a);
+            usage(stderr);
+            return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "mlart-serve-example: bad value '%s' for %s\n", val, a);
+            return 2;
+        }
+    }
+    if (config) {
+        mlart_config cfg;
+        if ((rc = mlart_config_load(config, &cfg))) {
+            fprintf(stderr, "mlart-serve-example: %s\n", mlart_last_error());
+            return 1;
+        }
+        eo.geom = cfg.geom;
+        if (!eo.backend && cfg.backend[0]) {
+            snprintf(backend_buf, sizeof backend_buf, "%s", cfg.backend);
+            eo.backend = backend_buf;
+        }
+    }
+    if (heads > 0)
+        eo.geom.heads = (int32_t)heads;
+    if (topk > 0)
+        eo.geom.topk = (int32_t)topk;
+    if (kvfmt && mlart_kv_format_parse(kvfmt, &eo.geom.kv_format)) {
+        fprintf(stderr, "mlart-serve-example: --kv-format %s: %s\n", kvfmt, mlart_last_error());
+        return 2;
+    }
+    if (!(eo.geom.softmax_scale > 0.0f))
+        eo.geom.softmax_scale = 1.0f / sqrtf((float)(eo.geom.qk_nope + eo.geom.rope));
+    if (s.lim.max_tokens > s.max_batch_tokens) {
+        fprintf(stderr, "mlart-serve-example: --max-request-tokens %d exceeds "
+                        "--max-batch-tokens %d\n",
+                s.lim.max_tokens, s.max_batch_tokens);
+        return 2;
+    }
+    s.lim.context = eo.context;
+    eo.max_batch_tokens = s.max_batch_tokens;
+    eo.max_batch_requests = s.max_batch_requests;
+
+    rc = serve_engine_create(&eo, &s.eng, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "mlart-serve-example: %s: %s\n", mlart_status_name(rc), err);
+        return 1;
+    }
+    s.batch = calloc((size_t)s.max_batch_requests, sizeof *s.batch);
+    s.loop = uv_default_loop();
+    if (!s.batch) {
+        fprintf(stderr, "mlart-serve-example: out of memory\n");
+        serve_engine_destroy(s.eng);
+        return 1;
+    }
+    uv_tcp_init(s.loop, &s.listener);
+    s.listener.data = &s;
+    uv_ip4_addr("127.0.0.1", port, &addr);
+    if ((rc = uv_tcp_bind(&s.listener, (const struct sockaddr *)&addr, 0)) < 0 ||
+        (rc = uv_listen((uv_stream_t *)&s.listener, 511, on_connection)) < 0 ||
+        (rc = uv_tcp_getsockname(&s.listener, (struct sockaddr *)&bound, &namelen)) < 0) {
+        fprintf(stderr, "mlart-serve-example: cannot listen on 127.0.0.1:%d: %s\n", port,
+                uv_strerror(rc));
+        serve_engine_destroy(s.eng);
+        free(s.batch);
+        return 1;
+    }
+    for (int i = 0; i < 2; i++) {
+        uv_signal_init(s.loop, &s.sig[i]);
+        s.sig[i].data = &s;
+        uv_signal_start(&s.sig[i], on_signal, i ? SIGTERM : SIGINT);
+    }
+    printf("mlart-serve-example listening on 127.0.0.1:%d (%s)\n",
+           ntohs(((struct sockaddr_in *)&bound)->sin_port), serve_engine_describe(s.eng));
+    fflush(stdout);
+
+    uv_run(s.loop, UV_RUN_DEFAULT);
+
+    fprintf(stderr,
+            "mlart-serve-example: %llu requests answered, %llu error replies, %llu steps "
+            "(mean %.2f tokens, %.2f requests, %.0f us per step)\n",
+            (unsigned long long)s.served, (unsigned long long)s.errors,
+            (unsigned long long)s.steps, s.steps ? (double)s.step_tokens / (double)s.steps : 0.0,
+            s.steps ? (double)s.step_requests / (double)s.steps : 0.0,
+            s.steps ? (double)s.step_ns / 1e3 / (double)s.steps : 0.0);
+    rc = uv_loop_close(s.loop);
+    serve_engine_destroy(s.eng);
+    free(s.batch);
+    return rc == 0 ? 0 : 1;
+}

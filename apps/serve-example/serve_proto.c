@@ -1,0 +1,426 @@
+#include "serve_proto.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *serve_err_code(serve_err e)
+{
+    switch (e) {
+    case SERVE_OK: return "ok";
+    case SERVE_EJSON: return "bad_json";
+    case SERVE_EREQUEST: return "bad_request";
+    case SERVE_ERANGE: return "out_of_range";
+    case SERVE_ETOOLONG: return "too_long";
+    case SERVE_EBUSY: return "busy";
+    case SERVE_ESHUTDOWN: return "shutting_down";
+    case SERVE_EINTERNAL: return "internal";
+    }
+    return "internal";
+}
+
+typedef struct scan {
+    const char *p, *end;
+    char *msg;
+    size_t msg_cap;
+} scan;
+
+static serve_err fail(scan *s, serve_err e, const char *what)
+{
+    if (s->msg_cap)
+        snprintf(s->msg, s->msg_cap, "%s", what);
+    return e;
+}
+
+static void ws(scan *s)
+{
+    while (s->p < s->end && (*s->p == ' ' || *s->p == '\t' || *s->p == '\r' || *s->p == '\n'))
+        s->p++;
+}
+
+static int peek(scan *s, char c)
+{
+    ws(s);
+    return s->p < s->end && *s->p == c;
+}
+
+/* A JSON string; *b and *e get its raw span, quotes included. */
+static serve_err string(scan *s, const char **b, const char **e)
+{
+    ws(s);
+    if (s->p >= s->end || *s->p != '"')
+        return fail(s, SERVE_EJSON, "expected a string");
+    *b = s->p++;
+    while (s->p < s->end && *s->p != '"') {
+        unsigned char c = (unsigned char)*s->p;
+        if (c < 0x20)
+            return fail(s, SERVE_EJSON, "control character in a string");
+        if (c == '\\') {
+            if (++s->p >= s->end)
+                break;
+            if (*s->p == 'u') {
+                for (int i = 1; i <= 4; i++)
+                    if (s->p + i >= s->end || !strchr("0123456789abcdefABCDEF", s->p[i]) ||
+                        s->p[i] == '\0')
+                        return fail(s, SERVE_EJSON, "bad \\u escape");
+                s->p += 4;
+            } else if (!strchr("\"\\/bfnrt", *s->p) || *s->p == '\0') {
+                return fail(s, SERVE_EJSON, "bad escape");
+            }
+        }
+        s->p++;
+    }
+    if (s->p >= s->end)
+        return fail(s, SERVE_EJSON, "unterminated string");
+    *e = ++s->p;
+    return SERVE_OK;
+}
+
+/* A JSON number; *is_int and *v set when it is an integer that fits int64. */
+static serve_err number(scan *s, int *is_int, int64_t *v)
+{
+    const char *p = s->p;
+    int neg = 0, over = 0, frac = 0;
+    uint64_t x = 0;
+    if (p < s->end && *p == '-')
+        neg = 1, p++;
+    if (p >= s->end || *p < '0' || *p > '9')
+        return fail(s, SERVE_EJSON, "bad number");
+    if (*p == '0' && p + 1 < s->end && p[1] >= '0' && p[1] <= '9')
+        return fail(s, SERVE_EJSON, "leading zero");
+    while (p < s->end && *p >= '0' && *p <= '9') {
+        if (x > (UINT64_MAX - 9) / 10)
+            over = 1;
+        else
+            x = x * 10 + (uint64_t)(*p - '0');
+        p++;
+    }
+    if (p < s->end && *p == '.') {
+        frac = 1;
+        if (++p >= s->end || *p < '0' || *p > '9')
+            return fail(s, SERVE_EJSON, "bad fraction");
+        while (p < s->end && *p >= '0' && *p <= '9')
+            p++;
+    }
+    if (p < s->end && (*p == 'e' || *p == 'E')) {
+        frac = 1;
+        p++;
+        if (p < s->end && (*p == '+' || *p == '-'))
+            p++;
+        if (p >= s->end || *p < '0' || *p > '9')
+            return fail(s, SERVE_EJSON, "bad exponent");
+        while (p < s->end && *p >= '0' && *p <= '9')
+            p++;
+    }
+    s->p = p;
+    *is_int = !frac && !over && x <= (uint64_t)INT64_MAX;
+    *v = *is_int ? (neg ? -(int64_t)x : (int64_t)x) : 0;
+    return SERVE_OK;
+}
+
+static serve_err skip(scan *s, int depth)
+{
+    const char *b, *e;
+    int is_int;
+    int64_t v;
+    serve_err rc;
+    ws(s);
+    if (s->p >= s->end)
+        return fail(s, SERVE_EJSON, "unexpected end");
+    if (depth > 16)
+        return fail(s, SERVE_EJSON, "nesting too deep");
+    switch (*s->p) {
+    case '"':
+        return string(s, &b, &e);
+    case '{':
+    case '[': {
+        char close = *s->p == '{' ? '}' : ']';
+        int obj = close == '}';
+        s->p++;
+        if (peek(s, close)) {
+            s->p++;
+            return SERVE_OK;
+        }
+        for (;;) {
+            if (obj) {
+                if ((rc = string(s, &b, &e)))
+                    return rc;
+                if (!peek(s, ':'))
+                    return fail(s, SERVE_EJSON, "expected ':'");
+                s->p++;
+            }
+            if ((rc = skip(s, depth + 1)))
+                return rc;
+            if (peek(s, ',')) {
+                s->p++;
+                continue;
+            }
+            if (!peek(s, close))
+                return fail(s, SERVE_EJSON, obj ? "expected ',' or '}'" : "expected ',' or ']'");
+            s->p++;
+            return SERVE_OK;
+        }
+    }
+    case 't':
+        if (s->end - s->p >= 4 && !memcmp(s->p, "true", 4))
+            return s->p += 4, SERVE_OK;
+        return fail(s, SERVE_EJSON, "bad literal");
+    case 'f':
+        if (s->end - s->p >= 5 && !memcmp(s->p, "false", 5))
+            return s->p += 5, SERVE_OK;
+        return fail(s, SERVE_EJSON, "bad literal");
+    case 'n':
+        if (s->end - s->p >= 4 && !memcmp(s->p, "null", 4))
+            return s->p += 4, SERVE_OK;
+        return fail(s, SERVE_EJSON, "bad literal");
+    default:
+        return number(s, &is_int, &v);
+    }
+}
+
+static int key_is(const char *b, const char *e, const char *k)
+{
+    size_t n = strlen(k);
+    return (size_t)(e - b) == n + 2 && !memcmp(b + 1, k, n);
+}
+
+serve_err serve_parse_request(const char *line, size_t len, const serve_limits *lim,
+                              serve_request *out, char *msg, size_t msg_cap)
+{
+    scan s = {line, line + len, msg, msg_cap};
+    serve_request r;
+    int have_id = 0, have_tokens = 0, npos = -1;
+    int64_t tokens = 0;
+    int pos_range = 0;
+    int64_t bad_pos = 0;
+    serve_err rc;
+
+    memset(&r, 0, sizeof r);
+    out->id[0] = '\0';
+    if (msg_cap)
+        msg[0] = '\0';
+    if (!peek(&s, '{'))
+        return fail(&s, SERVE_EJSON, "a request is a JSON object");
+    s.p++;
+    if (peek(&s, '}'))
+        return fail(&s, SERVE_EREQUEST, "empty request: needs id, tokens, positions");
+    for (;;) {
+        const char *kb, *ke;
+        if ((rc = string(&s, &kb, &ke)))
+            return rc;
+        if (!peek(&s, ':'))
+            return fail(&s, SERVE_EJSON, "expected ':'");
+        s.p++;
+        ws(&s);
+        if (key_is(kb, ke, "id")) {
+            const char *vb = s.p, *ve;
+            int is_int;
+            int64_t v;
+            if (have_id++)
+                return fail(&s, SERVE_EREQUEST, "duplicate id");
+            if (s.p < s.end && *s.p == '"') {
+                if ((rc = string(&s, &vb, &ve)))
+                    return rc;
+            } else {
+                if ((rc = number(&s, &is_int, &v)))
+                    return rc;
+                ve = s.p;
+                if (!is_int)
+                    return fail(&s, SERVE_EREQUEST, "id must be a string or an integer");
+            }
+            if ((size_t)(ve - vb) > SERVE_ID_MAX)
+                return fail(&s, SERVE_EREQUEST, "id longer than 64 bytes");
+            memcpy(r.id, vb, (size_t)(ve - vb));
+            r.id[ve - vb] = '\0';
+            memcpy(out->id, r.id, sizeof r.id);
+        } else if (key_is(kb, ke, "tokens")) {
+            int is_int;
+            if (have_tokens++)
+                return fail(&s, SERVE_EREQUEST, "duplicate tokens");
+            if ((rc = number(&s, &is_int, &tokens)))
+                return rc;
+            if (!is_int)
+                return fail(&s, SERVE_EREQUEST, "tokens must be an integer");
+        } else if (key_is(kb, ke, "positions")) {
+            if (npos >= 0)
+                return fail(&s, SERVE_EREQUEST, "duplicate positions");
+            if (!peek(&s, '['))
+                return fail(&s, SERVE_EREQUEST, "positions must be an array of integers");
+            s.p++;
+            npos = 0;
+            if (peek(&s, ']')) {
+                s.p++;
+            } else {
+                for (;;) {
+                    int is_int;
+                    int64_t v;
+                    ws(&s);
+                    if ((rc = number(&s, &is_int, &v)))
+                        return rc;
+                    if (!is_int)
+                        return fail(&s, SERVE_EREQUEST, "positions must be integers");
+                    if (npos >= SERVE_MAX_TOKENS)
+                        return fail(&s, SERVE_ERANGE, "more than 64 positions");
+                    if ((v < 0 || v >= lim->context) && !pos_range)
+                        pos_range = 1, bad_pos = v;
+                    r.positions[npos++] = (int32_t)(v < 0 ? -1 : v > INT32_MAX ? INT32_MAX : v);
+                    if (peek(&s, ',')) {
+                        s.p++;
+                        continue;
+                    }
+                    if (!peek(&s, ']'))
+                        return fail(&s, SERVE_EJSON, "expected ',' or ']' in positions");
+                    s.p++;
+                    break;
+                }
+            }
+        } else if ((rc = skip(&s, 1))) {
+            return rc;
+        }
+        if (peek(&s, ',')) {
+            s.p++;
+            continue;
+        }
+        if (!peek(&s, '}'))
+            return fail(&s, SERVE_EJSON, "expected ',' or '}'");
+        s.p++;
+        break;
+    }
+    ws(&s);
+    if (s.p != s.end)
+        return fail(&s, SERVE_EJSON, "bytes after the request object");
+    if (!have_id)
+        return fail(&s, SERVE_EREQUEST, "missing id");
+    if (!have_tokens || npos < 0)
+        return fail(&s, SERVE_EREQUEST, "missing tokens or positions");
+    if (tokens < 1 || tokens > lim->max_tokens) {
+        if (msg_cap)
+            snprintf(msg, msg_cap, "tokens = %lld, this server takes 1..%d per request",
+                     (long long)tokens, lim->max_tokens);
+        return SERVE_ERANGE;
+    }
+    if (npos != tokens) {
+        if (msg_cap)
+            snprintf(msg, msg_cap, "tokens = %lld but %d positions", (long long)tokens, npos);
+        return SERVE_EREQUEST;
+    }
+    if (pos_range) {
+        if (msg_cap)
+            snprintf(msg, msg_cap, "position %lld outside [0, %d) (the server's context)",
+                     (long long)bad_pos, lim->context);
+        return SERVE_ERANGE;
+    }
+    r.tokens = (int32_t)tokens;
+    *out = r;
+    return SERVE_OK;
+}
+
+size_t serve_format_ok(char *buf, size_t cap, const serve_request *r, const serve_result *res)
+{
+    int n = snprintf(buf, cap,
+                     "{\"id\":%s,\"ok\":true,\"tokens\":%d,\"batch_tokens\":%d,"
+                     "\"batch_requests\":%d,\"queue_us\":%llu,\"compute_us\":%llu,"
+                     "\"total_us\":%llu,\"checksum\":\"%016llx\"}\n",
+                     r->id[0] ? r->id : "null", r->tokens, res->batch_tokens, res->batch_requests,
+                     (unsigned long long)res->queue_us, (unsigned long long)res->compute_us,
+                     (unsigned long long)res->total_us, (unsigned long long)res->checksum);
+    return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+}
+
+size_t serve_format_error(char *buf, size_t cap, const char *id, serve_err e, const char *msg)
+{
+    size_t n;
+    int k = snprintf(buf, cap, "{\"id\":%s,\"ok\":false,\"error\":{\"code\":\"%s\",\"message\":\"",
+                     id && id[0] ? id : "null", serve_err_code(e));
+    if (k < 0 || (size_t)k >= cap)
+        return 0;
+    n = (size_t)k;
+    for (const unsigned char *p = (const unsigned char *)msg; p && *p; p++) {
+        char esc[8];
+        size_t m;
+        if (*p == '"' || *p == '\\')
+            esc[0] = '\\', esc[1] = (char)*p, m = 2;
+        else if (*p < 0x20 || *p >= 0x7f) /* keep replies ASCII: messages may quote input */
+            m = (size_t)snprintf(esc, sizeof esc, "\\u%04x", *p);
+        else
+            esc[0] = (char)*p, m = 1;
+        if (n + m + 5 > cap)
+            return 0;
+        memcpy(buf + n, esc, m);
+        n += m;
+    }
+    if (n + 5 > cap)
+        return 0;
+    memcpy(buf + n, "\"}}\n", 5); /* with its NUL */
+    return n + 4;
+}
+
+int serve_framer_init(serve_framer *f, size_t cap)
+{
+    f->buf = malloc(cap ? cap : 1);
+    f->len = 0;
+    f->cap = cap;
+    f->discarding = 0;
+    return f->buf ? 0 : -1;
+}
+
+void serve_framer_free(serve_framer *f)
+{
+    free(f->buf);
+    f->buf = NULL;
+}
+
+static void emit(const char *line, size_t len, serve_line_fn fn, void *ctx)
+{
+    size_t i;
+    if (len && line[len - 1] == '\r')
+        len--;
+    for (i = 0; i < len; i++)
+        if (line[i] != ' ' && line[i] != '\t')
+            break;
+    if (i < len)
+        fn(ctx, line, len, 0);
+}
+
+void serve_framer_feed(serve_framer *f, const char *data, size_t n, serve_line_fn fn, void *ctx)
+{
+    while (n) {
+        const char *nl = memchr(data, '\n', n);
+        size_t chunk = nl ? (size_t)(nl - data) : n;
+        if (f->discarding) {
+            if (nl) {
+                f->discarding = 0;
+                fn(ctx, NULL, 0, 1);
+            }
+        } else if (f->len + chunk > f->cap) {
+            f->len = 0;
+            if (nl)
+                fn(ctx, NULL, 0, 1);
+            else
+                f->discarding = 1;
+        } else if (nl && f->len == 0) {
+            emit(data, chunk, fn, ctx); /* whole line in this read: no copy */
+        } else {
+            memcpy(f->buf + f->len, data, chunk);
+            f->len += chunk;
+            if (nl) {
+                emit(f->buf, f->len, fn, ctx);
+                f->len = 0;
+            }
+        }
+        if (!nl)
+            return;
+        data = nl + 1;
+        n -= chunk + 1;
+    }
+}
+
+uint64_t serve_fnv1a(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}

@@ -1,0 +1,601 @@
+/* The serving example: protocol unit tests, then the real binary on loopback:
+ * a bounded load test (many concurrent clients, a fixed number of requests,
+ * malformed / oversized / out-of-range ones mixed in, a time limit: every
+ * request answered, none lost, equal inputs give equal checksums), and
+ * shutdown on SIGTERM and SIGINT with requests still queued. */
+#define _POSIX_C_SOURCE 200809L
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "serve_proto.h"
+
+static const char *server_path;
+
+/* ---- protocol ---------------------------------------------------------- */
+
+START_TEST(test_parse)
+{
+    serve_limits lim = {8, 100};
+    serve_request r;
+    char msg[200];
+    static const struct {
+        const char *line;
+        serve_err want;
+        const char *id;
+    } cases[] = {
+        {"{\"id\":7,\"tokens\":2,\"positions\":[0,99]}", SERVE_OK, "7"},
+        {" {\"positions\":[3],\"x\":{\"a\":[1,2.5e3,null,true]},\"tokens\":1,\"id\":\"q\\\"1\"} ",
+         SERVE_OK, "\"q\\\"1\""},
+        {"{\"id\":-3,\"tokens\":1,\"positions\":[1]}", SERVE_OK, "-3"},
+        {"", SERVE_EJSON, ""},
+        {"[1,2]", SERVE_EJSON, ""},
+        {"{\"id\":1,\"tokens\":1,\"positions\":[1]", SERVE_EJSON, "1"},
+        {"{\"id\":1,\"tokens\":1,\"positions\":[1]} x", SERVE_EJSON, "1"},
+        {"{\"id\":1,\"tokens\":1,\"positions\":[01]}", SERVE_EJSON, "1"},
+        {"{\"id\":1,\"tokens\":1,\"positions\":[\"1\"]}", SERVE_EJSON, "1"},
+        {"{\"id\":\"a\\q\",\"tokens\":1,\"positions\":[1]}", SERVE_EJSON, ""},
+        {"{\"id\":1.5,\"tokens\":1,\"positions\":[1]}", SERVE_EREQUEST, ""},
+        {"{\"id\":1,\"id\":2,\"tokens\":1,\"positions\":[1]}", SERVE_EREQUEST, "1"},
+        {"{\"tokens\":1,\"positions\":[1]}", SERVE_EREQUEST, ""},
+        {"{\"id\":1,\"positions\":[1]}", SERVE_EREQUEST, "1"},
+        {"{\"id\":1,\"tokens\":2,\"positions\":[1]}", SERVE_EREQUEST, "1"},
+        {"{\"id\":1,\"tokens\":1.0,\"positions\":[1]}", SERVE_EREQUEST, "1"},
+        {"{\"id\":1,\"tokens\":1,\"positions\":{}}", SERVE_EREQUEST, "1"},
+        {"{\"id\":1,\"tokens\":1,\"positions\":[100]}", SERVE_ERANGE, "1"},
+        {"{\"id\":1,\"tokens\":1,\"positions\":[-1]}", SERVE_ERANGE, "1"},
+        {"{\"id\":1,\"tokens\":1,\"positions\":[99999999999999999999]}", SERVE_EREQUEST, "1"},
+        {"{\"id\":1,\"tokens\":0,\"positions\":[]}", SERVE_ERANGE, "1"},
+        {"{\"id\":1,\"tokens\":9,\"positions\":[1,1,1,1,1,1,1,1,1]}", SERVE_ERANGE, "1"},
+        {"{\"id\":\"01234567890123456789012345678901234567890123456789012345678901234\","
+         "\"tokens\":1,\"positions\":[1]}",
+         SERVE_EREQUEST, ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        serve_err e = serve_parse_request(cases[i].line, strlen(cases[i].line), &lim, &r, msg,
+                                          sizeof msg);
+        ck_assert_msg(e == cases[i].want, "case %zu (%s): got %s want %s (%s)", i, cases[i].line,
+                      serve_err_code(e), serve_err_code(cases[i].want), msg);
+        ck_assert_msg(!strcmp(r.id, cases[i].id), "case %zu: id '%s' want '%s'", i, r.id,
+                      cases[i].id);
+        if (e != SERVE_OK)
+            ck_assert_msg(msg[0], "case %zu: no message", i);
+    }
+    ck_assert_int_eq(serve_parse_request(cases[0].line, strlen(cases[0].line), &lim, &r, msg,
+                                         sizeof msg),
+                     SERVE_OK);
+    ck_assert_int_eq(r.tokens, 2);
+    ck_assert_int_eq(r.positions[1], 99);
+    printf("protocol: %zu request lines parsed or refused with the right code\n",
+           sizeof cases / sizeof cases[0]);
+}
+END_TEST
+
+typedef struct lines {
+    char got[16][128];
+    int too_long[16];
+    int n;
+} lines;
+
+static void collect(void *ctx, const char *line, size_t len, int too_long)
+{
+    lines *l = ctx;
+    ck_assert_int_lt(l->n, 16);
+    l->too_long[l->n] = too_long;
+    snprintf(l->got[l->n], sizeof l->got[0], "%.*s", (int)len, line ? line : "");
+    l->n++;
+}
+
+START_TEST(test_framer_and_replies)
+{
+    serve_framer f;
+    lines l;
+    char big[100], buf[256];
+    serve_request r = {"\"x\"", 1, {0}};
+    serve_result res = {3, 2, 10, 20, 30, 0xabcdefull};
+    memset(&l, 0, sizeof l);
+    memset(big, 'x', sizeof big);
+    ck_assert_int_eq(serve_framer_init(&f, 16), 0);
+    /* split lines, CRLF, blank lines, a too-long line split over feeds, then in sync */
+    serve_framer_feed(&f, "ab", 2, collect, &l);
+    serve_framer_feed(&f, "c\r\n\n  \nd\n", 9, collect, &l);
+    serve_framer_feed(&f, big, 10, collect, &l);
+    serve_framer_feed(&f, big, 10, collect, &l);
+    serve_framer_feed(&f, big, 50, collect, &l);
+    serve_framer_feed(&f, "\ne\n0123456789abcdef\n0123456789abcdefg\nz", 40, collect, &l);
+    ck_assert_int_eq(l.n, 6);
+    ck_assert_str_eq(l.got[0], "abc");
+    ck_assert_str_eq(l.got[1], "d");
+    ck_assert_int_eq(l.too_long[2], 1);
+    ck_assert_str_eq(l.got[3], "e");
+    ck_assert_str_eq(l.got[4], "0123456789abcdef"); /* exactly the cap */
+    ck_assert_int_eq(l.too_long[5], 1);
+    serve_framer_free(&f);
+
+    ck_assert_uint_gt(serve_format_ok(buf, sizeof buf, &r, &res), 0);
+    ck_assert_str_eq(buf, "{\"id\":\"x\",\"ok\":true,\"tokens\":1,\"batch_tokens\":3,"
+                          "\"batch_requests\":2,\"queue_us\":10,\"compute_us\":20,"
+                          "\"total_us\":30,\"checksum\":\"0000000000abcdef\"}\n");
+    ck_assert_uint_gt(serve_format_error(buf, sizeof buf, NULL, SERVE_EJSON, "a \"q\"\n\x01"), 0);
+    ck_assert_str_eq(buf, "{\"id\":null,\"ok\":false,\"error\":{\"code\":\"bad_json\","
+                          "\"message\":\"a \\\"q\\\"\\u000a\\u0001\"}}\n");
+    ck_assert_uint_eq(serve_format_error(buf, 20, NULL, SERVE_EJSON, "long message"), 0);
+    printf("framer: split/CRLF/blank/too-long lines, stays in sync; replies formatted\n");
+}
+END_TEST
+
+/* ---- the server process ------------------------------------------------ */
+
+typedef struct proc {
+    pid_t pid;
+    int port;
+    FILE *out;
+} proc;
+
+static void spawn(proc *p, const char *const *extra)
+{
+    int fds[2];
+    char line[512];
+    const char *argv[32];
+    int n = 0;
+    ck_assert_int_eq(pipe(fds), 0);
+    argv[n++] = server_path;
+    argv[n++] = "--port";
+    argv[n++] = "0";
+    for (int i = 0; extra && extra[i]; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    p->pid = fork();
+    ck_assert_int_ge(p->pid, 0);
+    if (p->pid == 0) {
+        signal(SIGINT, SIG_DFL); /* a background shell may have left these ignored */
+        signal(SIGTERM, SIG_DFL);
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        execv(server_path, (char *const *)argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    p->out = fdopen(fds[0], "r");
+    ck_assert_ptr_nonnull(fgets(line, sizeof line, p->out));
+    ck_assert_msg(sscanf(strstr(line, "127.0.0.1:") ? strstr(line, "127.0.0.1:") : "",
+                         "127.0.0.1:%d", &p->port) == 1,
+                  "no port in: %s", line);
+    printf("server: %s", line);
+}
+
+static int finish(proc *p, int sig, double limit_s)
+{
+    int status = -1;
+    struct timespec t0, t1;
+    if (sig)
+        kill(p->pid, sig);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        pid_t r = waitpid(p->pid, &status, WNOHANG);
+        if (r == p->pid)
+            break;
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if ((double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9 > limit_s) {
+            kill(p->pid, SIGKILL);
+            waitpid(p->pid, &status, 0);
+            fclose(p->out);
+            return -1;
+        }
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    fclose(p->out);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static int connect_to(int port)
+{
+    struct sockaddr_in a;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a)) {
+        close(fd);
+        return -1;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    return fd;
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* ---- load test client -------------------------------------------------- */
+
+enum kind { K_OK, K_BADJSON, K_TOOLONG, K_RANGE, K_MISMATCH, K_NKINDS };
+static const char *const kind_code[] = {"", "bad_json", "too_long", "out_of_range", "bad_request"};
+
+#define NLISTS 16
+typedef struct client {
+    int fd, id;
+    char *out;
+    size_t out_len, out_off, out_cap;
+    char in[1 << 16];
+    size_t in_len;
+    int next, sent, answered, eof;
+} client;
+
+typedef struct load {
+    int nclients, per_client, window;
+    int total, answered, ok, errors_expected, errors_got, dup, unexpected, mism;
+    int got_kind[K_NKINDS], want_kind[K_NKINDS];
+    unsigned char *seen;               /* [client][request] */
+    char sums[NLISTS][17];             /* checksum seen for each positions list */
+    long batch_requests_sum;
+    int after_signal;
+    int shutting_down;
+} load;
+
+static enum kind kind_of(int k)
+{
+    return k % 13 == 5 ? (enum kind)(1 + (k / 13) % 4) : K_OK;
+}
+
+static int list_tokens(int li)
+{
+    return 1 + li % 4;
+}
+
+static void list_positions(int li, int i, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%d", (li * 61 + i * 17) % 1024);
+}
+
+static void out_add(client *c, const char *s, size_t n)
+{
+    if (c->out_len + n > c->out_cap) {
+        c->out_cap = (c->out_len + n) * 2;
+        c->out = realloc(c->out, c->out_cap);
+        ck_assert_ptr_nonnull(c->out);
+    }
+    memcpy(c->out + c->out_len, s, n);
+    c->out_len += n;
+}
+
+static void queue_request(load *L, client *c)
+{
+    int k = c->next++;
+    enum kind kd = kind_of(k);
+    char line[6000], pos[32];
+    int li = (c->id * 7 + k) % NLISTS, n, t = list_tokens(li);
+    L->want_kind[kd]++;
+    switch (kd) {
+    case K_BADJSON:
+        n = snprintf(line, sizeof line, "{\"id\":\"c%d-%d\",\"tokens\":1,\"positions\":[1}\n",
+                     c->id, k);
+        break;
+    case K_TOOLONG:
+        n = snprintf(line, sizeof line, "{\"id\":\"c%d-%d\",\"pad\":\"%5000d\"}\n", c->id, k, 0);
+        break;
+    case K_RANGE:
+        n = snprintf(line, sizeof line, "{\"id\":\"c%d-%d\",\"tokens\":1,\"positions\":[1024]}\n",
+                     c->id, k);
+        break;
+    case K_MISMATCH:
+        n = snprintf(line, sizeof line, "{\"id\":\"c%d-%d\",\"tokens\":3,\"positions\":[1]}\n",
+                     c->id, k);
+        break;
+    default:
+        n = snprintf(line, sizeof line, "{\"id\":\"c%d-%d\",\"tokens\":%d,\"positions\":[", c->id,
+                     k, t);
+        for (int i = 0; i < t; i++) {
+            list_positions(li, i, pos, sizeof pos);
+            n += snprintf(line + n, sizeof line - (size_t)n, "%s%s", i ? "," : "", pos);
+        }
+        n += snprintf(line + n, sizeof line - (size_t)n, "]}\n");
+        break;
+    }
+    out_add(c, line, (size_t)n);
+    c->sent++;
+}
+
+/* One reply line: match it to its request. */
+static void on_reply(load *L, client *c, const char *line)
+{
+    int cid = -1, k = -1;
+    const char *idp = strstr(line, "\"id\":");
+    int ok = strstr(line, "\"ok\":true") != NULL;
+    c->answered++;
+    L->answered++;
+    if (idp && sscanf(idp, "\"id\":\"c%d-%d\"", &cid, &k) == 2 && cid == c->id && k >= 0 &&
+        k < L->per_client) {
+        if (L->seen[(size_t)cid * (size_t)L->per_client + (size_t)k]++)
+            L->dup++;
+    } else if (!(idp && !strncmp(idp, "\"id\":null", 9))) {
+        L->unexpected++;
+        fprintf(stderr, "unexpected reply: %s\n", line);
+        return;
+    }
+    if (ok) {
+        const char *cs = strstr(line, "\"checksum\":\"");
+        const char *br = strstr(line, "\"batch_requests\":");
+        int li = (cid * 7 + k) % NLISTS;
+        if (k < 0 || kind_of(k) != K_OK || !cs) {
+            L->unexpected++;
+            return;
+        }
+        L->ok++;
+        if (br)
+            L->batch_requests_sum += atol(br + 17);
+        cs += 12;
+        if (!L->sums[li][0])
+            memcpy(L->sums[li], cs, 16);
+        else if (memcmp(L->sums[li], cs, 16))
+            L->mism++;
+    } else {
+        const char *code = strstr(line, "\"code\":\"");
+        enum kind want = k >= 0 ? kind_of(k) : K_NKINDS;
+        int matched = 0;
+        L->errors_got++;
+        if (code && L->shutting_down && !strncmp(code + 8, "shutting_down", 13)) {
+            L->got_kind[0]++;
+            return;
+        }
+        for (int kd = 1; kd < K_NKINDS && code; kd++) {
+            if (!strncmp(code + 8, kind_code[kd], strlen(kind_code[kd]))) {
+                /* null-id errors (bad_json, too_long) are matched by count */
+                if (k < 0 || (int)want == kd)
+                    L->got_kind[kd]++, matched = 1;
+            }
+        }
+        if (!matched) {
+            L->unexpected++;
+            fprintf(stderr, "unexpected error reply: %s\n", line);
+        }
+    }
+}
+
+/* Drive all clients until every request is answered (or EOF after a signal,
+ * or the deadline). signal_after: send `sig` to pid after that many replies. */
+static double run_clients(load *L, client *cl, double limit_s, pid_t pid, int sig,
+                          int signal_after)
+{
+    struct pollfd *pf = calloc((size_t)L->nclients, sizeof *pf);
+    double t0 = now_s();
+    int signalled = 0;
+    ck_assert_ptr_nonnull(pf);
+    for (;;) {
+        int active = 0;
+        if (now_s() - t0 > limit_s)
+            break;
+        if (sig && !signalled && L->answered >= signal_after) {
+            kill(pid, sig);
+            signalled = 1;
+            L->shutting_down = 1;
+            L->after_signal = -L->answered;
+        }
+        for (int i = 0; i < L->nclients; i++) {
+            client *c = &cl[i];
+            while (c->next < L->per_client && c->sent - c->answered < L->window)
+                queue_request(L, c);
+            pf[i].fd = c->eof ? -1 : c->fd;
+            pf[i].events = POLLIN | (c->out_off < c->out_len ? POLLOUT : 0);
+            pf[i].revents = 0;
+            if (!c->eof && (c->answered < L->per_client || signalled))
+                active++;
+        }
+        if (!active)
+            break;
+        if (poll(pf, (nfds_t)L->nclients, 50) < 0 && errno != EINTR)
+            break;
+        for (int i = 0; i < L->nclients; i++) {
+            client *c = &cl[i];
+            if (pf[i].revents & POLLOUT) {
+                ssize_t w = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
+                if (w > 0)
+                    c->out_off += (size_t)w;
+                if (c->out_off == c->out_len)
+                    c->out_off = c->out_len = 0;
+            }
+            if (pf[i].revents & (POLLIN | POLLHUP | POLLERR)) {
+                ssize_t r = recv(c->fd, c->in + c->in_len, sizeof c->in - c->in_len - 1, 0);
+                char *nl, *p;
+                if (r <= 0) {
+                    if (r == 0 || (errno != EAGAIN && errno != EINTR))
+                        c->eof = 1;
+                    continue;
+                }
+                c->in_len += (size_t)r;
+                c->in[c->in_len] = '\0';
+                p = c->in;
+                while ((nl = strchr(p, '\n'))) {
+                    *nl = '\0';
+                    on_reply(L, c, p);
+                    p = nl + 1;
+                }
+                c->in_len -= (size_t)(p - c->in);
+                memmove(c->in, p, c->in_len);
+            }
+        }
+    }
+    if (signalled)
+        L->after_signal += L->answered;
+    free(pf);
+    return now_s() - t0;
+}
+
+static client *clients_open(load *L, int port)
+{
+    client *cl = calloc((size_t)L->nclients, sizeof *cl);
+    ck_assert_ptr_nonnull(cl);
+    L->seen = calloc((size_t)L->nclients * (size_t)L->per_client, 1);
+    ck_assert_ptr_nonnull(L->seen);
+    for (int i = 0; i < L->nclients; i++) {
+        cl[i].id = i;
+        cl[i].fd = connect_to(port);
+        ck_assert_int_ge(cl[i].fd, 0);
+    }
+    return cl;
+}
+
+static void clients_close(load *L, client *cl)
+{
+    for (int i = 0; i < L->nclients; i++) {
+        close(cl[i].fd);
+        free(cl[i].out);
+    }
+    free(cl);
+    free(L->seen);
+}
+
+START_TEST(test_load)
+{
+    static const char *const args[] = {"--max-batch-tokens", "32", "--max-request-tokens", "8",
+                                       "--context", "1024", NULL};
+    proc p;
+    load L;
+    client *cl;
+    double secs;
+    int want_ok, rc;
+    memset(&L, 0, sizeof L);
+    L.nclients = 48;
+    L.per_client = 64;
+    L.window = 6;
+    L.total = L.nclients * L.per_client;
+    spawn(&p, args);
+    cl = clients_open(&L, p.port);
+    secs = run_clients(&L, cl, 120.0, 0, 0, 0);
+    want_ok = L.want_kind[K_OK];
+    printf("load: %d clients x %d requests (%d well-formed, %d bad) in %.2f s = %.0f requests/s; "
+           "answered %d, ok %d, errors %d, mean %.2f requests per step\n",
+           L.nclients, L.per_client, want_ok, L.total - want_ok, secs, L.total / secs, L.answered,
+           L.ok, L.errors_got, L.ok ? (double)L.batch_requests_sum / L.ok : 0.0);
+    ck_assert_int_eq(L.answered, L.total); /* none lost */
+    ck_assert_int_eq(L.ok, want_ok);
+    ck_assert_int_eq(L.dup, 0);
+    ck_assert_int_eq(L.unexpected, 0);
+    ck_assert_int_eq(L.mism, 0); /* same positions, same checksum, whatever the batch */
+    for (int kd = 1; kd < K_NKINDS; kd++)
+        ck_assert_msg(L.got_kind[kd] == L.want_kind[kd], "%s: got %d want %d", kind_code[kd],
+                      L.got_kind[kd], L.want_kind[kd]);
+    ck_assert_msg(L.batch_requests_sum > L.ok, "no step ever batched two requests");
+    clients_close(&L, cl);
+    rc = finish(&p, SIGTERM, 20.0);
+    ck_assert_int_eq(rc, 0);
+}
+END_TEST
+
+/* SIGTERM / SIGINT with most requests still queued: all answered, then EOF,
+ * exit 0, and the port no longer accepts. */
+static void shutdown_case(int sig)
+{
+    static const char *const args[] = {"--max-batch-tokens", "8", "--max-request-tokens", "8",
+                                       NULL};
+    proc p;
+    load L;
+    client *cl;
+    int rc, fd, shut;
+    memset(&L, 0, sizeof L);
+    L.nclients = 8;
+    L.per_client = 24;
+    L.window = 24; /* everything at once */
+    L.total = L.nclients * L.per_client;
+    spawn(&p, args);
+    cl = clients_open(&L, p.port);
+    run_clients(&L, cl, 60.0, p.pid, sig, 1);
+    rc = finish(&p, 0, 20.0);
+    shut = L.got_kind[0];
+    printf("shutdown on signal %d: %d of %d answered (%d ok, %d shutting_down), %d of them after "
+           "the signal; exit %d\n",
+           sig, L.answered, L.total, L.ok, shut, L.after_signal, rc);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_int_eq(L.answered, L.total);
+    ck_assert_int_eq(L.dup, 0);
+    ck_assert_int_eq(L.unexpected, 0);
+    ck_assert_int_eq(L.mism, 0);
+    ck_assert_int_gt(L.after_signal, 0); /* requests really were in flight */
+    for (int i = 0; i < L.nclients; i++)
+        ck_assert_msg(cl[i].eof, "client %d not closed by the server", i);
+    fd = connect_to(p.port);
+    ck_assert_int_lt(fd, 0);
+    clients_close(&L, cl);
+}
+
+START_TEST(test_sigterm)
+{
+    shutdown_case(SIGTERM);
+}
+END_TEST
+
+START_TEST(test_sigint)
+{
+    shutdown_case(SIGINT);
+}
+END_TEST
+
+START_TEST(test_bad_options)
+{
+    static const char *const bad[][3] = {
+        {"--port", "70000", NULL}, {"--device", "tpu", NULL}, {"--bogus", "1", NULL},
+        {"--max-request-tokens", "65", NULL}, {"--weights", "/nonexistent.safetensors", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        pid_t pid = fork();
+        int status;
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            int devnull = open("/dev/null", O_WRONLY);
+            dup2(devnull, 1);
+            dup2(devnull, 2);
+            execl(server_path, server_path, bad[i][0], bad[i][1], (char *)NULL);
+            _exit(127);
+        }
+        waitpid(pid, &status, 0);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 127,
+                      "%s %s: status %d", bad[i][0], bad[i][1], status);
+    }
+    printf("bad options and a missing weights file: non-zero exit, no crash\n");
+}
+END_TEST
+
+int main(int argc, char **argv)
+{
+    Suite *s = suite_create("serve");
+    TCase *proto = tcase_create("protocol"), *live = tcase_create("server");
+    SRunner *sr;
+    int failed;
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s PATH-TO-mlart-serve-example\n", argv[0]);
+        return 2;
+    }
+    server_path = argv[1];
+    signal(SIGPIPE, SIG_IGN);
+    tcase_add_test(proto, test_parse);
+    tcase_add_test(proto, test_framer_and_replies);
+    tcase_set_timeout(live, 180);
+    tcase_add_test(live, test_load);
+    tcase_add_test(live, test_sigterm);
+    tcase_add_test(live, test_sigint);
+    tcase_add_test(live, test_bad_options);
+    suite_add_tcase(s, proto);
+    suite_add_tcase(s, live);
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
