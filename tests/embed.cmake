@@ -63,7 +63,8 @@ set_tests_properties(test_embed_install PROPERTIES LABELS cpu TIMEOUT 300 SKIP_R
 # the real binary on 127.0.0.1.
 if(TARGET mlart-serve-example)
   mlart_test(test_embed_serve LABELS cpu TIMEOUT 300
-    SOURCES ${_embed}/test_serve.c ${PROJECT_SOURCE_DIR}/apps/serve-example/serve_proto.c
+    SOURCES ${_embed}/test_serve.c ${_embed}/st_writer.c
+            ${PROJECT_SOURCE_DIR}/apps/serve-example/serve_proto.c
     ARGS $<TARGET_FILE:mlart-serve-example>)
   target_include_directories(test_embed_serve PRIVATE ${PROJECT_SOURCE_DIR}/apps/serve-example)
   add_dependencies(test_embed_serve mlart-serve-example)

@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -20,6 +21,7 @@
 #include <unistd.h>
 
 #include "serve_proto.h"
+#include "st_writer.h"
 
 static const char *server_path;
 
@@ -547,6 +549,125 @@ START_TEST(test_sigint)
 }
 END_TEST
 
+/* Send n request lines on one connection and collect each reply's checksum
+ * (request i has id "w<i>"). */
+static void query(int port, int n, char sums[][17])
+{
+    int fd = connect_to(port), got = 0;
+    char buf[1 << 16];
+    size_t len = 0;
+    double t0 = now_s();
+    ck_assert_int_ge(fd, 0);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    for (int i = 0; i < n; i++) {
+        char line[128];
+        int k = snprintf(line, sizeof line,
+                         "{\"id\":\"w%d\",\"tokens\":2,\"positions\":[%d,%d]}\n", i, 37 * i,
+                         37 * i + 300);
+        ck_assert_int_eq(send(fd, line, (size_t)k, MSG_NOSIGNAL), k);
+    }
+    while (got < n && now_s() - t0 < 30.0) {
+        ssize_t r = recv(fd, buf + len, sizeof buf - len - 1, 0);
+        char *p, *nl;
+        ck_assert_int_gt(r, 0);
+        len += (size_t)r;
+        buf[len] = '\0';
+        p = buf;
+        while ((nl = strchr(p, '\n'))) {
+            int i = -1;
+            const char *cs = strstr(p, "\"checksum\":\"");
+            *nl = '\0';
+            ck_assert_msg(cs && sscanf(p, "{\"id\":\"w%d\"", &i) == 1 && i >= 0 && i < n,
+                          "bad reply: %s", p);
+            memcpy(sums[i], cs + 12, 16);
+            sums[i][16] = '\0';
+            got++;
+            p = nl + 1;
+        }
+        len -= (size_t)(p - buf);
+        memmove(buf, p, len);
+    }
+    close(fd);
+    ck_assert_int_eq(got, n);
+}
+
+/* Checkpoint weights through the server: a BF16 and an FP8 (128x128 block
+ * scales) kv_b_proj holding the same values must serve identical outputs. */
+START_TEST(test_weights)
+{
+    /* the server's default geometry: H=4, P=64, V=64, L=256 */
+    enum { H = 4, P = 64, V = 64, L = 256, ROWS = H * (P + V) };
+    static uint8_t q8[ROWS * L];
+    static uint16_t bf[ROWS * L];
+    static float scale[(ROWS / 128) * (L / 128)];
+    static char s_bf[8][17], s_f8[8][17], s_rand[8][17];
+    char dir[] = "/tmp/mlart-serve-w-XXXXXX", pbf[64], pf8[64];
+    const char *args[] = {"--weights", pbf, "--layer", "2", "--device", "cpu", NULL};
+    uint64_t x = (uint64_t)time(NULL) | 1;
+    st_buf f;
+    proc p;
+    int differ = 0;
+    printf("weights seed %llu\n", (unsigned long long)x);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(pbf, sizeof pbf, "%s/bf16.safetensors", dir);
+    snprintf(pf8, sizeof pf8, "%s/fp8.safetensors", dir);
+    for (int i = 0; i < (ROWS / 128) * (L / 128); i++)
+        scale[i] = ldexpf(1.0f, -8 - i % 3); /* powers of two: fp8 x scale is exact in bf16 */
+    for (int r = 0; r < ROWS; r++) {
+        for (int c = 0; c < L; c++) {
+            uint8_t b;
+            do {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                b = (uint8_t)(x >> 24);
+            } while ((b & 0x7f) == 0x7f);
+            q8[r * L + c] = b;
+            bf[r * L + c] = st_ref_bf16(st_ref_e4m3(b) * scale[(r / 128) * (L / 128) + c / 128]);
+        }
+    }
+    {
+        st_tensor t = {"model.layers.2.self_attn.kv_b_proj.weight", "BF16", 2, {ROWS, L}, bf,
+                       sizeof bf, 0, 0, 0};
+        ck_assert_int_eq(st_build(&t, 1, 1, &f), 0);
+        ck_assert_int_eq(st_write_file(pbf, f.data, f.len), 0);
+        st_buf_free(&f);
+    }
+    {
+        st_tensor t[2] = {
+            {"model.layers.2.self_attn.kv_b_proj.weight", "F8_E4M3", 2, {ROWS, L}, q8,
+             sizeof q8, 0, 0, 0},
+            {"model.layers.2.self_attn.kv_b_proj.weight_scale_inv", "F32", 2,
+             {ROWS / 128, L / 128}, scale, sizeof scale, 0, 0, 0},
+        };
+        ck_assert_int_eq(st_build(t, 2, 0, &f), 0);
+        ck_assert_int_eq(st_write_file(pf8, f.data, f.len), 0);
+        st_buf_free(&f);
+    }
+    spawn(&p, args);
+    query(p.port, 8, s_bf);
+    ck_assert_int_eq(finish(&p, SIGTERM, 20.0), 0);
+    snprintf(pbf, sizeof pbf, "%s", pf8);
+    spawn(&p, args);
+    query(p.port, 8, s_f8);
+    ck_assert_int_eq(finish(&p, SIGTERM, 20.0), 0);
+    args[0] = "--seed", args[1] = "1"; /* random weights */
+    spawn(&p, args);
+    query(p.port, 8, s_rand);
+    ck_assert_int_eq(finish(&p, SIGTERM, 20.0), 0);
+    for (int i = 0; i < 8; i++) {
+        ck_assert_msg(!strcmp(s_bf[i], s_f8[i]), "request %d: bf16 %s fp8 %s", i, s_bf[i],
+                      s_f8[i]);
+        differ += strcmp(s_bf[i], s_rand[i]) != 0;
+    }
+    ck_assert_int_eq(differ, 8);
+    unlink(pf8);
+    snprintf(pbf, sizeof pbf, "%s/bf16.safetensors", dir);
+    unlink(pbf);
+    rmdir(dir);
+    printf("weights: 8 requests give identical checksums from a BF16 and an FP8 checkpoint of "
+           "the same values, different from random weights\n");
+}
+END_TEST
+
 START_TEST(test_bad_options)
 {
     static const char *const bad[][3] = {
@@ -591,6 +712,7 @@ int main(int argc, char **argv)
     tcase_add_test(live, test_sigterm);
     tcase_add_test(live, test_sigint);
     tcase_add_test(live, test_bad_options);
+    tcase_add_test(live, test_weights);
     suite_add_tcase(s, proto);
     suite_add_tcase(s, live);
     sr = srunner_create(s);
