@@ -445,13 +445,13 @@ int bench_variants(const mlart_bench_opts *o)
 {
     static const mlart_bench_col cols[] = {{"time", "us", 9, 2}, {"GB/s", "unique", 8, 0}};
     const mlart_bench_table t = {"variants: tiled (bm), stream (mt, warps), persistent stream (mt, warps)", "shape variant", 34, cols, 2};
-    static const int64_t Ts[] = {1, 4, 16, 64, 96, 128, 192, 256};
+    static const int64_t Ts[] = {1, 16, 32, 64, 128};
     static const int64_t Hs[] = {16, 128};
     mlart_bench_table_head(o, &t);
     for (int vup = 0; vup < 2; vup++)
         for (int p = 0; p < 2; p++)
             for (int ih = 0; ih < 2; ih++)
-                for (int it = 0; it < 8; it++) {
+                for (int it = 0; it < 5; it++) {
                     Ctx c;
                     memset(&c, 0, sizeof c);
                     c.vup = vup;
