@@ -42,6 +42,9 @@ struct conn {
     int refs;             /* 1 while the handle is open, + 1 per request in the queue or step */
     int closing;
     int reading;
+    int eof;              /* the client half-closed: answer what it sent, then close */
+    int shut;             /* uv_shutdown issued */
+    int pending;          /* its requests queued or in the running step */
     conn *prev, *next;    /* the server's list of open connections */
 };
 
@@ -124,7 +127,7 @@ static void on_written(uv_write_t *w, int status)
     if (status < 0 && !c->closing)
         conn_close(c);
     /* resume a client we paused for not reading its replies */
-    if (!c->closing && !c->reading && !c->srv->stopping &&
+    if (!c->closing && !c->reading && !c->eof && !c->shut && !c->srv->stopping &&
         uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) < WRITE_HIGH_WATER / 2) {
         if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
             c->reading = 1;
@@ -166,6 +169,39 @@ static void send_error(conn *c, const char *id, serve_err e, const char *msg)
     char buf[REPLY_MAX];
     c->srv->errors++;
     send_reply(c, buf, serve_format_error(buf, sizeof buf, id, e, msg));
+}
+
+static void on_shutdown(uv_shutdown_t *r, int status)
+{
+    conn *c = r->data;
+    (void)status;
+    free(r);
+    conn_close(c);
+    conn_unref(c);
+}
+
+/* Flush the replies already written, then close. */
+static void conn_shutdown(conn *c)
+{
+    uv_shutdown_t *r;
+    if (c->closing || c->shut)
+        return;
+    c->shut = 1;
+    if (c->reading)
+        uv_read_stop((uv_stream_t *)&c->tcp);
+    c->reading = 0;
+    r = malloc(sizeof *r);
+    if (!r) {
+        conn_close(c);
+        return;
+    }
+    r->data = c;
+    c->refs++;
+    if (uv_shutdown(r, (uv_stream_t *)&c->tcp, on_shutdown) < 0) {
+        free(r);
+        c->refs--;
+        conn_close(c);
+    }
 }
 
 /* ---- steps ------------------------------------------------------------- */
@@ -213,6 +249,8 @@ static void after_work_cb(uv_work_t *w, int status)
             s->served++;
             send_reply(p->c, buf, serve_format_ok(buf, sizeof buf, &p->req, &r));
         }
+        if (--p->c->pending == 0 && p->c->eof)
+            conn_shutdown(p->c);
         conn_unref(p->c);
         free(p);
     }
@@ -291,6 +329,7 @@ static void on_line(void *ctx, const char *line, size_t len, int too_long)
     p->req = req;
     p->t_arrival = now_ns();
     c->refs++;
+    c->pending++;
     if (s->qtail)
         s->qtail->next = p;
     else
@@ -310,8 +349,17 @@ static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
 static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
 {
     conn *c = st->data;
+    if (n == UV_EOF) {
+        /* half-close: the client may still read; answer what it sent */
+        uv_read_stop(st);
+        c->reading = 0;
+        c->eof = 1;
+        if (c->pending == 0)
+            conn_shutdown(c);
+        return;
+    }
     if (n < 0) {
-        conn_close(c); /* EOF or error: queued requests are dropped at reply time */
+        conn_close(c); /* reset or error: its queued requests are dropped at reply time */
         return;
     }
     serve_framer_feed(&c->fr, buf->base, (size_t)n, on_line, c);
@@ -350,40 +398,13 @@ static void on_connection(uv_stream_t *l, int status)
 
 /* ---- shutdown ---------------------------------------------------------- */
 
-static void on_shutdown(uv_shutdown_t *r, int status)
-{
-    conn *c = r->data;
-    (void)status;
-    free(r);
-    conn_close(c);
-    conn_unref(c);
-}
-
 /* Once nothing is queued or running: flush every connection, then close. */
 static void maybe_finish(server *s)
 {
     if (!s->stopping || s->busy || s->qhead)
         return;
-    for (conn *c = s->conns; c; c = c->next) {
-        uv_shutdown_t *r;
-        if (c->closing)
-            continue;
-        if (c->reading)
-            uv_read_stop((uv_stream_t *)&c->tcp);
-        c->reading = 0;
-        r = malloc(sizeof *r);
-        if (!r) {
-            conn_close(c);
-            continue;
-        }
-        r->data = c;
-        c->refs++;
-        if (uv_shutdown(r, (uv_stream_t *)&c->tcp, on_shutdown) < 0) {
-            free(r);
-            c->refs--;
-            conn_close(c);
-        }
-    }
+    for (conn *c = s->conns; c; c = c->next)
+        conn_shutdown(c);
     for (int i = 0; i < 2; i++)
         if (!uv_is_closing((uv_handle_t *)&s->sig[i]))
             uv_close((uv_handle_t *)&s->sig[i], NULL);
