@@ -20,12 +20,11 @@
  * merged at the end.
  *
  * Splits write fp32 partial outputs and natural-log LSEs to the workspace;
- * the last chunk of a (token, head tile) to finish combines them
- * (LSE-weighted), counted by a per-(token, tile) counter that the backend
- * allocates and zeroes at plan time and that each launch leaves at zero.
- * One launch per step (two when the head count leaves a partial tile).
- * No allocation, no host read, no synchronisation: it can be captured in a
- * graph. */
+ * a small kernel combines them (LSE-weighted), one block per (token, head),
+ * so the combine's reads spread over the whole GPU.  (Combining in the
+ * last-finishing chunk instead was measured 2-7x slower at T <= 4: one
+ * block then reads every partial of 64 heads.)  No allocation, no host
+ * read, no synchronisation: the launches can be captured in a graph. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -72,8 +71,6 @@ struct AttendArgs {
     int64_t l_sh, l_st;
     float *ws_o;   /* [splits][T][H][512] when splits > 1 */
     float *ws_lse; /* [splits][T][H] */
-    int *counters; /* [T][tiles] finished chunks, 0 between launches */
-    int tiles;     /* head tiles of the step */
     int T, H, B, topk, page;
     int tile_base;        /* first head tile of this launch */
     int blocks_per_split; /* pipeline blocks per chunk */
@@ -84,14 +81,18 @@ struct AttendArgs {
 /* Shared-memory map of one thread block (byte offsets, all 16-aligned). */
 template <bool FP8, int RT> struct Smem {
     static constexpr int KS = RT <= 2 ? 2 : 1; /* pairs that share a row tile */
-    static constexpr int KV_STAGES = FP8 ? 2 : 3;
-    static constexpr int RAW_STAGES = FP8 ? 3 : 0;
+    /* Stages: as many as shared memory holds, so that fewer heads (a
+     * smaller Q tile) keep more cache bytes in flight.  bf16: 5/4/4/3
+     * gathered stages for 1..4 row tiles; fp8: 2 converted stages and
+     * 6/5/4/3 raw stages. */
+    static constexpr int KV_STAGES = FP8 ? 2 : (RT == 1 ? 5 : RT == 4 ? 3 : 4);
+    static constexpr int RAW_STAGES = FP8 ? 7 - RT : 1; /* unused (1) for bf16 */
     static constexpr int Q_BYTES = RT * 16 * ROW_BYTES;
     static constexpr int KV_STAGE = BN * ROW_BYTES;
     static constexpr int RAW_STAGE = BN * FP8_BYTES;
     static constexpr int OFF_KV = Q_BYTES;
     static constexpr int OFF_RAW = OFF_KV + KV_STAGES * KV_STAGE;
-    static constexpr int OFF_P = OFF_RAW + RAW_STAGES * RAW_STAGE;
+    static constexpr int OFF_P = OFF_RAW + (FP8 ? RAW_STAGES * RAW_STAGE : 0);
     static constexpr int P_PAIR = 16 * BN * 2;
     static constexpr int OFF_MAX = OFF_P + 4 * P_PAIR;
     static constexpr int OFF_SLOT = OFF_MAX + 4 * 2 * 16 * 4;
@@ -100,9 +101,8 @@ template <bool FP8, int RT> struct Smem {
     static constexpr int MERGE_FLOATS = 132 * 32;
     static_assert(KS == 1 || 2 * 2 * MERGE_FLOATS * 4 <= KV_STAGES * KV_STAGE,
                   "merge buffer must fit in the KV stages");
-    static_assert(HEAD_TILE * (MAX_SPLITS + 3) * 4 <= KV_STAGES * KV_STAGE,
-                  "combine scratch must fit in the KV stages");
     static constexpr size_t bytes(int chunk_slots) { return (size_t)OFF_SLOT + 4u * chunk_slots; }
+    static_assert(bytes(B12X_MAX_TOPK) <= 232448, "over the sm_90 shared memory per block");
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p)
@@ -195,64 +195,6 @@ __device__ __forceinline__ uint32_t sw_off(int r, int c)
     return (uint32_t)(r * ROW_BYTES + ((c ^ (r & 7)) << 4));
 }
 
-/* out[h,t,:] = sum_z w_z * part_z / sum_z w_z with w_z = exp(lse_z - max),
- * for the `rows` heads of one tile, by all threads of the block.  Shared
- * memory: weights [rows][MAX_SPLITS + 1] (padded: one thread per row scans
- * its row), then per-row max and sum.  Partials are read with ld.global.cg
- * (L2): other blocks wrote them during this launch.  Empty partials (lse
- * -inf) weigh 0 and are never read, so 0 * NaN cannot occur. */
-__device__ __forceinline__ void b12x_combine_tile(const AttendArgs &a, uint8_t *scratch, int t, int h0,
-                                               int rows)
-{
-    constexpr int WS = MAX_SPLITS + 1;
-    float *s_w = reinterpret_cast<float *>(scratch);
-    float *s_mx = s_w + HEAD_TILE * WS, *s_sum = s_mx + HEAD_TILE;
-    const int tid = threadIdx.x, S = a.splits;
-    for (int u = tid; u < rows * S; u += NTHREADS) {
-        const int hr = u / S, z = u - hr * S;
-        s_w[hr * WS + z] = __ldcg(a.ws_lse + ((int64_t)z * a.T + t) * a.H + h0 + hr);
-    }
-    __syncthreads();
-    if (tid < rows) {
-        float mx = -INFINITY, sum = 0.0f;
-        for (int z = 0; z < S; z++)
-            mx = fmaxf(mx, s_w[tid * WS + z]);
-        for (int z = 0; z < S; z++) {
-            const float w = mx == -INFINITY ? 0.0f : expf(s_w[tid * WS + z] - mx);
-            s_w[tid * WS + z] = w;
-            sum += w;
-        }
-        s_mx[tid] = mx;
-        s_sum[tid] = sum;
-    }
-    __syncthreads();
-    const int c = (tid & 127) * 4;
-    for (int hr = tid >> 7; hr < rows; hr += NTHREADS / 128) {
-        const int h = h0 + hr;
-        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
-        for (int z = 0; z < S; z++) {
-            const float w = s_w[hr * WS + z];
-            if (w != 0.0f) {
-                const int64_t row = ((int64_t)z * a.T + t) * a.H + h;
-                const float4 v = __ldcg(reinterpret_cast<const float4 *>(a.ws_o + row * KV_L + c));
-                acc.x += w * v.x;
-                acc.y += w * v.y;
-                acc.z += w * v.z;
-                acc.w += w * v.w;
-            }
-        }
-        const float sum = s_sum[hr];
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        __nv_bfloat16 *orow = a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + c;
-        reinterpret_cast<uint32_t *>(orow)[0] = pack_bf16(acc.x * inv, acc.y * inv);
-        reinterpret_cast<uint32_t *>(orow)[1] = pack_bf16(acc.z * inv, acc.w * inv);
-        if ((tid & 127) == 0 && a.lse)
-            a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] =
-                sum > 0.0f ? s_mx[hr] + logf(sum) : -INFINITY;
-    }
-}
-
 template <bool FP8, int RT>
 __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendArgs a)
 {
@@ -319,7 +261,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
     auto issue = [&](int j) {
         if (j < nblk) {
             if constexpr (!FP8) {
-                const uint32_t st = sbase + S::OFF_KV + (j % 3) * S::KV_STAGE;
+                const uint32_t st = sbase + S::OFF_KV + (j % S::KV_STAGES) * S::KV_STAGE;
 #pragma unroll
                 for (int i = 0; i < BN * ROW_CHUNKS / NTHREADS; i++) {
                     const int u = tid + i * NTHREADS;
@@ -329,7 +271,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
                     cp_async16(st + sw_off(r, c), src, slot >= 0 ? 16 : 0);
                 }
             } else {
-                const uint32_t st = sbase + S::OFF_RAW + (j % 3) * S::RAW_STAGE;
+                const uint32_t st = sbase + S::OFF_RAW + (j % S::RAW_STAGES) * S::RAW_STAGE;
                 for (int u = tid; u < BN * FP8_CHUNKS; u += NTHREADS) {
                     const int r = u / FP8_CHUNKS, c = u - r * FP8_CHUNKS;
                     const int slot = s_slot[j * BN + r];
@@ -344,7 +286,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
     /* fp8 block j: raw stage j%3 -> bf16 stage j%2.  Per row: 32 pieces of
      * 16 e4m3 values (each becomes two bf16 pieces) and 8 rope pieces. */
     auto convert = [&](int j) {
-        const uint8_t *raw = smem + S::OFF_RAW + (j % 3) * S::RAW_STAGE;
+        const uint8_t *raw = smem + S::OFF_RAW + (j % S::RAW_STAGES) * S::RAW_STAGE;
         const uint32_t dst = sbase + S::OFF_KV + (j % 2) * S::KV_STAGE;
         for (int u = tid; u < BN * 40; u += NTHREADS) {
             const int r = u / 40, c = u - r * 40;
@@ -382,30 +324,40 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
+    /* Pipeline (one commit group per issue):
+     *   bf16: NS stages; block j+NS-1 is issued once block j has landed and
+     *         every warp is past block j-1, whose stage it reuses.
+     *   fp8:  NR raw stages and two converted ones; at step j block j+1 is
+     *         converted (its raw stage is then free for block j+NR) while
+     *         block j is computed from the other converted stage. */
+    constexpr int NS = S::KV_STAGES, NR = S::RAW_STAGES;
     if constexpr (FP8) {
-        issue(0);
-        issue(1);
-        issue(2);
-        cp_async_wait<2>();
+#pragma unroll
+        for (int i = 0; i < NR; i++)
+            issue(i);
+        cp_async_wait<NR - 1>();
         __syncthreads();
         convert(0);
     } else {
-        issue(0);
-        issue(1);
+#pragma unroll
+        for (int i = 0; i < NS - 1; i++)
+            issue(i);
     }
 
     for (int j = 0; j < nblk; j++) {
-        cp_async_wait<1>();
-        __syncthreads();
         uint32_t kvb;
         if constexpr (FP8) {
+            cp_async_wait<NR - 2>();
+            __syncthreads();
             if (j + 1 < nblk)
                 convert(j + 1);
-            issue(j + 3);
+            issue(j + NR);
             kvb = sbase + S::OFF_KV + (j % 2) * S::KV_STAGE;
         } else {
-            issue(j + 2);
-            kvb = sbase + S::OFF_KV + (j % 3) * S::KV_STAGE;
+            cp_async_wait<NS - 2>();
+            __syncthreads();
+            issue(j + NS - 1);
+            kvb = sbase + S::OFF_KV + (j % NS) * S::KV_STAGE;
         }
         if (!active)
             continue;
@@ -603,26 +555,61 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
             }
         }
     }
-    if (a.splits == 1)
-        return;
+}
 
-    /* Split-k: the last chunk of this (token, head tile) to finish combines
-     * all chunks' partials.  Each block publishes its partials (fence), then
-     * counts itself in; the block that brings the count to `splits` reads
-     * them all and resets the counter to 0 for the next launch. */
-    __threadfence();
+/* out[h,t,:] = sum_z w_z * part_z / sum_z w_z with w_z = exp(lse_z - max):
+ * one block of 128 threads per (t, h), 4 columns per thread.  The first warp
+ * reads all the LSEs at once (splits <= 64) and leaves the weights in shared
+ * memory, so the column loop has independent loads in flight.  Empty
+ * partials (lse -inf) weigh 0 and are never read, so 0 * NaN cannot occur. */
+__global__ void __launch_bounds__(128) b12x_combine_kernel(const AttendArgs a)
+{
+    __shared__ float s_w[MAX_SPLITS];
+    __shared__ float s_red[2];
+    const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, c = tid * 4;
+    const int S = a.splits;
+    if (tid < 32) {
+        const float l0 = tid < S ? a.ws_lse[((int64_t)tid * a.T + t) * a.H + h] : -INFINITY;
+        const float l1 =
+            tid + 32 < S ? a.ws_lse[((int64_t)(tid + 32) * a.T + t) * a.H + h] : -INFINITY;
+        float mx = fmaxf(l0, l1);
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        const float w0 = mx == -INFINITY ? 0.0f : expf(l0 - mx);
+        const float w1 = mx == -INFINITY ? 0.0f : expf(l1 - mx);
+        s_w[tid] = w0;
+        s_w[tid + 32] = w1;
+        float sum = w0 + w1;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1)
+            sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        if (tid == 0) {
+            s_red[0] = mx;
+            s_red[1] = sum;
+        }
+    }
     __syncthreads();
-    int *s_flag = reinterpret_cast<int *>(smem + S::OFF_MAX);
-    int *counter = a.counters + (int64_t)t * a.tiles + a.tile_base + blockIdx.y;
-    if (tid == 0)
-        *s_flag = atomicAdd(counter, 1) == a.splits - 1;
-    __syncthreads();
-    if (!*s_flag)
-        return;
-    __threadfence();
-    b12x_combine_tile(a, smem + S::OFF_KV, t, h0, rows);
-    if (tid == 0)
-        *counter = 0;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+    for (int z = 0; z < S; z++) {
+        const float w = s_w[z];
+        if (w != 0.0f) {
+            const int64_t row = ((int64_t)z * a.T + t) * a.H + h;
+            const float4 v = *reinterpret_cast<const float4 *>(a.ws_o + row * KV_L + c);
+            acc.x += w * v.x;
+            acc.y += w * v.y;
+            acc.z += w * v.z;
+            acc.w += w * v.w;
+        }
+    }
+    const float mx = s_red[0], sum = s_red[1];
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    __nv_bfloat16 *orow = a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + c;
+    reinterpret_cast<uint32_t *>(orow)[0] = pack_bf16(acc.x * inv, acc.y * inv);
+    reinterpret_cast<uint32_t *>(orow)[1] = pack_bf16(acc.z * inv, acc.w * inv);
+    if (tid == 0 && a.lse)
+        a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
 }
 
 typedef void (*attend_kernel_fn)(AttendArgs);
@@ -728,31 +715,8 @@ extern "C" size_t b12x_attend_workspace(int T, int heads, int topk, int num_sms)
     return rows * KV_L * sizeof(float) + rows * sizeof(float);
 }
 
-extern "C" int b12x_counters_create(int n, int **counters, mlart_error_fn err)
-{
-    int *p = NULL;
-    cudaError_t e = cudaMalloc((void **)&p, sizeof(int) * (size_t)(n > 0 ? n : 1));
-    if (e != cudaSuccess)
-        return cuda_fail(err, "counter allocation", e);
-    e = cudaMemset(p, 0, sizeof(int) * (size_t)(n > 0 ? n : 1));
-    if (e == cudaSuccess)
-        e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        cudaFree(p);
-        return cuda_fail(err, "counter initialisation", e);
-    }
-    *counters = p;
-    return 0;
-}
-
-extern "C" void b12x_counters_destroy(int *counters)
-{
-    if (counters)
-        cudaFree(counters);
-}
-
-extern "C" int b12x_attend_launch(const mlart_step *s, int num_sms, int *counters, int counters_len,
-                                  void *stream, mlart_error_fn err)
+extern "C" int b12x_attend_launch(const mlart_step *s, int num_sms, void *stream,
+                                  mlart_error_fn err)
 {
     const mlart_geometry *g = &s->geom;
     const int T = s->T, H = g->heads;
@@ -809,8 +773,6 @@ extern "C" int b12x_attend_launch(const mlart_step *s, int num_sms, int *counter
     a.l_st = s->lse.stride[1];
     a.ws_o = NULL;
     a.ws_lse = NULL;
-    a.counters = counters;
-    a.tiles = (H + HEAD_TILE - 1) / HEAD_TILE;
     a.T = T;
     a.H = H;
     a.B = s->B;
@@ -826,9 +788,6 @@ extern "C" int b12x_attend_launch(const mlart_step *s, int num_sms, int *counter
                        "b12x_mla_sparse: step of %d tokens needs %zu bytes of 16-aligned "
                        "workspace, has %zu (plan for max_tokens >= %d)",
                        T, need, s->workspace ? s->workspace_bytes : (size_t)0, T);
-        if (!counters || counters_len < T * ((H + HEAD_TILE - 1) / HEAD_TILE))
-            return err(MLART_EINVAL,
-                       "b12x_mla_sparse: step of %d tokens exceeds the planned max_tokens", T);
         a.ws_o = (float *)s->workspace;
         a.ws_lse = a.ws_o + (size_t)sp.splits * T * H * KV_L;
     }
@@ -846,6 +805,10 @@ extern "C" int b12x_attend_launch(const mlart_step *s, int num_sms, int *counter
         a.tile_base = part == 0 ? 0 : full;
         dim3 grid((unsigned)T, (unsigned)tiles, (unsigned)sp.splits);
         fn<<<grid, NTHREADS, smem, st>>>(a);
+    }
+    if (sp.splits > 1) {
+        dim3 grid((unsigned)T, (unsigned)H);
+        b12x_combine_kernel<<<grid, 128, 0, st>>>(a);
     }
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)

@@ -35,15 +35,9 @@ int b12x_attend_setup(int *num_sms, mlart_error_fn err);
 b12x_split b12x_attend_split(int T, int heads, int topk, int num_sms);
 /* Workspace bytes attend() needs for T tokens (0 when it does not split). */
 size_t b12x_attend_workspace(int T, int heads, int topk, int num_sms);
-/* Split-k completion counters for up to `n` (token, head tile) pairs, on
- * the current device, zeroed; every launch leaves them zero again. */
-int b12x_counters_create(int n, int **counters, mlart_error_fn err);
-void b12x_counters_destroy(int *counters); /* accepts NULL */
 /* The sparse attention of one step on `stream`.  Views were validated by
- * the runtime; this checks only what the kernels assume about alignment,
- * and that T fits the counters (counters_len >= T x head tiles). */
-int b12x_attend_launch(const mlart_step *s, int num_sms, int *counters, int counters_len,
-                       void *stream, mlart_error_fn err);
+ * the runtime; this checks only what the kernels assume about alignment. */
+int b12x_attend_launch(const mlart_step *s, int num_sms, void *stream, mlart_error_fn err);
 
 #ifdef __cplusplus
 }

@@ -10,8 +10,6 @@
 typedef struct b12x_state {
     mlart_backend_init init;
     int num_sms;
-    int *counters; /* split-k completion counters, device, [max_tokens][head tiles] */
-    int counters_len;
 } b12x_state;
 
 static int b12x_create(const mlart_backend_init *init, void **state)
@@ -49,11 +47,7 @@ static int b12x_create(const mlart_backend_init *init, void **state)
 
 static void b12x_destroy(void *state)
 {
-    b12x_state *st = state;
-    if (!st)
-        return;
-    b12x_counters_destroy(st->counters);
-    free(st);
+    free(state);
 }
 
 static int b12x_plan(void *state, const mlart_plan *plan, size_t *workspace_bytes)
@@ -69,21 +63,6 @@ static int b12x_plan(void *state, const mlart_plan *plan, size_t *workspace_byte
         if (b > most)
             most = b;
     }
-    /* The completion counters are the backend's own (a few bytes, zeroed
-     * once here and left at zero by every launch), so the runtime's
-     * workspace needs no clearing before a step. */
-    {
-        const int len = plan->max_tokens * ((plan->geom.heads + 63) / 64);
-        if (len > st->counters_len) {
-            int *c = NULL;
-            int rc = b12x_counters_create(len, &c, st->init.error);
-            if (rc < 0)
-                return rc;
-            b12x_counters_destroy(st->counters);
-            st->counters = c;
-            st->counters_len = len;
-        }
-    }
     *workspace_bytes = most;
     return 0;
 }
@@ -91,8 +70,7 @@ static int b12x_plan(void *state, const mlart_plan *plan, size_t *workspace_byte
 static int b12x_attend(void *state, const mlart_step *s, void *stream)
 {
     b12x_state *st = state;
-    return b12x_attend_launch(s, st->num_sms, st->counters, st->counters_len, stream,
-                              st->init.error);
+    return b12x_attend_launch(s, st->num_sms, stream, st->init.error);
 }
 
 static const mlart_backend_vtable b12x_vtable = {
