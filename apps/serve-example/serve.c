@@ -574,6 +574,8 @@ int main(int argc, char **argv)
     eo.max_batch_tokens = s.max_batch_tokens;
     eo.max_batch_requests = s.max_batch_requests;
 
+    /* a client that vanishes mid-reply must cost an error code, not the process */
+    signal(SIGPIPE, SIG_IGN);
     rc = serve_engine_create(&eo, &s.eng, err, sizeof err);
     if (rc) {
         fprintf(stderr, "mlart-serve-example: %s: %s\n", mlart_status_name(rc), err);

@@ -163,6 +163,7 @@ static void spawn(proc *p, const char *const *extra)
     if (p->pid == 0) {
         signal(SIGINT, SIG_DFL); /* a background shell may have left these ignored */
         signal(SIGTERM, SIG_DFL);
+        signal(SIGPIPE, SIG_DFL); /* the server must handle it itself */
         dup2(fds[1], 1);
         close(fds[0]);
         close(fds[1]);
@@ -672,6 +673,35 @@ START_TEST(test_weights)
 }
 END_TEST
 
+/* Clients that send requests and vanish (close, or reset) before their
+ * replies: the server drops those replies and keeps serving. */
+START_TEST(test_clients_vanish)
+{
+    static const char *const args[] = {"--max-batch-tokens", "8", NULL};
+    char sums[4][17];
+    proc p;
+    spawn(&p, args);
+    for (int i = 0; i < 16; i++) {
+        int fd = connect_to(p.port);
+        char line[128];
+        ck_assert_int_ge(fd, 0);
+        for (int k = 0; k < 8; k++) {
+            int n = snprintf(line, sizeof line, "{\"id\":%d,\"tokens\":8,\"positions\":"
+                             "[1,2,3,4,5,6,7,8]}\n", k);
+            ck_assert_int_eq(send(fd, line, (size_t)n, MSG_NOSIGNAL), n);
+        }
+        if (i % 2) { /* reset instead of a clean close */
+            struct linger lg = {1, 0};
+            setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+        }
+        close(fd);
+    }
+    query(p.port, 4, sums); /* still serving */
+    ck_assert_int_eq(finish(&p, SIGTERM, 30.0), 0);
+    printf("16 clients vanished with 128 requests queued: server kept serving, exit 0\n");
+}
+END_TEST
+
 START_TEST(test_bad_options)
 {
     static const char *const bad[][3] = {
@@ -715,6 +745,7 @@ int main(int argc, char **argv)
     tcase_add_test(live, test_load);
     tcase_add_test(live, test_sigterm);
     tcase_add_test(live, test_sigint);
+    tcase_add_test(live, test_clients_vanish);
     tcase_add_test(live, test_bad_options);
     tcase_add_test(live, test_weights);
     suite_add_tcase(s, proto);
