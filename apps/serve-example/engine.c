@@ -353,6 +353,11 @@ static int step(serve_engine *e, const serve_request *const *reqs, int n, uint64
         T += reqs[r]->tokens;
     if (n < 1 || n > e->max_b || T > e->max_t)
         return MLART_ERANGE;
+#ifdef MLART_WITH_CUDA
+    /* steps run on pool threads, and the current device is per thread */
+    if (e->device >= 0 && cudaSetDevice(e->device) != cudaSuccess)
+        return MLART_ECUDA;
+#endif
     for (int r = 0, t = 0; r < n; r++) {
         int32_t maxp = 0;
         for (int i = 0; i < reqs[r]->tokens; i++, t++) {
