@@ -23,8 +23,9 @@
  * a small kernel combines them (LSE-weighted), one block per (token, head),
  * so the combine's reads spread over the whole GPU.  (Combining in the
  * last-finishing chunk instead was measured 2-7x slower at T <= 4: one
- * block then reads every partial of 64 heads.)  No allocation, no host
- * read, no synchronisation: the launches can be captured in a graph. */
+ * block then reads every partial of 64 heads; docs/attention.md.)  No
+ * allocation, no host read, no synchronisation: the launches can be
+ * captured in a graph. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -81,12 +82,10 @@ struct AttendArgs {
 /* Shared-memory map of one thread block (byte offsets, all 16-aligned). */
 template <bool FP8, int RT> struct Smem {
     static constexpr int KS = RT <= 2 ? 2 : 1; /* pairs that share a row tile */
-    /* Stages: as many as shared memory holds, so that fewer heads (a
-     * smaller Q tile) keep more cache bytes in flight.  bf16: 5/4/4/3
-     * gathered stages for 1..4 row tiles; fp8: 2 converted stages and
-     * 6/5/4/3 raw stages. */
-    static constexpr int KV_STAGES = FP8 ? 2 : (RT == 1 ? 5 : RT == 4 ? 3 : 4);
-    static constexpr int RAW_STAGES = FP8 ? 7 - RT : 1; /* unused (1) for bf16 */
+    /* Stages: bf16 3 gathered; fp8 3 raw + 2 converted.  (Smaller head
+     * tiles leave room for more; see docs/attention.md, next steps.) */
+    static constexpr int KV_STAGES = FP8 ? 2 : 3;
+    static constexpr int RAW_STAGES = FP8 ? 3 : 1; /* unused (1) for bf16 */
     static constexpr int Q_BYTES = RT * 16 * ROW_BYTES;
     static constexpr int KV_STAGE = BN * ROW_BYTES;
     static constexpr int RAW_STAGE = BN * FP8_BYTES;
@@ -558,57 +557,35 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
 }
 
 /* out[h,t,:] = sum_z w_z * part_z / sum_z w_z with w_z = exp(lse_z - max):
- * one block of 128 threads per (t, h), 4 columns per thread.  The first warp
- * reads all the LSEs at once (splits <= 64) and leaves the weights in shared
- * memory, so the column loop has independent loads in flight.  Empty
+ * one block of 128 threads per (t, h), 4 columns per thread.  Empty
  * partials (lse -inf) weigh 0 and are never read, so 0 * NaN cannot occur. */
 __global__ void __launch_bounds__(128) b12x_combine_kernel(const AttendArgs a)
 {
-    __shared__ float s_w[MAX_SPLITS];
-    __shared__ float s_red[2];
-    const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, c = tid * 4;
-    const int S = a.splits;
-    if (tid < 32) {
-        const float l0 = tid < S ? a.ws_lse[((int64_t)tid * a.T + t) * a.H + h] : -INFINITY;
-        const float l1 =
-            tid + 32 < S ? a.ws_lse[((int64_t)(tid + 32) * a.T + t) * a.H + h] : -INFINITY;
-        float mx = fmaxf(l0, l1);
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1)
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-        const float w0 = mx == -INFINITY ? 0.0f : expf(l0 - mx);
-        const float w1 = mx == -INFINITY ? 0.0f : expf(l1 - mx);
-        s_w[tid] = w0;
-        s_w[tid + 32] = w1;
-        float sum = w0 + w1;
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1)
-            sum += __shfl_xor_sync(0xffffffffu, sum, off);
-        if (tid == 0) {
-            s_red[0] = mx;
-            s_red[1] = sum;
-        }
-    }
-    __syncthreads();
+    const int t = blockIdx.x, h = blockIdx.y, c = threadIdx.x * 4;
+    float mx = -INFINITY;
+    for (int z = 0; z < a.splits; z++)
+        mx = fmaxf(mx, a.ws_lse[((int64_t)z * a.T + t) * a.H + h]);
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
-    for (int z = 0; z < S; z++) {
-        const float w = s_w[z];
-        if (w != 0.0f) {
+    float sum = 0.0f;
+    if (mx != -INFINITY) {
+        for (int z = 0; z < a.splits; z++) {
             const int64_t row = ((int64_t)z * a.T + t) * a.H + h;
+            const float w = expf(a.ws_lse[row] - mx);
+            if (w == 0.0f)
+                continue;
             const float4 v = *reinterpret_cast<const float4 *>(a.ws_o + row * KV_L + c);
+            sum += w;
             acc.x += w * v.x;
             acc.y += w * v.y;
             acc.z += w * v.z;
             acc.w += w * v.w;
         }
     }
-    const float mx = s_red[0], sum = s_red[1];
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     __nv_bfloat16 *orow = a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + c;
     reinterpret_cast<uint32_t *>(orow)[0] = pack_bf16(acc.x * inv, acc.y * inv);
     reinterpret_cast<uint32_t *>(orow)[1] = pack_bf16(acc.z * inv, acc.w * inv);
-    if (tid == 0 && a.lse)
+    if (threadIdx.x == 0 && a.lse)
         a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
 }
 
@@ -688,15 +665,14 @@ extern "C" b12x_split b12x_attend_split(int T, int heads, int topk, int num_sms)
     int64_t best_cost = -1;
     if (num_sms < 1)
         num_sms = 1;
-    /* Time ~ waves x (blocks per chunk + about three blocks of prologue
-     * and partial write) + the combine launch and its reads when split.
-     * Ties keep fewer splits. */
+    /* Time ~ waves x (blocks per chunk + a fixed cost of about two blocks
+     * for the prologue and the partial write).  Ties keep fewer splits. */
     for (int s = 1; s <= nblk && s <= MAX_SPLITS; s++) {
         const int bps = (nblk + s - 1) / s;
         if ((nblk + bps - 1) / bps != s)
             continue;
         const int64_t waves = (work * s + num_sms - 1) / num_sms;
-        const int64_t cost = waves * (bps + 3) + (s > 1 ? 2 + s / 16 : 0);
+        const int64_t cost = waves * (bps + 2);
         if (best_cost < 0 || cost < best_cost) {
             best_cost = cost;
             best.splits = s;
