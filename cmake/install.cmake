@@ -13,23 +13,36 @@ set(MLART_INSTALL_MODULEDIR ${CMAKE_INSTALL_LIBDIR}/mlart CACHE STRING
 install(EXPORT mlartTargets NAMESPACE mlart:: DESTINATION ${MLART_INSTALL_CMAKEDIR}
         FILE mlartTargets.cmake)
 
-# Static archives and system libraries that consumers of libmlart.a must link
-# after it; the exported targets carry them already, the .pc file gets them as
-# Libs.private.
-set(MLART_PC_LIBS_PRIVATE "${MLART_INIH_A} ${MLART_UV_A}")
-if(CMAKE_THREAD_LIBS_INIT)
-  string(APPEND MLART_PC_LIBS_PRIVATE " ${CMAKE_THREAD_LIBS_INIT}")
-else()
-  string(APPEND MLART_PC_LIBS_PRIVATE " -pthread")
-endif()
-foreach(l ${CMAKE_DL_LIBS})
-  string(APPEND MLART_PC_LIBS_PRIVATE " -l${l}")
+# Libs.private of the .pc file, derived from what the libraries link
+# (MLART_LINK_LIBS in the top-level CMakeLists.txt), so the two cannot drift:
+# static archives by path, imported targets translated to flags.
+set(MLART_PC_LIBS_PRIVATE "")
+set(_mlart_cuda_dir_added OFF)
+foreach(l ${MLART_LINK_LIBS})
+  if(l STREQUAL "Threads::Threads")
+    if(CMAKE_THREAD_LIBS_INIT)
+      string(APPEND MLART_PC_LIBS_PRIVATE " ${CMAKE_THREAD_LIBS_INIT}")
+    else()
+      string(APPEND MLART_PC_LIBS_PRIVATE " -pthread")
+    endif()
+  elseif(l MATCHES "^CUDA::(.+)$")
+    if(NOT _mlart_cuda_dir_added)
+      string(APPEND MLART_PC_LIBS_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR}")
+      set(_mlart_cuda_dir_added ON)
+    endif()
+    string(APPEND MLART_PC_LIBS_PRIVATE " -l${CMAKE_MATCH_1}")
+  elseif(IS_ABSOLUTE "${l}")
+    string(APPEND MLART_PC_LIBS_PRIVATE " ${l}")
+  elseif(l MATCHES "^-")
+    string(APPEND MLART_PC_LIBS_PRIVATE " ${l}")
+  else()
+    string(APPEND MLART_PC_LIBS_PRIVATE " -l${l}")
+  endif()
 endforeach()
-string(APPEND MLART_PC_LIBS_PRIVATE " -lm")
+string(STRIP "${MLART_PC_LIBS_PRIVATE}" MLART_PC_LIBS_PRIVATE)
 set(MLART_PC_CFLAGS "")
 if(MLART_WITH_CUDA)
   string(APPEND MLART_PC_CFLAGS " -DMLART_WITH_CUDA=1")
-  string(APPEND MLART_PC_LIBS_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcudart")
 endif()
 
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/mlartConfig.cmake.in
