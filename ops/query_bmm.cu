@@ -649,17 +649,71 @@ int stream_warps(int ks, int mt, int persistent)
     return best;
 }
 
+int device_sms()
+{
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) !=
+                                                   cudaSuccess || sms < 1)
+        return 132;
+    return sms;
+}
+
+/* `want` warps if they split the k-steps under the kernel's limits, else the
+ * default split. */
+int warps_or_default(int ks, int want, int mt, int persistent)
+{
+    const int limit = persistent ? 256 : (mt == 1 ? 512 : 256);
+    if (want >= 1 && ks % want == 0 && want * 32 <= limit && (!persistent || ks / want <= 4))
+        return want;
+    return stream_warps(ks, mt, persistent);
+}
+
+/* The automatic choice, from the variants table of mlart-bench on an H200
+ * (docs/PERF.md): "small" means no more 64-column tiles over all heads than
+ * SMs, where more warps per block shorten the one round trip that
+ * dominates; with many tiles, fewer warps leave room for more resident
+ * blocks, all loads issued in one wave. */
+void auto_config(const Desc &d, mlart_bmm_config *c)
+{
+    const int sms = device_sms();
+    const int ks = (int)(d.K / 16);
+    const bool small = (d.N / 64) * d.H <= sms;
+    const bool wide_k = d.K > 256; /* v_up: K = L = 512 */
+    const int64_t blocks128 = (d.N / TBN) * ((d.T + 127) / 128) * d.H;
+    c->path = MLART_BMM_GENERIC;
+    c->mt = c->warps = c->bm = 0;
+    if (!stream_ok(d))
+        return;
+    c->path = MLART_BMM_STREAM;
+    if (d.T <= 16) {
+        c->mt = 1;
+        c->warps = warps_or_default(ks, wide_k ? 8 : small ? 4 : 2, 1, 0);
+        return;
+    }
+    if (wide_k && small && d.T <= 128 && pstream_ok(d)) {
+        c->path = MLART_BMM_PSTREAM;
+        c->mt = d.T <= 32 ? 1 : 2;
+        c->warps = warps_or_default(ks, 8, c->mt, 1);
+        return;
+    }
+    if (!wide_k && small && d.T <= 32) {
+        c->mt = 2;
+        c->warps = warps_or_default(ks, 4, 2, 0);
+        return;
+    }
+    if (tiled_ok(d)) {
+        c->path = MLART_BMM_TILED;
+        c->bm = d.T <= 64 || blocks128 < 2 * sms ? 64 : 128;
+    }
+}
+
 int pick_path(const Desc &d, const mlart_bmm_config *cfg)
 {
+    mlart_bmm_config ac;
     int path = cfg ? cfg->path : MLART_BMM_AUTO;
     if (path == MLART_BMM_AUTO) {
-        if (d.T > 32 && tiled_ok(d))
-            return MLART_BMM_TILED;
-        if (d.T <= 32 && pstream_ok(d))
-            return MLART_BMM_PSTREAM;
-        if (stream_ok(d))
-            return MLART_BMM_STREAM;
-        return MLART_BMM_GENERIC;
+        auto_config(d, &ac);
+        return ac.path;
     }
     if (path < MLART_BMM_GENERIC || path > MLART_BMM_PSTREAM)
         return -1;
@@ -748,8 +802,13 @@ template <int BM> cudaError_t launch_tiled(const Desc &d, cudaStream_t st)
 
 int run(const Desc &d, const mlart_bmm_config *cfg, cudaStream_t st)
 {
-    const int path = pick_path(d, cfg);
+    mlart_bmm_config ac;
     cudaError_t e;
+    if (!cfg || cfg->path == MLART_BMM_AUTO) {
+        auto_config(d, &ac);
+        cfg = &ac;
+    }
+    const int path = pick_path(d, cfg);
     if (path < 0)
         return mlart_set_error(MLART_ENOTSUP, "bmm: forced path %d cannot serve K=%lld N=%lld with these alignments",
                                cfg ? cfg->path : 0, (long long)d.K, (long long)d.N);

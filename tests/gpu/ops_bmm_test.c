@@ -86,24 +86,24 @@ static void check_untouched(const ops_case *c, const uint16_t *ha, const uint16_
     const int64_t AS = ops_as(c), CS = ops_cs(c);
     const size_t nc = ops_c_elems(c);
     for (int i = 0; i < SENT; i++) {
-        ck_assert_msg(hc[i] == SENT_BITS, "%s: sentinel before output changed at -%d", tag, SENT - i);
-        ck_assert_msg(hc[SENT + nc + i] == SENT_BITS, "%s: sentinel after output changed at +%d", tag, i);
+        OPS_REQUIRE(hc[i] == SENT_BITS, "%s: sentinel before output changed at -%d", tag, SENT - i);
+        OPS_REQUIRE(hc[SENT + nc + i] == SENT_BITS, "%s: sentinel after output changed at +%d", tag, i);
     }
     for (int64_t t = 0; t < c->T; t++)
         for (int64_t h = 0; h < c->H; h++) {
             const uint16_t *row = hc + SENT + (t * c->H + h) * CS;
             int64_t n = 0;
             for (; n < c->N; n++)
-                ck_assert_msg(!isnan(mlart_bf16_to_f32(row[n])), "%s: out[h=%lld,t=%lld,n=%lld] unwritten or NaN",
+                OPS_REQUIRE(!isnan(mlart_bf16_to_f32(row[n])), "%s: out[h=%lld,t=%lld,n=%lld] unwritten or NaN",
                               tag, (long long)h, (long long)t, (long long)n);
             if (!c->vup)
                 for (int64_t r = 0; r < c->R; r++, n++) {
                     uint16_t want = c->pe ? ha[(t * c->H + h) * AS + c->K + r] : 0xFFFFu;
-                    ck_assert_msg(row[n] == want, "%s: q_pe column %lld of (t=%lld,h=%lld) is %#x, want %#x", tag,
+                    OPS_REQUIRE(row[n] == want, "%s: q_pe column %lld of (t=%lld,h=%lld) is %#x, want %#x", tag,
                                   (long long)r, (long long)t, (long long)h, row[n], want);
                 }
             for (; n < CS; n++)
-                ck_assert_msg(row[n] == 0xFFFFu, "%s: padding element %lld of (t=%lld,h=%lld) written", tag,
+                OPS_REQUIRE(row[n] == 0xFFFFu, "%s: padding element %lld of (t=%lld,h=%lld) written", tag,
                               (long long)n, (long long)t, (long long)h);
         }
 }
@@ -134,7 +134,7 @@ static void check_vs_ref(const ops_case *c, const uint16_t *ha, const uint16_t *
             double g = mlart_bf16_to_f32(hc[off + n]);
             double b = ops_bound(c, ref[n], mag[n]);
             double e = fabs(g - ref[n]);
-            ck_assert_msg(e <= b, "%s: out[h=%lld,t=%lld,n=%lld] = %.9g, fp64 %.9g, |err| %.3g > bound %.3g", tag,
+            OPS_REQUIRE(e <= b, "%s: out[h=%lld,t=%lld,n=%lld] = %.9g, fp64 %.9g, |err| %.3g > bound %.3g", tag,
                           (long long)h, (long long)t, (long long)n, g, ref[n], e, b);
             if (e / b > s->worst)
                 s->worst = e / b;
@@ -143,7 +143,7 @@ static void check_vs_ref(const ops_case *c, const uint16_t *ha, const uint16_t *
             s->compared++;
             if (htwin) {
                 double tw = mlart_bf16_to_f32(htwin[off + n]);
-                ck_assert_msg(fabs(tw - ref[n]) <= b, "%s: CPU twin out[h=%lld,t=%lld,n=%lld] = %.9g, fp64 %.9g", tag,
+                OPS_REQUIRE(fabs(tw - ref[n]) <= b, "%s: CPU twin out[h=%lld,t=%lld,n=%lld] = %.9g, fp64 %.9g", tag,
                               (long long)h, (long long)t, (long long)n, tw, ref[n]);
             }
         }
@@ -372,7 +372,7 @@ START_TEST(graph_replay)
                 for (size_t i = 0; i < nc; i++) {
                     int64_t n = (int64_t)(i % (size_t)ops_cs(&c));
                     if (n < c.N || (!c.vup && n < c.N + c.R))
-                        ck_assert_msg(h1[i] != 0xFFFFu, "element %zu unwritten (op %d T %lld)", i, op, (long long)c.T);
+                        OPS_REQUIRE(h1[i] != 0xFFFFu, "element %zu unwritten (op %d T %lld)", i, op, (long long)c.T);
                 }
                 cudaGraphExecDestroy(ge);
                 cudaGraphDestroy(g);

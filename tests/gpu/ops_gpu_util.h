@@ -66,6 +66,14 @@ static inline void ops_fill_bf16(uint16_t *p, size_t n, uint64_t *s)
         p[i] = ops_rand_bf16(s);
 }
 
+/* An assertion for inner loops: Check's ck_assert_msg reports every passing
+ * check to the parent process (a pipe write each), far too slow per element. */
+#define OPS_REQUIRE(cond, ...)                                                                     \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            ck_abort_msg(__VA_ARGS__);                                                             \
+    } while (0)
+
 #define OPS_CUDA(stmt)                                                                             \
     do {                                                                                           \
         cudaError_t e_ = (stmt);                                                                   \

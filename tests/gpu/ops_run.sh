@@ -23,9 +23,9 @@ run() { # name limit command...
     [ $rc -eq 0 ] || status=1
 }
 
-run ops_guard_gpu 25 "$build/tests/ops_guard_gpu"
-run bench 70 "$build/apps/mlart-bench/mlart-bench" --json "$out/bench.json" "$@"
+run ops_guard_gpu 60 "$build/tests/ops_guard_gpu"
+run bench 150 "$build/apps/mlart-bench/mlart-bench" --json "$out/bench.json" "$@"
 grep -E "^# (mlart|NVIDIA|device)|geomean|worst|wrong results" "$out/bench.log"
-run ops_guard_cublas 15 "$build/tests/ops_guard_cublas"
-run ops_bmm_gpu 90 "$build/tests/ops_bmm_gpu"
+run ops_guard_cublas 60 "$build/tests/ops_guard_cublas"
+run ops_bmm_gpu 240 "$build/tests/ops_bmm_gpu"
 exit $status
