@@ -5,3 +5,7 @@ if(MLART_WITH_CUDA)
   mlart_test(attn_backend_gpu LABELS gpu TIMEOUT 600 SOURCES gpu/attn_backend_test.c)
   mlart_test(attn_kv_write_gpu LABELS gpu TIMEOUT 300 SOURCES gpu/attn_kv_write_test.c)
 endif()
+# The work split of the sparse attention kernels: host arithmetic only.
+if(MLART_WITH_CUDA)
+  mlart_test(attn_split LABELS cpu SOURCES gpu/attn_split_test.c)
+endif()

@@ -1,0 +1,76 @@
+/* Host-side invariants of the b12x_mla_sparse work split (no device
+ * needed): for every T, head count and top-k the backend serves, the chunks
+ * cover the top-k list exactly, stay within the kernel's limits, and the
+ * workspace the launch needs never exceeds what plan() sized for a larger
+ * max_tokens. */
+#include <check.h>
+#include <stdio.h>
+
+#include "backends/b12x_mla_sparse/b12x_attend.h"
+
+START_TEST(test_split_covers_topk)
+{
+    static const int sms[] = {1, 78, 132, 144};
+    static const int heads[] = {1, 11, 16, 64, 65, 100, 128};
+    static const int topks[] = {1, 31, 32, 64, 100, 576, 2047, 2048};
+    int checked = 0;
+    for (size_t a = 0; a < sizeof sms / sizeof sms[0]; a++)
+        for (size_t b = 0; b < sizeof heads / sizeof heads[0]; b++)
+            for (size_t c = 0; c < sizeof topks / sizeof topks[0]; c++) {
+                const int nblk = (topks[c] + 31) / 32;
+                size_t most = 0;
+                for (int T = 1; T <= 96; T++) {
+                    b12x_split sp = b12x_attend_split(T, heads[b], topks[c], sms[a]);
+                    ck_assert_int_ge(sp.splits, 1);
+                    ck_assert_int_le(sp.splits, 64);
+                    ck_assert_int_ge(sp.blocks_per_split, 1);
+                    /* every block in exactly one chunk, no empty chunk */
+                    ck_assert_int_ge(sp.splits * sp.blocks_per_split, nblk);
+                    ck_assert_int_lt((sp.splits - 1) * sp.blocks_per_split, nblk);
+                    ck_assert_int_le(sp.blocks_per_split * 32, B12X_MAX_TOPK);
+                    size_t ws = b12x_attend_workspace(T, heads[b], topks[c], sms[a]);
+                    if (sp.splits == 1)
+                        ck_assert_uint_eq(ws, 0);
+                    else
+                        ck_assert_uint_eq(ws, (size_t)sp.splits * T * heads[b] * 513 * 4);
+                    if (ws > most)
+                        most = ws;
+                    checked++;
+                }
+                ck_assert_msg(most < ((size_t)1 << 31), "workspace %zu bytes", most);
+            }
+    printf("attn split: %d (T, heads, topk, SMs) cases cover the top-k list exactly within limits\n",
+           checked);
+}
+END_TEST
+
+/* The shapes of the bench and the issue: no split where one wave is full,
+ * enough blocks to fill the GPU where T is small. */
+START_TEST(test_split_choices)
+{
+    b12x_split sp = b12x_attend_split(64, 128, 2048, 132);
+    ck_assert_int_eq(sp.splits, 1); /* 128 blocks already fill 132 SMs */
+    for (int T = 1; T <= 8; T *= 2) {
+        sp = b12x_attend_split(T, 16, 2048, 132);
+        ck_assert_msg(T * sp.splits >= 64, "T=%d: %d splits leave the GPU idle", T, sp.splits);
+        ck_assert_msg(T * sp.splits <= 264, "T=%d: %d splits, more than two waves", T, sp.splits);
+    }
+    printf("attn split: 128 heads x 64 tokens in one pass, small T split to fill the GPU\n");
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("attn_split");
+    TCase *tc = tcase_create("split");
+    SRunner *sr;
+    int failed;
+    tcase_add_test(tc, test_split_covers_topk);
+    tcase_add_test(tc, test_split_choices);
+    suite_add_tcase(s, tc);
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
