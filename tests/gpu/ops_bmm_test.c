@@ -409,8 +409,11 @@ START_TEST(bad_input)
     bad = v; /* shapes disagree */
     bad.w.shape[1] = 192;
     ck_assert_int_lt(mlart_query_bmm_cuda(&bad.a, &bad.w, &bad.c, NULL, NULL, 0), 0);
-    bad = v; /* span past the extent */
-    bad.a.extent -= 2;
+    bad = v; /* q_nope span past its extent */
+    bad.a.extent /= 2;
+    ck_assert_int_eq(mlart_query_bmm_cuda(&bad.a, &bad.w, &bad.c, NULL, NULL, 0), MLART_ELAYOUT);
+    bad = v; /* q_pe span one element past its extent */
+    bad.pe_in.extent -= 2;
     ck_assert_int_eq(mlart_query_bmm_cuda(&bad.a, &bad.w, &bad.c, &bad.pe_in, &bad.pe_out, 0), MLART_ELAYOUT);
     bad = v; /* only one of pe_in / pe_out */
     ck_assert_int_lt(mlart_query_bmm_cuda(&bad.a, &bad.w, &bad.c, &bad.pe_in, NULL, 0), 0);
