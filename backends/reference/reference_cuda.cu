@@ -145,7 +145,7 @@ __global__ void ref_attend_kernel(ref_attend_args a)
         __nv_bfloat16 v = __float2bfloat16_rn(l > 0.0f ? acc / l : 0.0f);
         orow[d] = *(uint16_t *)&v;
     }
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0 && a.lse) /* lse is optional (data NULL) */
         a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = l > 0.0f ? m + logf(l) : -INFINITY;
 }
 
