@@ -1,15 +1,18 @@
 /* Query absorption on sm_90 and the batched BF16 product it shares with the
  * V up-projection (ops/bmm_cuda.h).  Byte and FLOP counts: docs/ops.md.
  *
- * Three kernels, all read-exact (they load only elements of the views, so no
+ * Four kernels, all read-exact (they load only elements of the views, so no
  * load can cross the end of an operand's storage) and all writing only
- * elements of the output view:
- *   stream  T <= 128: every weight byte is loaded once per 16*MT rows of T,
+ * elements of the output view; auto_config picks one per shape from the
+ * measured variants (docs/PERF.md):
+ *   stream  decode: every weight byte is loaded once per 16*MT rows of T,
  *           16 bytes per load straight into registers (no shared-memory
  *           round trip), and fed to mma.sync with the columns permuted so no
  *           transpose is needed.  K is split across the warps of a block and
  *           reduced in shared memory; the block then writes 16-byte rows.
- *   tiled   T > 128: 128x128 output tiles, K in steps of 32 through a
+ *   pstream the stream tile on a persistent grid that prefetches its next
+ *           item (V up-projection at few heads).
+ *   tiled   64 or 128 x 128 output tiles, K in steps of 32 through a
  *           4-stage cp.async pipeline, ldmatrix (.trans for the weights) and
  *           mma.sync.  Rows past T are zero-filled with src-size 0 copies
  *           (no byte is read) at a clamped, valid address.
