@@ -103,7 +103,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "mlart-bench: copy roofline failed\n");
         return 2;
     }
-    printf("# device-to-device copy roofline: %.0f GB/s (1 GiB cudaMemcpyAsync, bytes read + written)\n", o.copy_gbs);
+    printf("# device-to-device copy roofline: %.0f GB/s (1 GiB, best of cudaMemcpyAsync and an SM copy kernel, bytes read + written)\n", o.copy_gbs);
     if (o.json)
         fprintf(o.json, ",\n  {\"copy_roofline_gbs\": %.1f}", o.copy_gbs);
 

@@ -557,35 +557,78 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
 }
 
 /* out[h,t,:] = sum_z w_z * part_z / sum_z w_z with w_z = exp(lse_z - max):
- * one block of 128 threads per (t, h), 4 columns per thread.  Empty
- * partials (lse -inf) weigh 0 and are never read, so 0 * NaN cannot occur. */
-__global__ void __launch_bounds__(128) b12x_combine_kernel(const AttendArgs a)
+ * one block per (t, h); COMBINE_GROUPS groups of 128 threads take every
+ * COMBINE_GROUPS-th split, 4 columns per thread, COMBINE_UNROLL partials
+ * loaded before any is used (at small T few blocks exist, so each thread
+ * must keep several loads in flight), then the groups are summed through
+ * shared memory.  Empty partials (lse -inf) weigh 0 and are never used, so
+ * 0 * NaN cannot occur. */
+constexpr int COMBINE_GROUPS = 4;
+constexpr int COMBINE_UNROLL = 4;
+constexpr int COMBINE_THREADS = 128 * COMBINE_GROUPS;
+
+__global__ void __launch_bounds__(COMBINE_THREADS) b12x_combine_kernel(const AttendArgs a)
 {
-    const int t = blockIdx.x, h = blockIdx.y, c = threadIdx.x * 4;
+    __shared__ float4 s_acc[COMBINE_GROUPS - 1][128];
+    __shared__ float s_sum[COMBINE_GROUPS - 1];
+    const int t = blockIdx.x, h = blockIdx.y;
+    const int lane = threadIdx.x & 127, grp = threadIdx.x >> 7, c = lane * 4;
+    const int64_t zstride = (int64_t)a.T * a.H, base = (int64_t)t * a.H + h;
     float mx = -INFINITY;
+#pragma unroll 8
     for (int z = 0; z < a.splits; z++)
-        mx = fmaxf(mx, a.ws_lse[((int64_t)z * a.T + t) * a.H + h]);
+        mx = fmaxf(mx, a.ws_lse[z * zstride + base]);
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float sum = 0.0f;
     if (mx != -INFINITY) {
-        for (int z = 0; z < a.splits; z++) {
-            const int64_t row = ((int64_t)z * a.T + t) * a.H + h;
-            const float w = expf(a.ws_lse[row] - mx);
-            if (w == 0.0f)
-                continue;
-            const float4 v = *reinterpret_cast<const float4 *>(a.ws_o + row * KV_L + c);
-            sum += w;
-            acc.x += w * v.x;
-            acc.y += w * v.y;
-            acc.z += w * v.z;
-            acc.w += w * v.w;
+        for (int z0 = grp; z0 < a.splits; z0 += COMBINE_GROUPS * COMBINE_UNROLL) {
+            float w[COMBINE_UNROLL];
+            float4 v[COMBINE_UNROLL];
+#pragma unroll
+            for (int i = 0; i < COMBINE_UNROLL; i++) {
+                const int z = z0 + i * COMBINE_GROUPS;
+                w[i] = 0.0f;
+                if (z < a.splits) {
+                    const int64_t row = z * zstride + base;
+                    w[i] = expf(a.ws_lse[row] - mx);
+                    if (w[i] != 0.0f)
+                        v[i] = *reinterpret_cast<const float4 *>(a.ws_o + row * KV_L + c);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < COMBINE_UNROLL; i++) {
+                if (w[i] == 0.0f)
+                    continue;
+                sum += w[i];
+                acc.x += w[i] * v[i].x;
+                acc.y += w[i] * v[i].y;
+                acc.z += w[i] * v[i].z;
+                acc.w += w[i] * v[i].w;
+            }
         }
+    }
+    if (grp > 0) {
+        s_acc[grp - 1][lane] = acc;
+        if (lane == 0)
+            s_sum[grp - 1] = sum;
+    }
+    __syncthreads();
+    if (grp > 0)
+        return;
+#pragma unroll
+    for (int g = 0; g < COMBINE_GROUPS - 1; g++) {
+        const float4 o = s_acc[g][lane];
+        acc.x += o.x;
+        acc.y += o.y;
+        acc.z += o.z;
+        acc.w += o.w;
+        sum += s_sum[g];
     }
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     __nv_bfloat16 *orow = a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + c;
     reinterpret_cast<uint32_t *>(orow)[0] = pack_bf16(acc.x * inv, acc.y * inv);
     reinterpret_cast<uint32_t *>(orow)[1] = pack_bf16(acc.z * inv, acc.w * inv);
-    if (threadIdx.x == 0 && a.lse)
+    if (lane == 0 && a.lse)
         a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
 }
 
@@ -784,7 +827,7 @@ extern "C" int b12x_attend_launch(const mlart_step *s, int num_sms, void *stream
     }
     if (sp.splits > 1) {
         dim3 grid((unsigned)T, (unsigned)H);
-        b12x_combine_kernel<<<grid, 128, 0, st>>>(a);
+        b12x_combine_kernel<<<grid, COMBINE_THREADS, 0, st>>>(a);
     }
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Every GPU test and the full benchmark in one go, for the GPU machine:
+#   tests/gpu/run-all.sh BUILD_DIR OUT_DIR [TIME_BUDGET_S]
+# BUILD_DIR was configured in /work/main (absolute paths are baked into the
+# tests); when this checkout lives elsewhere, /work/main is linked to it.
+# Writes one log per step and bench.json into OUT_DIR, prints a summary and
+# exits non-zero when any step failed.
+set -uo pipefail
+build=${1:?usage: run-all.sh BUILD_DIR OUT_DIR [TIME_BUDGET_S]}
+out=${2:?usage: run-all.sh BUILD_DIR OUT_DIR [TIME_BUDGET_S]}
+budget=${3:-540}
+src=$(cd "$(dirname "$0")/../.." && pwd)
+if [ ! -e /work/main ]; then
+  mkdir -p /work && ln -s "$src" /work/main
+fi
+case $build in /*) ;; *) build=$src/$build ;; esac
+mkdir -p "$out"
+start=$(date +%s)
+summary=()
+failed=0
+
+step() { # name limit command...
+  local name=$1 limit=$2 rc t0 left
+  shift 2
+  left=$((budget - ($(date +%s) - start)))
+  if [ "$left" -lt 20 ]; then
+    summary+=("$(printf '%-26s NOT RUN (time budget spent)' "$name")")
+    failed=$((failed + 1))
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  t0=$(date +%s)
+  echo "== $name (limit ${limit}s): $*"
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  rc=$?
+  tail -n 4 "$out/$name.log"
+  summary+=("$(printf '%-26s rc=%-3d %4ds' "$name" "$rc" $(($(date +%s) - t0)))")
+  [ "$rc" -eq 0 ] || failed=$((failed + 1))
+}
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw \
+  --format=csv >"$out/gpu.txt" 2>&1
+cat "$out/gpu.txt"
+step attn_kv_write_gpu 60 "$build/tests/attn_kv_write_gpu"
+step attn_backend_gpu 150 "$build/tests/attn_backend_gpu"
+step test_runtime_layer_gpu 60 "$build/tests/test_runtime_layer_gpu"
+step ops_guard_gpu 90 "$build/tests/ops_guard_gpu"
+step ops_guard_cublas 60 "$build/tests/ops_guard_cublas"
+step decode_runs 150 "$src/tests/runtime/gpu-run.sh" "$build" "$out/decode"
+step bench 150 "$build/apps/mlart-bench/mlart-bench" --json "$out/bench.json"
+step ops_bmm_gpu 240 "$build/tests/ops_bmm_gpu"
+
+echo
+echo "== summary ($(($(date +%s) - start)) s)"
+printf '%s\n' "${summary[@]}"
+grep -hE "geomean|worst|wrong results|roofline" "$out/bench.log" 2>/dev/null
+exit "$failed"
