@@ -416,6 +416,10 @@ static void on_signal(uv_signal_t *h, int signum)
     if (s->stopping)
         return;
     s->stopping = 1;
+    /* with no watcher left, libuv restores the default action: a second
+     * signal ends the process at once, for when a drain takes too long */
+    uv_signal_stop(&s->sig[0]);
+    uv_signal_stop(&s->sig[1]);
     fprintf(stderr, "mlart-serve-example: signal %d: answering %zu queued%s request(s), then "
                     "exiting\n",
             signum, s->qlen, s->busy ? " + running" : "");
