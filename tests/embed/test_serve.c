@@ -702,6 +702,36 @@ START_TEST(test_clients_vanish)
 }
 END_TEST
 
+/* A second signal during a long drain ends the process at once. */
+START_TEST(test_second_signal)
+{
+    static const char *const args[] = {"--max-batch-tokens", "8", "--max-request-tokens", "8",
+                                       NULL};
+    proc p;
+    int fd, rc;
+    char c;
+    double t0;
+    spawn(&p, args);
+    fd = connect_to(p.port);
+    ck_assert_int_ge(fd, 0);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    for (int i = 0; i < 1000; i++) { /* one request per step: about a second of work */
+        char line[128];
+        int n = snprintf(line, sizeof line,
+                         "{\"id\":%d,\"tokens\":8,\"positions\":[1,2,3,4,5,6,7,8]}\n", i);
+        ck_assert_int_eq(send(fd, line, (size_t)n, MSG_NOSIGNAL), n);
+    }
+    ck_assert_int_eq(recv(fd, &c, 1, 0), 1); /* the server is working */
+    t0 = now_s();
+    kill(p.pid, SIGTERM);
+    nanosleep(&(struct timespec){0, 100000000}, NULL);
+    rc = finish(&p, SIGTERM, 20.0);
+    close(fd);
+    printf("second SIGTERM during the drain: status %d after %.2f s\n", rc, now_s() - t0);
+    ck_assert_int_eq(rc, 128 + SIGTERM);
+}
+END_TEST
+
 START_TEST(test_bad_options)
 {
     static const char *const bad[][3] = {
@@ -746,6 +776,7 @@ int main(int argc, char **argv)
     tcase_add_test(live, test_sigterm);
     tcase_add_test(live, test_sigint);
     tcase_add_test(live, test_clients_vanish);
+    tcase_add_test(live, test_second_signal);
     tcase_add_test(live, test_bad_options);
     tcase_add_test(live, test_weights);
     suite_add_tcase(s, proto);
