@@ -15,7 +15,12 @@ extern "C" {
  * e4m3 tensors are dequantised with their 128x128 block "weight_scale_inv"
  * (f32) companion.  Truncated files, headers that lie about offsets or sizes,
  * wrong dtypes or shapes are refused with MLART_EIO / MLART_ESHAPE /
- * MLART_EDTYPE and a message; nothing is read outside the file. */
+ * MLART_EDTYPE and a message; nothing is read outside the file.  Also:
+ * MLART_EINVAL for bad arguments or a file without that tensor, MLART_ERANGE
+ * for NaN/infinite weights or scales, negative scales, or a dequantised value
+ * past the bf16 range.  dst is written only on success.  FP8 values are
+ * dequantised as e4m3 x scale in exact arithmetic, then rounded once to bf16
+ * (nearest-even). */
 MLART_API int mlart_safetensors_load_kv_b_proj(const char *path, int layer,
                                                const mlart_geometry *g, int head_offset,
                                                void *dst, size_t dst_bytes);
