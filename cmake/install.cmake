@@ -39,11 +39,6 @@ foreach(l ${MLART_LINK_LIBS})
     string(APPEND MLART_PC_LIBS_PRIVATE " -l${l}")
   endif()
 endforeach()
-# nvcc-compiled host code in the archive needs the C++ runtime, which a C
-# consumer's link does not bring (the shared library lists it as NEEDED).
-if(MLART_WITH_CUDA AND NOT MLART_PC_LIBS_PRIVATE MATCHES "-lstdc\\+\\+")
-  string(APPEND MLART_PC_LIBS_PRIVATE " -lstdc++")
-endif()
 string(STRIP "${MLART_PC_LIBS_PRIVATE}" MLART_PC_LIBS_PRIVATE)
 set(MLART_PC_CFLAGS "")
 if(MLART_WITH_CUDA)
