@@ -53,7 +53,7 @@ if(CMAKE_C_COMPILER_ID MATCHES "Clang")
 endif()
 
 # cmake --install into a temp prefix, then out-of-tree consumers of the
-# installed package (the example of docs/embedding.md, verbatim).
+# installed package (the example of README.md, verbatim).
 add_test(NAME test_embed_install
          COMMAND sh ${_embed}/install_consumer.sh ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR}
                  ${CMAKE_C_COMPILER} ${CMAKE_COMMAND})

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Install the build into a temporary prefix, then build the example of
-# docs/embedding.md out of tree with find_package(mlart) and with pkg-config,
+# README.md out of tree with find_package(mlart) and with pkg-config,
 # shared and static, and run each binary.
 # usage: install_consumer.sh BUILD_DIR SOURCE_DIR C_COMPILER CMAKE
 set -eu
@@ -18,9 +18,9 @@ prefix=$work/prefix
 awk '/<!-- embedding-example -->/ { m = 1; next }
      m == 1 && /^```c$/ { m = 2; next }
      m == 2 && /^```$/ { exit }
-     m == 2 { print }' "$src/docs/embedding.md" >"$work/example.c"
-[ -s "$work/example.c" ] || { echo "FAIL: no example found in docs/embedding.md"; exit 1; }
-echo "example: $(wc -l <"$work/example.c") lines from docs/embedding.md"
+     m == 2 { print }' "$src/README.md" >"$work/example.c"
+[ -s "$work/example.c" ] || { echo "FAIL: no example found in README.md"; exit 1; }
+echo "example: $(wc -l <"$work/example.c") lines from README.md"
 
 pc=$(find "$prefix" -name mlart.pc | head -n 1)
 cfg=$(find "$prefix" -name mlartConfig.cmake | head -n 1)
