@@ -15,7 +15,9 @@
  *   ref      the plain CUDA reference on input set 0 (it rereads each row
  *            per head, so its inputs sit in L2 either way), median of 3
  *            replays; x_ref = ref / time
- *   err      output NMSE of b12x against the reference (checked <= 1e-4) */
+ *   err      output NMSE of b12x against the reference (checked <= 1e-4)
+ * With MLART_BENCH_ATTN_VARIANTS=1 in the environment a tuning table
+ * follows (bench_attn_variants). */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <math.h>
@@ -24,6 +26,7 @@
 #include <string.h>
 
 #include "backends/b12x_mla_sparse/b12x.h"
+#include "backends/b12x_mla_sparse/b12x_attend.h"
 #include "backends/reference/reference.h"
 #include "bench_common.h"
 #include "ops/numerics.h"
@@ -332,6 +335,144 @@ struct Model {
     int heads;
 };
 
+/* One variant of the launch (b12x_tune) on a Ctx, for the tuning table. */
+struct Variant {
+    Ctx *c;
+    b12x_tune tune;
+    int sms;
+};
+
+int enqueue_variant(void *ctx, int set, cudaStream_t stream)
+{
+    Variant *v = (Variant *)ctx;
+    mlart_step st = make_step(*v->c, set, false);
+    return b12x_attend_launch_tuned(&st, v->sms, &v->tune, stream, bench_err) != 0;
+}
+
+/* Tuning table (environment MLART_BENCH_ATTN_VARIANTS=1): where the time of
+ * a small-T call goes.  Per shape: the call as shipped; without
+ * programmatic dependent launch; the main kernel alone; each combine alone
+ * (whole-row and quarter-row blocks, on the partials the main kernel left
+ * in the workspace); two pipeline blocks computed at once instead of one
+ * (<= 16 heads); forced split counts.  16 heads T = 1..64, 64 heads
+ * T = 1..4.  Rows
+ * that produce the output are checked against the reference like the main
+ * table (err, NMSE <= 1e-4). */
+int bench_attn_variants(const mlart_bench_opts *o)
+{
+    static const mlart_bench_col cols[] = {{"time", "us", 8, 2}, {"splits", "", 6, 0}, {"err", "nmse", 9, 7}};
+    const mlart_bench_table t = {"attn variants: b12x_mla_sparse pieces and split counts (bf16/fp8 cache, topk 2048)",
+                                 "shape variant", 40, cols, 3};
+    struct V {
+        const char *name;
+        b12x_tune tune;
+    };
+    static const V vars[] = {
+        {"auto", {0, 0, 0, 1, 0}},       {"nopdl", {0, 0, 0, 0, 0}},        {"main", {0, 1, 0, 1, 0}},
+        {"comb-row", {0, 2, 1, 1, 0}},   {"comb-quarter", {0, 2, 2, 1, 0}}, {"pb2", {0, 0, 0, 1, 2}},
+        {"pb2-main", {0, 1, 0, 1, 2}},   {"s16", {16, 0, 0, 1, 0}},         {"s32", {32, 0, 0, 1, 0}},
+        {"s64", {64, 0, 0, 1, 0}},
+    };
+    static const int Ts[] = {1, 2, 4, 8, 16, 32, 64};
+    static const int Hs[] = {16, 64};
+    static const mlart_kv_format fmts[] = {MLART_KV_BF16, MLART_KV_FP8_DS_MLA};
+    int wrong = 0;
+    mlart_bench_opts ref_opts = *o;
+    ref_opts.reps = 1;
+    ref_opts.warmup = 0;
+    mlart_bench_table_head(o, &t);
+    for (int f = 0; f < 2; f++) {
+        void *kv = NULL;
+        mlart_geometry g0;
+        memset(&g0, 0, sizeof g0);
+        g0.heads = 16; /* set per row below */
+        g0.qk_nope = 128;
+        g0.rope = 64;
+        g0.kv_lora = 512;
+        g0.v_head = 128;
+        g0.topk = kTopk;
+        g0.page_size = kPage;
+        g0.kv_format = fmts[f];
+        g0.softmax_scale = 0.0417f;
+        const size_t row_bytes = fmts[f] == MLART_KV_BF16 ? 1152 : 656;
+        if (cudaMalloc(&kv, row_bytes * kSlots) != cudaSuccess || fill_cache(kv, fmts[f], g0)) {
+            fprintf(stderr, "mlart-bench attn: variants: cache setup failed\n");
+            cudaFree(kv);
+            return -1;
+        }
+        for (int m = 0; m < 2; m++) {
+            Ctx *c = (Ctx *)calloc(1, sizeof(Ctx));
+            mlart_backend_init init;
+            c->g = g0;
+            c->g.heads = Hs[m];
+            c->kv = kv;
+            c->vt = mlart_backend_b12x_mla_sparse_vtable();
+            memset(&init, 0, sizeof init);
+            init.struct_size = sizeof init;
+            init.device = o->device;
+            init.geom = c->g;
+            init.error = bench_err;
+            init.log = bench_log;
+            c->ws_bytes = (size_t)64 * kMaxT * Hs[m] * 513 * 4;
+            if (c->vt->create(&init, &c->state) || cudaMalloc(&c->ws, c->ws_bytes) != cudaSuccess) {
+                if (c->state)
+                    c->vt->destroy(c->state);
+                free(c);
+                cudaFree(kv);
+                return -1;
+            }
+            for (int it = 0; it < (Hs[m] <= 16 ? 7 : 3); it++) {
+                c->T = Ts[it];
+                char base[64];
+                snprintf(base, sizeof base, "attn H%d %s T%d", Hs[m], fmts[f] == MLART_KV_BF16 ? "bf16" : "fp8",
+                         c->T);
+                if (!mlart_bench_match(o, base))
+                    continue;
+                const int nsets = mlart_bench_sets(o, (size_t)c->T * kTopk * row_bytes, 2);
+                double ref_us;
+                if (alloc_sets(*c, nsets, 0xA11 + 131 * it + 7 * m + f) ||
+                    mlart_bench_time(&ref_opts, enqueue_ref, c, 1, &ref_us)) {
+                    free_sets(*c);
+                    wrong++;
+                    continue;
+                }
+                for (size_t vi = 0; vi < sizeof vars / sizeof vars[0]; vi++) {
+                    Variant v = {c, vars[vi].tune, o->sms};
+                    char name[96];
+                    double vals[3];
+                    snprintf(name, sizeof name, "%s %s", base, vars[vi].name);
+                    const b12x_split sp = b12x_attend_split(c->T, Hs[m], kTopk, o->sms);
+                    const int nblk = kTopk / 32;
+                    int splits = sp.splits;
+                    if (v.tune.splits) {
+                        const int bps = (nblk + v.tune.splits - 1) / v.tune.splits;
+                        splits = (nblk + bps - 1) / bps;
+                    }
+                    if (cudaMemset(c->sets[0].out, 0xff, (size_t)Hs[m] * c->T * 1024) != cudaSuccess ||
+                        mlart_bench_time(o, enqueue_variant, &v, nsets, &vals[0])) {
+                        wrong++;
+                        continue;
+                    }
+                    vals[1] = splits;
+                    vals[2] = NAN;
+                    if ((v.tune.parts == 0 || v.tune.parts == 3) && splits > 1) {
+                        vals[2] = check_set0(*c);
+                        if (!(vals[2] <= kNmseMax))
+                            wrong++;
+                    }
+                    mlart_bench_table_row(o, &t, name, vals);
+                }
+                free_sets(*c);
+            }
+            c->vt->destroy(c->state);
+            cudaFree(c->ws);
+            free(c);
+        }
+        cudaFree(kv);
+    }
+    return wrong;
+}
+
 } /* namespace */
 
 extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
@@ -467,6 +608,13 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
             free(c);
         }
         cudaFree(kv);
+    }
+    {
+        const char *ev = getenv("MLART_BENCH_ATTN_VARIANTS");
+        if (ev && *ev && strcmp(ev, "0")) {
+            const int rc = bench_attn_variants(o);
+            wrong += rc < 0 ? 1 : rc;
+        }
     }
     snprintf(line, sizeof line,
              "attn targets: 16 heads T>=8 worst time/bandwidth-floor %.2fx (target <= 2: %s); 16 heads T<8 "

@@ -5,7 +5,7 @@
  * One thread block = one token x one tile of up to 64 heads x one chunk of
  * the token's top-k list (split-k when T is small, so that the grid fills
  * the multiprocessors).  The block gathers each selected cache row ONCE into
- * shared memory (cp.async, 16-byte pieces, three stages), converts fp8 rows
+ * shared memory (cp.async, 16-byte pieces, 3-6 stages), converts fp8 rows
  * to bf16 there, and all its heads read it from shared memory: unique bytes
  * move through HBM once per head tile.  Heads map to the M dimension of
  * mma.sync m16n8k16 (bf16 in, fp32 accumulate); a tile of h heads is padded
@@ -16,16 +16,20 @@
  * sub-block's slots over all 576 dims and accumulates half of the 512
  * output columns (an fp32 16x256 accumulator, 128 registers).  The pair
  * exchanges row maxima and the bf16 probabilities through shared memory.
- * With <= 32 heads two pairs share the rows and split the slots, and are
- * merged at the end.
+ * With <= 32 heads two pairs share the rows and split the slots; with <= 16
+ * heads and long chunks the other two pairs take the next block (PB = 2);
+ * the groups are merged at the end.
  *
  * Splits write fp32 partial outputs and natural-log LSEs to the workspace;
- * a small kernel combines them (LSE-weighted), one block per (token, head),
- * so the combine's reads spread over the whole GPU.  (Combining in the
- * last-finishing chunk instead was measured 2-7x slower at T <= 4: one
- * block then reads every partial of 64 heads; docs/attention.md.)  No
- * allocation, no host read, no synchronisation: the launches can be
- * captured in a graph. */
+ * a small kernel combines them (LSE-weighted), blocks of one (token, head)
+ * row or a quarter of it, so the combine's reads spread over the GPU.
+ * (Combining in the last-finishing chunk instead was measured 2-7x slower
+ * at T <= 4: one block then reads every partial of 64 heads;
+ * docs/attention.md.)  Both kernels are launched with programmatic
+ * dependent launch: each becomes resident while the previous kernel of the
+ * stream finishes and waits for it (griddepcontrol.wait) before its first
+ * global access.  No allocation, no host read, no synchronisation: the
+ * launches can be captured in a graph. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -79,13 +83,21 @@ struct AttendArgs {
     float scale_log2;     /* softmax scale * log2(e) */
 };
 
-/* Shared-memory map of one thread block (byte offsets, all 16-aligned). */
-template <bool FP8, int RT> struct Smem {
-    static constexpr int KS = RT <= 2 ? 2 : 1; /* pairs that share a row tile */
-    /* Stages: bf16 3 gathered; fp8 3 raw + 2 converted.  (Smaller head
-     * tiles leave room for more; see docs/attention.md, next steps.) */
-    static constexpr int KV_STAGES = FP8 ? 2 : 3;
-    static constexpr int RAW_STAGES = FP8 ? 3 : 1; /* unused (1) for bf16 */
+/* Shared-memory map of one thread block (byte offsets, all 16-aligned).
+ * PB = pipeline blocks computed at once: with one 16-row tile (<= 16 heads)
+ * PB = 2 puts the four otherwise idle warps on the next block, so the
+ * eight warps split two blocks four ways (slot half x block). */
+template <bool FP8, int RT, int PB> struct Smem {
+    static constexpr int KS = RT <= 2 ? 2 : 1; /* pairs that split one block's slots */
+    static constexpr int GROUPS = KS * PB;     /* pairs that share a row tile */
+    static_assert(PB == 1 || RT == 1, "two blocks at once only for one row tile");
+    /* Stages: bf16 3 gathered, 5 with one row tile (the gather is
+     * latency-bound there: more blocks in flight), 4 with PB = 2 (two
+     * computed, two landing); fp8 3 raw + 2 converted, 6 raw with one row
+     * tile (PB = 2: 4 raw + 2 converted, both blocks converted before they
+     * are computed). */
+    static constexpr int KV_STAGES = FP8 ? 2 : (PB == 2 ? 4 : (RT == 1 ? 5 : 3));
+    static constexpr int RAW_STAGES = FP8 ? (PB == 2 ? 4 : (RT == 1 ? 6 : 3)) : 1; /* 1: unused */
     static constexpr int Q_BYTES = RT * 16 * ROW_BYTES;
     static constexpr int KV_STAGE = BN * ROW_BYTES;
     static constexpr int RAW_STAGE = BN * FP8_BYTES;
@@ -95,11 +107,12 @@ template <bool FP8, int RT> struct Smem {
     static constexpr int P_PAIR = 16 * BN * 2;
     static constexpr int OFF_MAX = OFF_P + 4 * P_PAIR;
     static constexpr int OFF_SLOT = OFF_MAX + 4 * 2 * 16 * 4;
-    /* End-of-loop merge of the two slot halves (KS == 2): per (row tile,
-     * column half) one warp's 128 accumulators + 2 maxima + 2 sums per lane. */
+    /* End-of-loop merge of the groups (GROUPS > 1): per (row tile, group
+     * past the first, column half) one warp's 128 accumulators + 2 maxima +
+     * 2 sums per lane, in the (then idle) KV and raw stages. */
     static constexpr int MERGE_FLOATS = 132 * 32;
-    static_assert(KS == 1 || 2 * 2 * MERGE_FLOATS * 4 <= KV_STAGES * KV_STAGE,
-                  "merge buffer must fit in the KV stages");
+    static_assert(RT * (GROUPS - 1) * 2 * MERGE_FLOATS * 4 <= OFF_P - OFF_KV,
+                  "merge buffer must fit in the stages");
     static constexpr size_t bytes(int chunk_slots) { return (size_t)OFF_SLOT + 4u * chunk_slots; }
     static_assert(bytes(B12X_MAX_TOPK) <= 232448, "over the sm_90 shared memory per block");
 };
@@ -154,6 +167,16 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+__device__ __forceinline__ void grid_dep_wait()
+{
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void grid_dep_launch()
+{
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
 /* Barrier of the two warps of pair p (ids 1..4; 0 is __syncthreads). */
 __device__ __forceinline__ void pair_sync(int p)
 {
@@ -194,11 +217,11 @@ __device__ __forceinline__ uint32_t sw_off(int r, int c)
     return (uint32_t)(r * ROW_BYTES + ((c ^ (r & 7)) << 4));
 }
 
-template <bool FP8, int RT>
+template <bool FP8, int RT, int PB>
 __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendArgs a)
 {
-    using S = Smem<FP8, RT>;
-    constexpr int KS = S::KS;
+    using S = Smem<FP8, RT, PB>;
+    constexpr int KS = S::KS, GROUPS = S::GROUPS;
     constexpr int SUB = BN / KS;   /* slots of a block per pair */
     constexpr int SN = SUB / 2;    /* score columns per warp */
     constexpr int NTS = SN / 8;    /* n-tiles of scores per warp */
@@ -218,6 +241,14 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
     const uint32_t sbase = smem_u32(smem);
     int32_t *s_slot = reinterpret_cast<int32_t *>(smem + S::OFF_SLOT);
 
+    /* Programmatic dependent launch: this block may be resident before the
+     * previous kernel of the stream has finished; wait for it (and its
+     * memory) before the first global access, and let the combine be
+     * scheduled now (it waits for this whole grid the same way).  Both are
+     * no-ops for a plain launch. */
+    grid_dep_wait();
+    grid_dep_launch();
+
     /* Query rows of this head tile; padding rows are zeros in shared memory only. */
     for (int u = tid; u < RT * 16 * ROW_CHUNKS; u += NTHREADS) {
         const int r = u / ROW_CHUNKS, c = u - r * ROW_CHUNKS;
@@ -230,28 +261,47 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
     cp_async_commit();
 
     /* Physical slot of every index of the chunk, -1 where it selects nothing.
-     * Anything out of range reads as empty; the host validates when asked. */
+     * Anything out of range reads as empty; the host validates when asked.
+     * The loads are ordered so that only two round trips to memory are
+     * dependent: the request and every index of the chunk, then its
+     * sequence length and every block-table entry (read for any index in
+     * [0, max_blocks * page), the length check comes after). */
     {
+        constexpr int PER = B12X_MAX_TOPK / NTHREADS;
+        const int n = nblk * BN;
         const int b = a.req[(int64_t)t * a.req_s];
+        int iv[PER];
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            const int k = tid + u * NTHREADS;
+            iv[u] = k < n && k0 + k < kend
+                        ? a.idx[(int64_t)t * a.idx_st + (int64_t)(k0 + k) * a.idx_sk]
+                        : -1;
+        }
         const bool b_ok = b >= 0 && b < a.B;
         const int len = b_ok ? a.seq[(int64_t)b * a.seq_s] : 0;
-        for (int k = tid; k < nblk * BN; k += NTHREADS) {
-            const int gi = k0 + k;
-            int slot = -1;
-            if (gi < kend) {
-                const int i = a.idx[(int64_t)t * a.idx_st + (int64_t)gi * a.idx_sk];
-                if (i >= 0 && i < len) {
-                    const int blk = i / a.page;
-                    if (blk < a.max_blocks) {
-                        const int64_t phys =
-                            (int64_t)a.bt[(int64_t)b * a.bt_sb + (int64_t)blk * a.bt_sk] * a.page +
-                            (i - blk * a.page);
-                        if (phys >= 0 && phys < a.num_slots)
-                            slot = (int)phys;
-                    }
+        int pb[PER];
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            const int i = iv[u];
+            const int blk = i >= 0 ? i / a.page : 0;
+            pb[u] = b_ok && i >= 0 && blk < a.max_blocks
+                        ? a.bt[(int64_t)b * a.bt_sb + (int64_t)blk * a.bt_sk]
+                        : -1;
+        }
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            const int k = tid + u * NTHREADS;
+            if (k < n) {
+                const int i = iv[u];
+                int slot = -1;
+                if (i >= 0 && i < len && pb[u] >= 0) {
+                    const int64_t phys = (int64_t)pb[u] * a.page + (i - (i / a.page) * a.page);
+                    if (phys < a.num_slots)
+                        slot = (int)phys;
                 }
+                s_slot[k] = slot;
             }
-            s_slot[k] = slot;
         }
     }
     __syncthreads();
@@ -313,7 +363,9 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
     };
 
     const int pair = warp >> 1, ch = warp & 1;
-    const int rt = pair / KS, g = pair % KS;
+    /* gi: the pair's group within its row tile; g: its slot half; jb: which
+     * of the PB blocks of a step it computes. */
+    const int rt = pair / GROUPS, gi = pair % GROUPS, g = gi % KS, jb = gi / KS;
     const bool active = rt < RT;
     const int r4 = lane >> 2, q4 = lane & 3, sw = lane & 7;
 
@@ -323,14 +375,21 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
-    /* Pipeline (one commit group per issue):
-     *   bf16: NS stages; block j+NS-1 is issued once block j has landed and
-     *         every warp is past block j-1, whose stage it reuses.
-     *   fp8:  NR raw stages and two converted ones; at step j block j+1 is
-     *         converted (its raw stage is then free for block j+NR) while
-     *         block j is computed from the other converted stage. */
+    /* Pipeline (one commit group per issue; a step computes blocks j ..
+     * j+PB-1):
+     *   bf16: NS stages; blocks j+NS-PB .. j+NS-1 are issued once blocks
+     *         j .. j+PB-1 have landed and every warp is past the previous
+     *         step, whose stages they reuse.
+     *   fp8, PB = 1: NR raw stages and two converted ones; at step j block
+     *         j+1 is converted (its raw stage is then free for block j+NR)
+     *         while block j is computed from the other converted stage.
+     *   fp8, PB = 2: four raw stages; at step j blocks j+2, j+3 are issued,
+     *         then blocks j, j+1 are converted and computed. */
     constexpr int NS = S::KV_STAGES, NR = S::RAW_STAGES;
-    if constexpr (FP8) {
+    if constexpr (FP8 && PB == 2) {
+        issue(0);
+        issue(1);
+    } else if constexpr (FP8) {
 #pragma unroll
         for (int i = 0; i < NR; i++)
             issue(i);
@@ -339,13 +398,24 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
         convert(0);
     } else {
 #pragma unroll
-        for (int i = 0; i < NS - 1; i++)
+        for (int i = 0; i < NS - PB; i++)
             issue(i);
     }
 
-    for (int j = 0; j < nblk; j++) {
+    for (int j0 = 0; j0 < nblk; j0 += PB) {
         uint32_t kvb;
-        if constexpr (FP8) {
+        const int j = j0 + jb; /* the block this pair computes */
+        if constexpr (FP8 && PB == 2) {
+            cp_async_wait<0>();
+            __syncthreads();
+            issue(j0 + 2);
+            issue(j0 + 3);
+            convert(j0);
+            if (j0 + 1 < nblk)
+                convert(j0 + 1);
+            __syncthreads();
+            kvb = sbase + S::OFF_KV + jb * S::KV_STAGE;
+        } else if constexpr (FP8) {
             cp_async_wait<NR - 2>();
             __syncthreads();
             if (j + 1 < nblk)
@@ -353,12 +423,14 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
             issue(j + NR);
             kvb = sbase + S::OFF_KV + (j % 2) * S::KV_STAGE;
         } else {
-            cp_async_wait<NS - 2>();
+            cp_async_wait<NS - 2 * PB>();
             __syncthreads();
-            issue(j + NS - 1);
+#pragma unroll
+            for (int p = 0; p < PB; p++)
+                issue(j0 + NS - PB + p);
             kvb = sbase + S::OFF_KV + (j % NS) * S::KV_STAGE;
         }
-        if (!active)
+        if (!active || j >= nblk)
             continue;
 
         /* Scores: 16 head rows x SN slots over 576 dims.  QCH independent
@@ -488,11 +560,13 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
     cp_async_wait<0>();
     __syncthreads();
 
-    if constexpr (KS == 2) {
-        /* The second slot half hands its state to the first through the
-         * (now idle) KV stages. */
-        float *mb = reinterpret_cast<float *>(smem + S::OFF_KV) + (rt * 2 + ch) * S::MERGE_FLOATS;
-        if (active && g == 1) {
+    if constexpr (GROUPS > 1) {
+        /* The other groups hand their state to the first through the (now
+         * idle) stages; it merges them one after the other. */
+        float *const mb0 = reinterpret_cast<float *>(smem + S::OFF_KV) +
+                           (rt * (GROUPS - 1) * 2 + ch) * S::MERGE_FLOATS;
+        if (active && gi > 0) {
+            float *mb = mb0 + (gi - 1) * 2 * S::MERGE_FLOATS;
 #pragma unroll
             for (int i = 0; i < 128; i++)
                 mb[i * 32 + lane] = o[i >> 2][i & 3];
@@ -502,24 +576,29 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
             mb[131 * 32 + lane] = l_run[1];
         }
         __syncthreads();
-        if (active && g == 0) {
-            float f0[2], f1[2];
+        if (active && gi == 0) {
+#pragma unroll 1
+            for (int q = 1; q < GROUPS; q++) {
+                const float *mb = mb0 + (q - 1) * 2 * S::MERGE_FLOATS;
+                float f0[2], f1[2];
 #pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const float m1 = mb[(128 + i) * 32 + lane], l1 = mb[(130 + i) * 32 + lane];
-                const float mn = fmaxf(m_run[i], m1);
-                const float bs = mn == -INFINITY ? 0.0f : mn;
-                f0[i] = exp2f(m_run[i] - bs);
-                f1[i] = exp2f(m1 - bs);
-                l_run[i] = l_run[i] * f0[i] + l1 * f1[i];
-                m_run[i] = mn;
+                for (int i = 0; i < 2; i++) {
+                    const float m1 = mb[(128 + i) * 32 + lane], l1 = mb[(130 + i) * 32 + lane];
+                    const float mn = fmaxf(m_run[i], m1);
+                    const float bs = mn == -INFINITY ? 0.0f : mn;
+                    f0[i] = exp2f(m_run[i] - bs);
+                    f1[i] = exp2f(m1 - bs);
+                    l_run[i] = l_run[i] * f0[i] + l1 * f1[i];
+                    m_run[i] = mn;
+                }
+#pragma unroll
+                for (int i = 0; i < 128; i++)
+                    o[i >> 2][i & 3] =
+                        o[i >> 2][i & 3] * f0[(i & 3) >> 1] + mb[i * 32 + lane] * f1[(i & 3) >> 1];
             }
-#pragma unroll
-            for (int i = 0; i < 128; i++)
-                o[i >> 2][i & 3] = o[i >> 2][i & 3] * f0[(i & 3) >> 1] + mb[i * 32 + lane] * f1[(i & 3) >> 1];
         }
     }
-    const bool writer = active && g == 0;
+    const bool writer = active && gi == 0;
     if (writer) {
         float inv[2], lse[2];
 #pragma unroll
@@ -556,104 +635,143 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
     }
 }
 
-/* out[h,t,:] = sum_z w_z * part_z / sum_z w_z with w_z = exp(lse_z - max):
- * one block per (t, h); COMBINE_GROUPS groups of 128 threads take every
- * COMBINE_GROUPS-th split, 4 columns per thread, COMBINE_UNROLL partials
- * loaded before any is used (at small T few blocks exist, so each thread
- * must keep several loads in flight), then the groups are summed through
- * shared memory.  Empty partials (lse -inf) weigh 0 and are never used, so
- * 0 * NaN cannot occur. */
-constexpr int COMBINE_GROUPS = 4;
-constexpr int COMBINE_UNROLL = 4;
-constexpr int COMBINE_THREADS = 128 * COMBINE_GROUPS;
+/* out[h,t,:] = sum_z w_z * part_z / sum_z w_z with w_z = exp(lse_z - max).
+ * One block per (token, head, 4L columns): groups of L lanes (4 columns
+ * each) take every G-th split (G = groups of the block); each lane issues
+ * all its loads (<= CB_Z partials and their LSEs) before it uses any, so a
+ * block costs one round trip to L2.  Each group keeps its own maximum; the
+ * groups are merged through shared memory.  The launch picks L = 32 (a
+ * quarter row per block, up to 8 groups) when there are few (token, head)
+ * rows, so that even one token spreads its partial reads over 4 x H
+ * multiprocessors, and L = 128 (a whole row, as few groups as cover the
+ * splits) otherwise, so that blocks stay few and full.  Empty partials (lse
+ * -inf) weigh 0 and are never used, so 0 * NaN cannot occur. */
+constexpr int CB_MAX_GROUPS = 8;
+constexpr int CB_Z = MAX_SPLITS / CB_MAX_GROUPS;
+static_assert(CB_MAX_GROUPS * CB_Z >= MAX_SPLITS, "combine covers every split");
 
-__global__ void __launch_bounds__(COMBINE_THREADS) b12x_combine_kernel(const AttendArgs a)
+template <int L>
+__global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const AttendArgs a)
 {
-    __shared__ float4 s_acc[COMBINE_GROUPS - 1][128];
-    __shared__ float s_sum[COMBINE_GROUPS - 1];
+    __shared__ float4 s_acc[CB_MAX_GROUPS][L];
+    __shared__ float s_m[CB_MAX_GROUPS], s_l[CB_MAX_GROUPS];
+    grid_dep_wait();
+    grid_dep_launch();
     const int t = blockIdx.x, h = blockIdx.y;
-    const int lane = threadIdx.x & 127, grp = threadIdx.x >> 7, c = lane * 4;
+    const int lane = threadIdx.x % L, grp = threadIdx.x / L, ng = blockDim.x / L;
+    const int c = blockIdx.z * 4 * L + lane * 4;
     const int64_t zstride = (int64_t)a.T * a.H, base = (int64_t)t * a.H + h;
-    float mx = -INFINITY;
-#pragma unroll 8
-    for (int z = 0; z < a.splits; z++)
-        mx = fmaxf(mx, a.ws_lse[z * zstride + base]);
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float sum = 0.0f;
-    if (mx != -INFINITY) {
-        for (int z0 = grp; z0 < a.splits; z0 += COMBINE_GROUPS * COMBINE_UNROLL) {
-            float w[COMBINE_UNROLL];
-            float4 v[COMBINE_UNROLL];
+    float lz[CB_Z];
+    float4 v[CB_Z];
 #pragma unroll
-            for (int i = 0; i < COMBINE_UNROLL; i++) {
-                const int z = z0 + i * COMBINE_GROUPS;
-                w[i] = 0.0f;
-                if (z < a.splits) {
-                    const int64_t row = z * zstride + base;
-                    w[i] = expf(a.ws_lse[row] - mx);
-                    if (w[i] != 0.0f)
-                        v[i] = *reinterpret_cast<const float4 *>(a.ws_o + row * KV_L + c);
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < COMBINE_UNROLL; i++) {
-                if (w[i] == 0.0f)
-                    continue;
-                sum += w[i];
-                acc.x += w[i] * v[i].x;
-                acc.y += w[i] * v[i].y;
-                acc.z += w[i] * v[i].z;
-                acc.w += w[i] * v[i].w;
-            }
+    for (int i = 0; i < CB_Z; i++) {
+        const int z = grp + i * ng;
+        lz[i] = -INFINITY;
+        v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (z < a.splits) {
+            const int64_t row = z * zstride + base;
+            lz[i] = a.ws_lse[row];
+            v[i] = *reinterpret_cast<const float4 *>(a.ws_o + row * KV_L + c);
         }
     }
-    if (grp > 0) {
-        s_acc[grp - 1][lane] = acc;
-        if (lane == 0)
-            s_sum[grp - 1] = sum;
-    }
-    __syncthreads();
-    if (grp > 0)
-        return;
+    float m = -INFINITY;
 #pragma unroll
-    for (int g = 0; g < COMBINE_GROUPS - 1; g++) {
-        const float4 o = s_acc[g][lane];
-        acc.x += o.x;
-        acc.y += o.y;
-        acc.z += o.z;
-        acc.w += o.w;
-        sum += s_sum[g];
+    for (int i = 0; i < CB_Z; i++)
+        m = fmaxf(m, lz[i]);
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float sum = 0.0f;
+    if (m != -INFINITY) {
+#pragma unroll
+        for (int i = 0; i < CB_Z; i++) {
+            const float wz = expf(lz[i] - m);
+            if (wz == 0.0f)
+                continue;
+            sum += wz;
+            acc.x += wz * v[i].x;
+            acc.y += wz * v[i].y;
+            acc.z += wz * v[i].z;
+            acc.w += wz * v[i].w;
+        }
+    }
+    if (ng > 1) {
+        s_acc[grp][lane] = acc;
+        if (lane == 0) {
+            s_m[grp] = m;
+            s_l[grp] = sum;
+        }
+        __syncthreads();
+        if (grp > 0)
+            return;
+        float M = -INFINITY;
+        for (int q = 0; q < ng; q++)
+            M = fmaxf(M, s_m[q]);
+        m = M;
+        acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        sum = 0.0f;
+        if (M != -INFINITY)
+            for (int q = 0; q < ng; q++) {
+                const float f = expf(s_m[q] - M);
+                if (f == 0.0f)
+                    continue;
+                const float4 o = s_acc[q][lane];
+                acc.x += f * o.x;
+                acc.y += f * o.y;
+                acc.z += f * o.z;
+                acc.w += f * o.w;
+                sum += f * s_l[q];
+            }
     }
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     __nv_bfloat16 *orow = a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + c;
     reinterpret_cast<uint32_t *>(orow)[0] = pack_bf16(acc.x * inv, acc.y * inv);
     reinterpret_cast<uint32_t *>(orow)[1] = pack_bf16(acc.z * inv, acc.w * inv);
-    if (lane == 0 && a.lse)
-        a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
+    if (blockIdx.z == 0 && lane == 0 && a.lse)
+        a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = sum > 0.0f ? m + logf(sum) : -INFINITY;
 }
 
 typedef void (*attend_kernel_fn)(AttendArgs);
 
 /* The kernel for a format and row-tile count, and its shared-memory bytes
  * for a chunk of `chunk_slots`. */
-attend_kernel_fn pick_kernel(bool fp8, int rt, int chunk_slots, size_t *smem)
+attend_kernel_fn pick_kernel(bool fp8, int rt, int pb, int chunk_slots, size_t *smem)
 {
-#define B12X_PICK_(F, R)                                   \
-    if (fp8 == F && rt == R) {                              \
-        *smem = Smem<F, R>::bytes(chunk_slots);             \
-        return b12x_attend_kernel<F, R>;                    \
+#define B12X_PICK_(F, R, P)                                 \
+    if (fp8 == F && rt == R && pb == P) {                   \
+        *smem = Smem<F, R, P>::bytes(chunk_slots);          \
+        return b12x_attend_kernel<F, R, P>;                 \
     }
-    B12X_PICK_(false, 1)
-    B12X_PICK_(false, 2)
-    B12X_PICK_(false, 3)
-    B12X_PICK_(false, 4)
-    B12X_PICK_(true, 1)
-    B12X_PICK_(true, 2)
-    B12X_PICK_(true, 3)
-    B12X_PICK_(true, 4)
+    B12X_PICK_(false, 1, 1)
+    B12X_PICK_(false, 1, 2)
+    B12X_PICK_(false, 2, 1)
+    B12X_PICK_(false, 3, 1)
+    B12X_PICK_(false, 4, 1)
+    B12X_PICK_(true, 1, 1)
+    B12X_PICK_(true, 1, 2)
+    B12X_PICK_(true, 2, 1)
+    B12X_PICK_(true, 3, 1)
+    B12X_PICK_(true, 4, 1)
 #undef B12X_PICK_
     *smem = 0;
     return nullptr;
+}
+
+/* A launch, with programmatic stream serialization when `pdl` (the kernel
+ * may start while the previous one in the stream finishes; it waits with
+ * griddepcontrol.wait).  Capturable in a graph. */
+cudaError_t launch(attend_kernel_fn fn, dim3 grid, unsigned threads, size_t smem, cudaStream_t st,
+                   bool pdl, const AttendArgs &a)
+{
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute at[1];
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, fn, a);
 }
 
 int cuda_fail(mlart_error_fn err, const char *what, cudaError_t e)
@@ -682,9 +800,10 @@ extern "C" int b12x_attend_setup(int *num_sms, mlart_error_fn err)
                    "b12x_mla_sparse: device %d has compute capability %d.x; the kernels need sm_90",
                    dev, major);
     for (int f = 0; f < 2; f++)
-        for (int rt = 1; rt <= 4; rt++) {
+        for (int k = 0; k < 5; k++) {
+            const int rt = k < 4 ? k + 1 : 1, pb = k < 4 ? 1 : 2;
             size_t bytes;
-            attend_kernel_fn fn = pick_kernel(f != 0, rt, B12X_MAX_TOPK, &bytes);
+            attend_kernel_fn fn = pick_kernel(f != 0, rt, pb, B12X_MAX_TOPK, &bytes);
             if ((size_t)optin < bytes)
                 return err(MLART_ENOTSUP,
                            "b12x_mla_sparse: kernels need %zu bytes of shared memory per block, "
@@ -709,13 +828,17 @@ extern "C" b12x_split b12x_attend_split(int T, int heads, int topk, int num_sms)
     if (num_sms < 1)
         num_sms = 1;
     /* Time ~ waves x (blocks per chunk + a fixed cost of about two blocks
-     * for the prologue and the partial write).  Ties keep fewer splits. */
+     * for the prologue) + the partials: about three blocks' time per
+     * multiprocessor-load of chunks that write one (fitted to the split
+     * counts measured at 16 and 64 heads, T = 1..16; docs/PERF.md).  Ties
+     * keep fewer splits. */
     for (int s = 1; s <= nblk && s <= MAX_SPLITS; s++) {
         const int bps = (nblk + s - 1) / s;
         if ((nblk + bps - 1) / bps != s)
             continue;
         const int64_t waves = (work * s + num_sms - 1) / num_sms;
-        const int64_t cost = waves * (bps + 2);
+        const int64_t cost =
+            waves * (bps + 2) * num_sms + (s > 1 ? 3 * (int64_t)s * work : 0);
         if (best_cost < 0 || cost < best_cost) {
             best_cost = cost;
             best.splits = s;
@@ -734,8 +857,8 @@ extern "C" size_t b12x_attend_workspace(int T, int heads, int topk, int num_sms)
     return rows * KV_L * sizeof(float) + rows * sizeof(float);
 }
 
-extern "C" int b12x_attend_launch(const mlart_step *s, int num_sms, void *stream,
-                                  mlart_error_fn err)
+extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const b12x_tune *tune,
+                                        void *stream, mlart_error_fn err)
 {
     const mlart_geometry *g = &s->geom;
     const int T = s->T, H = g->heads;
@@ -765,7 +888,24 @@ extern "C" int b12x_attend_launch(const mlart_step *s, int num_sms, void *stream
         return err(MLART_ELAYOUT,
                    "b12x_mla_sparse: attn_out rows must be 8-byte aligned with inner stride 1");
 
-    const b12x_split sp = b12x_attend_split(T, H, g->topk, num_sms);
+    if (tune && (tune->pb < 0 || tune->pb > 2 || tune->combine < 0 || tune->combine > 2 ||
+                 tune->parts < 0 || tune->parts > 3))
+        return err(MLART_EINVAL, "b12x_mla_sparse: tuning values out of range");
+    b12x_split sp = b12x_attend_split(T, H, g->topk, num_sms);
+    if (tune && tune->splits > 0) {
+        const int nblk = (g->topk + BN - 1) / BN;
+        sp.blocks_per_split = (nblk + tune->splits - 1) / tune->splits;
+        sp.splits = (nblk + sp.blocks_per_split - 1) / sp.blocks_per_split;
+        if (sp.splits > MAX_SPLITS)
+            return err(MLART_EINVAL, "b12x_mla_sparse: at most %d splits", MAX_SPLITS);
+    }
+    const int parts = tune && tune->parts ? tune->parts : 3;
+    /* Quarter-row combine blocks while the (token, head) rows are at most
+     * half the multiprocessors (measured: docs/PERF.md, attention). */
+    const int combine =
+        tune && tune->combine ? tune->combine : (2 * (int64_t)T * H <= num_sms ? 2 : 1);
+    const int pb_tune = tune ? tune->pb : 0;
+    const bool pdl = tune ? tune->pdl != 0 : true;
     AttendArgs a;
     a.q = (const __nv_bfloat16 *)q->data;
     a.q_st = q->stride[0];
@@ -801,7 +941,8 @@ extern "C" int b12x_attend_launch(const mlart_step *s, int num_sms, void *stream
     a.splits = sp.splits;
     a.scale_log2 = g->softmax_scale * LOG2E;
     if (sp.splits > 1) {
-        const size_t need = b12x_attend_workspace(T, H, g->topk, num_sms);
+        const size_t rows = (size_t)sp.splits * T * H;
+        const size_t need = rows * KV_L * sizeof(float) + rows * sizeof(float);
         if (!s->workspace || s->workspace_bytes < need || ((uintptr_t)s->workspace & 15))
             return err(MLART_EINVAL,
                        "b12x_mla_sparse: step of %d tokens needs %zu bytes of 16-aligned "
@@ -814,23 +955,41 @@ extern "C" int b12x_attend_launch(const mlart_step *s, int num_sms, void *stream
     const int full = H / HEAD_TILE, rem = H % HEAD_TILE;
     const int chunk = sp.blocks_per_split * BN;
     cudaStream_t st = (cudaStream_t)stream;
-    for (int part = 0; part < 2; part++) {
+    cudaError_t e = cudaSuccess;
+    for (int part = 0; part < 2 && (parts & 1) && e == cudaSuccess; part++) {
         const int tiles = part == 0 ? full : (rem ? 1 : 0);
         if (tiles == 0)
             continue;
         const int rt = part == 0 ? 4 : (rem + 15) / 16;
         size_t smem;
-        attend_kernel_fn fn = pick_kernel(fp8, rt, chunk, &smem);
+        /* Two blocks at once pays only on long chunks (>= 16 blocks: T >= 32
+         * at 16 heads, 1-8% faster; up to 10% slower on shorter ones,
+         * measured: docs/PERF.md). */
+        const int pb = rt != 1 ? 1 : pb_tune ? pb_tune : sp.blocks_per_split >= 16 ? 2 : 1;
+        attend_kernel_fn fn = pick_kernel(fp8, rt, pb, chunk, &smem);
         a.tile_base = part == 0 ? 0 : full;
-        dim3 grid((unsigned)T, (unsigned)tiles, (unsigned)sp.splits);
-        fn<<<grid, NTHREADS, smem, st>>>(a);
+        e = launch(fn, dim3((unsigned)T, (unsigned)tiles, (unsigned)sp.splits), NTHREADS, smem, st,
+                   pdl, a);
     }
-    if (sp.splits > 1) {
-        dim3 grid((unsigned)T, (unsigned)H);
-        b12x_combine_kernel<<<grid, COMBINE_THREADS, 0, st>>>(a);
+    if (sp.splits > 1 && (parts & 2) && e == cudaSuccess) {
+        const int ng1 = (sp.splits + CB_Z - 1) / CB_Z;
+        const int ng2 = sp.splits < CB_MAX_GROUPS ? sp.splits : CB_MAX_GROUPS;
+        if (combine == 1)
+            e = launch(b12x_combine_kernel<128>, dim3((unsigned)T, (unsigned)H, 1), 128 * ng1, 0,
+                       st, pdl, a);
+        else
+            e = launch(b12x_combine_kernel<32>, dim3((unsigned)T, (unsigned)H, KV_L / 128),
+                       32 * ng2, 0, st, pdl, a);
     }
-    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess)
+        e = cudaGetLastError();
     if (e != cudaSuccess)
         return cuda_fail(err, "launch", e);
     return 0;
+}
+
+extern "C" int b12x_attend_launch(const mlart_step *s, int num_sms, void *stream,
+                                  mlart_error_fn err)
+{
+    return b12x_attend_launch_tuned(s, num_sms, NULL, stream, err);
 }

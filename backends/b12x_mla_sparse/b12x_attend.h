@@ -39,6 +39,23 @@ size_t b12x_attend_workspace(int T, int heads, int topk, int num_sms);
  * the runtime; this checks only what the kernels assume about alignment. */
 int b12x_attend_launch(const mlart_step *s, int num_sms, void *stream, mlart_error_fn err);
 
+/* Tuning hook (mlart-bench's attention variants table; zeros select what
+ * b12x_attend_launch does): `splits` forces the chunk count (<= 64, the
+ * workspace must hold it: splits x T x H x 513 floats); `parts` 1 = the main
+ * kernel only, 2 = the combine only, 3 = both; `combine` 1 = whole-row
+ * combine blocks, 2 = quarter-row blocks; `pdl` 0 launches without
+ * programmatic dependent launch; `pb` 1 or 2 pipeline blocks computed at
+ * once by a one-row-tile (<= 16 heads) launch. */
+typedef struct b12x_tune {
+    int splits;
+    int parts;
+    int combine;
+    int pdl;
+    int pb;
+} b12x_tune;
+int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const b12x_tune *tune, void *stream,
+                             mlart_error_fn err);
+
 #ifdef __cplusplus
 }
 #endif
