@@ -35,7 +35,8 @@ enum {
     MLART_BMM_GENERIC = 1, /* any sizes and alignments, CUDA cores, slow */
     MLART_BMM_STREAM = 2,  /* decode: W streamed once through registers, mma.sync */
     MLART_BMM_TILED = 3,   /* larger T: 64 or 128 x 128 shared-memory tiles, cp.async + mma.sync */
-    MLART_BMM_PSTREAM = 4  /* decode: STREAM on a persistent grid that prefetches its next item */
+    MLART_BMM_PSTREAM = 4, /* decode: STREAM on a persistent grid that prefetches its next item */
+    MLART_BMM_DIRECT = 5   /* decode: W and a straight into registers, no shared-memory staging */
 };
 
 typedef struct mlart_bmm_config {
@@ -43,6 +44,12 @@ typedef struct mlart_bmm_config {
     int mt;    /* STREAM: 16-row tiles per block (1..4; PSTREAM 1..2), 0 = auto */
     int warps; /* (P)STREAM: warps splitting K (must divide K/16; PSTREAM: <= 4 steps each), 0 = auto */
     int bm;    /* TILED: rows per tile, 64 or 128, 0 = auto */
+    /* DIRECT: `warps` split K (1, 2, 4, 8), `mt` 16-row tiles per warp
+     * (loop, >= 1), `cols` columns per warp (16, 32 or 64), `groups` column
+     * groups per block; 0 = auto for each; `bm` 1 stages the block's rows
+     * of a in shared memory (else each warp loads its own fragments) */
+    int cols;
+    int groups;
 } mlart_bmm_config;
 
 /* Launch on `stream` (cudaStream_t).  cfg NULL = auto.  Returns 0,

@@ -1,15 +1,20 @@
 /* Query absorption on sm_90 and the batched BF16 product it shares with the
  * V up-projection (ops/bmm_cuda.h).  Byte and FLOP counts: docs/ops.md.
  *
- * Four kernels, all read-exact (they load only elements of the views, so no
+ * Five kernels, all read-exact (they load only elements of the views, so no
  * load can cross the end of an operand's storage) and all writing only
  * elements of the output view; auto_config picks one per shape from the
  * measured variants (docs/PERF.md):
- *   stream  decode: every weight byte is loaded once per 16*MT rows of T,
- *           16 bytes per load straight into registers (no shared-memory
- *           round trip), and fed to mma.sync with the columns permuted so no
- *           transpose is needed.  K is split across the warps of a block and
- *           reduced in shared memory; the block then writes 16-byte rows.
+ *   direct  decode (the query at T <= 16, and T <= 64 at few heads): each
+ *           warp issues all its weight loads at kernel start straight into
+ *           registers, takes its activation rows with plain 8-byte loads
+ *           (or, staged, from one cp.async copy per block in shared memory)
+ *           in a K order permuted to match, and stores its own results from
+ *           registers: no barrier and no shared memory unless K is split.
+ *   stream  every weight byte is loaded once per 16*MT rows of T, 16 bytes
+ *           per load into registers, fed to mma.sync with the columns
+ *           permuted; K split across the warps of a block and reduced in
+ *           shared memory (V up-projection at T <= 16).
  *   pstream the stream tile on a persistent grid that prefetches its next
  *           item (V up-projection at few heads).
  *   tiled   64 or 128 x 128 output tiles, K in steps of 32 through a
@@ -41,6 +46,8 @@ struct Desc {
     int64_t R, pi_st, pi_sh, po_st, po_sh;
     int a_vec;  /* a rows may be read 16 bytes at a time */
     int c_vec;  /* c rows may be written 16 bytes at a time */
+    int a_vec8; /* a rows may be read 8 bytes at a time */
+    int c_vec8; /* c rows may be written 8 bytes at a time */
     int pe_vec; /* pe rows copied 16 bytes at a time */
 };
 
@@ -94,18 +101,33 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-/* Copy pe_in[t,h,:] to pe_out[t,h,:] for t in [t0,t1): one block's share. */
+/* Copy pe_in[t,h,:] to pe_out[t,h,:] for t in [t0,t1): one block's share.
+ * Four 16-byte loads per thread are issued before their stores, so a block
+ * waits about one round trip, not one per chunk. */
 __device__ void pe_copy_rows(const Desc &d, int64_t h, int64_t t0, int64_t t1)
 {
     if (t1 > d.T)
         t1 = d.T;
     if (d.pe_vec) {
-        const int64_t chunks = d.R / 8;
-        for (int64_t i = threadIdx.x; i < (t1 - t0) * chunks; i += blockDim.x) {
-            int64_t t = t0 + i / chunks, r = (i % chunks) * 8;
-            const uint4 *src = (const uint4 *)(d.pe_in + t * d.pi_st + h * d.pi_sh + r);
-            uint4 *dst = (uint4 *)(d.pe_out + t * d.po_st + h * d.po_sh + r);
-            *dst = *src;
+        const int64_t chunks = d.R / 8, total = (t1 - t0) * chunks;
+        for (int64_t base = threadIdx.x; base < total; base += 4 * (int64_t)blockDim.x) {
+            uint4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int64_t i = base + u * (int64_t)blockDim.x;
+                if (i < total) {
+                    const int64_t t = t0 + i / chunks, r = (i % chunks) * 8;
+                    v[u] = *(const uint4 *)(d.pe_in + t * d.pi_st + h * d.pi_sh + r);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int64_t i = base + u * (int64_t)blockDim.x;
+                if (i < total) {
+                    const int64_t t = t0 + i / chunks, r = (i % chunks) * 8;
+                    *(uint4 *)(d.pe_out + t * d.po_st + h * d.po_sh + r) = v[u];
+                }
+            }
         }
     } else {
         for (int64_t i = threadIdx.x; i < (t1 - t0) * d.R; i += blockDim.x) {
@@ -280,6 +302,251 @@ __global__ void __launch_bounds__(StreamBounds<MT>::threads) bmm_stream_kernel(D
 
     if (d.pe_in && blockIdx.x == 0)
         pe_copy_rows(d, h, t0, t0 + rows);
+}
+
+/* ---- direct kernel --------------------------------------------------------
+ * Decode with one short dependency chain per warp: every weight load of the
+ * warp is issued at kernel start, the activation rows go straight from
+ * global memory into mma A fragments (no shared memory, no barrier), and
+ * each warp writes its own results, so with split = 1 no warp ever waits
+ * for another.
+ *
+ * Warp = (column group of 8*CW columns, K slice of KS k-steps).  K inside a
+ * 16-step is permuted, identically for A and B, so that both come from
+ * plain row loads: lane (g = lane/4, q = lane%4) holds physical k
+ * k0+4q .. k0+4q+3 (mma k slots 2q, 2q+1, 2q+8, 2q+9).  For B that is four
+ * consecutive weight rows at the lane's CW consecutive columns
+ * n0 + CW*g + j, one load each; mma j uses column j of every lane, i.e.
+ * logical column g is physical n0 + CW*g + j, and one byte permute per
+ * register pair builds the fragment.  For A it is one 8-byte load of row g
+ * (and one of row g + 8).  The accumulators of lane (g, q) then hold the
+ * 2*CW consecutive physical columns n0 + 2*CW*q + 0 .. 2*CW-1 of rows g and
+ * g + 8: one or two 16-byte stores per row, straight from registers.
+ *
+ * split > 1 warps share a column group and cut K; the partial sums meet in
+ * shared memory (fragment order, conflict-free, double-buffered by row
+ * tile: one barrier per tile).  mtiles row tiles of 16 are walked with the
+ * weights held in registers; the next tile's A rows load while the current
+ * one multiplies. */
+template <int CW> struct WLoad;
+template <> struct WLoad<2> {
+    static __device__ __forceinline__ void ld(uint32_t (&r)[1], const void *p)
+    {
+        asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r[0]) : "l"(p));
+    }
+};
+template <> struct WLoad<4> {
+    static __device__ __forceinline__ void ld(uint32_t (&r)[2], const void *p)
+    {
+        asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "l"(p));
+    }
+};
+template <> struct WLoad<8> {
+    static __device__ __forceinline__ void ld(uint32_t (&r)[4], const void *p)
+    {
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "l"(p));
+    }
+};
+
+/* a[h, t, kb + s*16 + 0..3] for s < KS, zeros for t >= T (nothing read) */
+template <int KS>
+__device__ __forceinline__ void direct_load_a(const Desc &d, const __nv_bfloat16 *ap, int64_t t, uint2 (&v)[KS])
+{
+    if (t < d.T) {
+        const __nv_bfloat16 *p = ap + t * d.a_st;
+        if (d.a_vec8) {
+#pragma unroll
+            for (int s = 0; s < KS; s++)
+                asm volatile("ld.global.nc.v2.u32 {%0,%1}, [%2];" : "=r"(v[s].x), "=r"(v[s].y) : "l"(p + s * 16));
+        } else {
+            const unsigned short *u = (const unsigned short *)p;
+#pragma unroll
+            for (int s = 0; s < KS; s++) {
+                v[s].x = (uint32_t)__ldg(u + s * 16) | ((uint32_t)__ldg(u + s * 16 + 1) << 16);
+                v[s].y = (uint32_t)__ldg(u + s * 16 + 2) | ((uint32_t)__ldg(u + s * 16 + 3) << 16);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int s = 0; s < KS; s++)
+            v[s] = make_uint2(0, 0);
+    }
+}
+
+/* Row t of the lane's 2*CW columns from accumulator halves e0, e0 + 1. */
+template <int CW>
+__device__ __forceinline__ void direct_store_row(const Desc &d, int64_t h, int64_t t, int64_t col,
+                                                 const float (&acc)[CW][4], int e0)
+{
+    if (t >= d.T)
+        return;
+    __nv_bfloat16 *dst = d.c + h * d.c_sh + t * d.c_st + col;
+    uint32_t wds[CW];
+#pragma unroll
+    for (int i = 0; i < CW; i++) {
+        /* column 2i, 2i+1 of the lane's 2*CW: acc[j][e0] for j < CW, then acc[j][e0+1] */
+        const int c0 = 2 * i, c1 = 2 * i + 1;
+        const float lo = c0 < CW ? acc[c0][e0] : acc[c0 - CW][e0 + 1];
+        const float hi = c1 < CW ? acc[c1][e0] : acc[c1 - CW][e0 + 1];
+        wds[i] = pack_bf16(lo, hi);
+    }
+    if (CW == 2 && d.c_vec8) {
+        *(uint2 *)dst = make_uint2(wds[0], wds[CW > 1 ? 1 : 0]);
+    } else if (CW >= 4 && d.c_vec) {
+#pragma unroll
+        for (int i = 0; i < CW; i += 4)
+            *(uint4 *)(dst + 2 * i) = make_uint4(wds[i], wds[(i + 1) % CW], wds[(i + 2) % CW], wds[(i + 3) % CW]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < CW; i++) {
+            __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162 *>(&wds[i]);
+            dst[2 * i] = v.x;
+            dst[2 * i + 1] = v.y;
+        }
+    }
+}
+
+/* MODE 0: one row tile with at most 8 rows (T <= 8); 1: one row tile;
+ * 2: mtiles row tiles, the next tile's A rows loaded during the current;
+ * 3: mtiles row tiles, the block's A rows staged once in shared memory
+ *    (cp.async, issued behind the weight loads), fragments read from there:
+ *    no global round trip per tile and one read of a per block. */
+constexpr int DIRECT_APAD = 16; /* row pitch = 32 bytes mod 128: conflict-free 8-byte fragment reads */
+template <int KS, int CW, int MODE>
+__global__ void __launch_bounds__(256) bmm_direct_kernel(Desc d, int split, int mtiles)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    float *red = (float *)smem;
+    constexpr int NWD = CW / 2; /* 32-bit words per weight row and lane */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int groups = (int)(blockDim.x >> 5) / split;
+    const int sp = warp % split, grp = warp / split;
+    const int g = lane >> 2, q = lane & 3;
+    const int64_t h = blockIdx.y;
+    const int64_t n0 = ((int64_t)blockIdx.x * groups + grp) * (8 * CW);
+    const int kb = sp * KS * 16 + 4 * q;
+
+    /* all of this warp's weights, first */
+    uint32_t wr[KS][4][NWD];
+    {
+        const int64_t sk = d.w_sk;
+        const __nv_bfloat16 *wp = d.w + h * d.w_sh + (int64_t)kb * sk + n0 + CW * g;
+#pragma unroll
+        for (int s = 0; s < KS; s++) {
+            const __nv_bfloat16 *p = wp + (int64_t)(s * 16) * sk;
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                WLoad<CW>::ld(wr[s][r], p + r * sk);
+        }
+    }
+    const int64_t tb = (int64_t)blockIdx.z * mtiles * 16;
+    const __nv_bfloat16 *ap = d.a + h * d.a_sh + kb;
+    uint2 alo[KS], ahi[KS];
+    const int lda = (int)d.K + DIRECT_APAD;
+    __nv_bfloat16 *As = (__nv_bfloat16 *)(smem + (split > 1 ? (size_t)2 * groups * (split - 1) * CW * 4 * 32 * 4 : 0));
+    if (MODE == 3) {
+        int64_t rows = d.T - tb;
+        rows = rows < 16 * mtiles ? rows : 16 * mtiles;
+        const __nv_bfloat16 *ah = d.a + h * d.a_sh + tb * d.a_st;
+        const int chunks = (int)(d.K / 8);
+        for (int i = threadIdx.x; i < (int)rows * chunks; i += blockDim.x) {
+            const int r = i / chunks, k = (i % chunks) * 8;
+            if (d.a_vec) {
+                cp_async16(As + r * lda + k, ah + r * d.a_st + k, 16);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    As[r * lda + k + e] = ah[r * d.a_st + k + e];
+            }
+        }
+        cp_async_commit();
+    } else {
+        direct_load_a<KS>(d, ap, tb + g, alo);
+        if (MODE != 0)
+            direct_load_a<KS>(d, ap, tb + g + 8, ahi);
+        else
+#pragma unroll
+            for (int s = 0; s < KS; s++)
+                ahi[s] = make_uint2(0, 0);
+    }
+    if (d.pe_in && blockIdx.x == 0)
+        pe_copy_rows(d, h, tb, tb + 16 * (int64_t)mtiles);
+
+    if (MODE == 3) {
+        cp_async_wait<0>();
+        __syncthreads();
+    }
+    const int tiles = MODE >= 2 ? mtiles : 1;
+    for (int m = 0; m < tiles; m++) {
+        const int64_t t0 = tb + 16 * m;
+        if (t0 >= d.T) /* uniform over the block */
+            break;
+        if (MODE == 3) { /* rows past T are zeros, never read */
+            const bool lo_ok = t0 + g < d.T, hi_ok = t0 + g + 8 < d.T;
+            const __nv_bfloat16 *r0 = As + (16 * m + g) * lda + kb;
+#pragma unroll
+            for (int s = 0; s < KS; s++) {
+                alo[s] = lo_ok ? *(const uint2 *)(r0 + s * 16) : make_uint2(0, 0);
+                ahi[s] = hi_ok ? *(const uint2 *)(r0 + 8 * lda + s * 16) : make_uint2(0, 0);
+            }
+        }
+        const bool more = MODE == 2 && m + 1 < tiles && t0 + 16 < d.T;
+        uint2 nlo[MODE == 2 ? KS : 1], nhi[MODE == 2 ? KS : 1];
+        if (MODE == 2 && more) {
+            direct_load_a<(MODE == 2 ? KS : 1)>(d, ap, t0 + 16 + g, nlo);
+            direct_load_a<(MODE == 2 ? KS : 1)>(d, ap, t0 + 24 + g, nhi);
+        }
+        float acc[CW][4];
+#pragma unroll
+        for (int j = 0; j < CW; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[j][e] = 0.f;
+#pragma unroll
+        for (int s = 0; s < KS; s++) {
+            const uint32_t af[4] = {alo[s].x, ahi[s].x, alo[s].y, ahi[s].y};
+#pragma unroll
+            for (int j = 0; j < CW; j++) {
+                const uint32_t sel = (j & 1) ? 0x7632u : 0x5410u;
+                const uint32_t b0 = __byte_perm(wr[s][0][j >> 1], wr[s][1][j >> 1], sel);
+                const uint32_t b1 = __byte_perm(wr[s][2][j >> 1], wr[s][3][j >> 1], sel);
+                mma_bf16(acc[j], af, b0, b1);
+            }
+        }
+        if (split > 1) {
+            float *buf = red + (size_t)(((m & 1) * groups + grp) * (split - 1)) * (CW * 4 * 32);
+            if (sp > 0) {
+#pragma unroll
+                for (int j = 0; j < CW; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        buf[((sp - 1) * CW * 4 + j * 4 + e) * 32 + lane] = acc[j][e];
+            }
+            __syncthreads();
+            if (sp == 0)
+                for (int o = 0; o < split - 1; o++)
+#pragma unroll
+                    for (int j = 0; j < CW; j++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            acc[j][e] += buf[(o * CW * 4 + j * 4 + e) * 32 + lane];
+        }
+        if (sp == 0) {
+            const int64_t col = n0 + 2 * CW * q;
+            direct_store_row<CW>(d, h, t0 + g, col, acc, 0);
+            if (MODE != 0)
+                direct_store_row<CW>(d, h, t0 + g + 8, col, acc, 2);
+        }
+        if (MODE == 2 && more) {
+#pragma unroll
+            for (int s = 0; s < KS; s++) {
+                alo[s] = nlo[MODE == 2 ? s : 0];
+                ahi[s] = nhi[MODE == 2 ? s : 0];
+            }
+        }
+    }
 }
 
 /* ---- persistent stream kernel --------------------------------------------
@@ -616,6 +883,8 @@ Desc make_desc(const mlart_bmm_desc *s)
     d.po_sh = s->po_sh;
     d.a_vec = aligned(s->a, s->a_sh, s->a_st, 16) && s->K % 8 == 0;
     d.c_vec = aligned(s->c, s->c_sh, s->c_st, 16);
+    d.a_vec8 = aligned(s->a, s->a_sh, s->a_st, 8) && s->K % 4 == 0;
+    d.c_vec8 = aligned(s->c, s->c_sh, s->c_st, 8);
     d.pe_vec = s->pe_in && d.R % 8 == 0 && aligned(s->pe_in, s->pi_st, s->pi_sh, 16) &&
                aligned(s->pe_out, s->po_st, s->po_sh, 16);
     return d;
@@ -652,6 +921,58 @@ int stream_warps(int ks, int mt, int persistent)
     return best;
 }
 
+/* DIRECT: the kernel shape a config resolves to (zeros filled in). */
+struct DirectShape {
+    int cw, split, mt, groups, stage;
+};
+
+size_t direct_smem(const Desc &d, const DirectShape &s)
+{
+    size_t b = s.split > 1 ? (size_t)2 * s.groups * (s.split - 1) * s.cw * 4 * 32 * 4 : 0;
+    if (s.stage)
+        b += (size_t)16 * s.mt * (d.K + DIRECT_APAD) * 2;
+    return b;
+}
+
+bool direct_ks_ok(int ks) { return ks == 4 || ks == 6 || ks == 8 || ks == 12; }
+
+/* Weight registers per lane: 2*KS*CW words; at most 96 keeps the kernel
+ * under 168 registers for the K = 192 query (twelve warps per SM). */
+bool direct_fits(int ks, int cw) { return direct_ks_ok(ks) && 2 * ks * cw <= 128; }
+
+bool resolve_direct(const Desc &d, const mlart_bmm_config *cfg, DirectShape *o)
+{
+    if (d.K % 16 != 0 || d.H > 65535)
+        return false;
+    const int ks = (int)(d.K / 16);
+    int cw = cfg && cfg->cols ? cfg->cols / 8 : 4;
+    int split = cfg && cfg->warps ? cfg->warps : 0;
+    if (cw != 2 && cw != 4 && cw != 8)
+        return false;
+    if (!split) /* the fewest warps per column group whose weights fit */
+        for (int s = 1; s <= 8 && !split; s *= 2)
+            if (ks % s == 0 && direct_fits(ks / s, cw) && 2 * (ks / s) * cw <= 96)
+                split = s;
+    if (split < 1 || split > 8 || ks % split != 0 || !direct_fits(ks / split, cw))
+        return false;
+    int groups = cfg && cfg->groups ? cfg->groups : (split >= 4 ? 1 : 4 / split);
+    if (groups < 1 || split * groups > 8 || d.N % (8 * cw * groups) != 0)
+        return false;
+    int mt = cfg && cfg->mt ? cfg->mt : (int)((d.T + 15) / 16);
+    if (!(cfg && cfg->mt))
+        mt = mt > 4 ? 4 : mt < 1 ? 1 : mt;
+    if (mt < 1 || (d.T + 16 * mt - 1) / (16 * mt) > 65535)
+        return false;
+    if (!aligned(d.w, d.w_sh, d.w_sk, 2 * cw))
+        return false;
+    o->cw = cw;
+    o->split = split;
+    o->mt = mt;
+    o->groups = groups;
+    o->stage = cfg && cfg->bm == 1;
+    return direct_smem(d, *o) <= 160 * 1024;
+}
+
 int device_sms()
 {
     int dev = 0, sms = 0;
@@ -671,11 +992,12 @@ int warps_or_default(int ks, int want, int mt, int persistent)
     return stream_warps(ks, mt, persistent);
 }
 
-/* The automatic choice, from the variants table of mlart-bench on an H200
- * (docs/PERF.md): "small" means no more 64-column tiles over all heads than
- * SMs, where more warps per block shorten the one round trip that
- * dominates; with many tiles, fewer warps leave room for more resident
- * blocks, all loads issued in one wave. */
+/* The automatic choice, from the variants tables of mlart-bench on an H200
+ * (docs/PERF.md).  The query (K <= 256) takes the direct kernel at T <= 16
+ * and, at few heads, T <= 64.  For the rest (the V up-projection, larger T)
+ * "small" means no more 64-column tiles over all heads than SMs, where more
+ * warps per block shorten the one round trip that dominates; with many
+ * tiles, fewer warps leave room for more resident blocks. */
 void auto_config(const Desc &d, mlart_bmm_config *c)
 {
     const int sms = device_sms();
@@ -684,7 +1006,30 @@ void auto_config(const Desc &d, mlart_bmm_config *c)
     const bool wide_k = d.K > 256; /* v_up: K = L = 512 */
     const int64_t blocks128 = (d.N / TBN) * ((d.T + 127) / 128) * d.H;
     c->path = MLART_BMM_GENERIC;
-    c->mt = c->warps = c->bm = 0;
+    c->mt = c->warps = c->bm = c->cols = c->groups = 0;
+    DirectShape ds;
+    if (!wide_k && d.T <= 16) {
+        /* variants table (docs/PERF.md): 32 columns a warp; K = 192 split
+         * over two warps (96 weight registers a lane otherwise); two column
+         * groups a block once the grid is several waves deep */
+        mlart_bmm_config dc = {MLART_BMM_DIRECT, 0, ks % 2 == 0 && ks > 8 ? 2 : 1, 0, 32, 1};
+        if (dc.warps == 1 && (d.N / 32) * d.H > 4 * sms)
+            dc.groups = 2;
+        if (resolve_direct(d, &dc, &ds)) {
+            *c = dc;
+            return;
+        }
+    }
+    if (!wide_k && d.T > 32 && d.T <= 64 && (d.N / 64) * d.H <= sms) {
+        /* few heads: the 64-row tiled grid leaves SMs idle (H16 T64: 4.2
+         * against 4.6 us); a staged in shared memory, 32 rows a block.  At
+         * H32 the tiled grid fills the chip and wins (5.1 against 6.0 us). */
+        mlart_bmm_config dc = {MLART_BMM_DIRECT, 2, 1, 1, 32, 2};
+        if (resolve_direct(d, &dc, &ds)) {
+            *c = dc;
+            return;
+        }
+    }
     if (!stream_ok(d))
         return;
     c->path = MLART_BMM_STREAM;
@@ -723,7 +1068,10 @@ int pick_path(const Desc &d, const mlart_bmm_config *cfg)
         auto_config(d, &ac);
         return ac.path;
     }
-    if (path < MLART_BMM_GENERIC || path > MLART_BMM_PSTREAM)
+    if (path < MLART_BMM_GENERIC || path > MLART_BMM_DIRECT)
+        return -1;
+    DirectShape ds;
+    if (path == MLART_BMM_DIRECT && !resolve_direct(d, cfg, &ds))
         return -1;
     if (path == MLART_BMM_STREAM && !stream_ok(d))
         return -1;
@@ -808,6 +1156,56 @@ template <int BM> cudaError_t launch_tiled(const Desc &d, cudaStream_t st)
     return cudaGetLastError();
 }
 
+template <int KS, int CW, int MODE>
+cudaError_t launch_direct_m(const Desc &d, const DirectShape &s, size_t smem, dim3 grid, cudaStream_t st)
+{
+    if (smem > 48 * 1024) {
+        cudaError_t e = cudaFuncSetAttribute(bmm_direct_kernel<KS, CW, MODE>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess)
+            return e;
+    }
+    bmm_direct_kernel<KS, CW, MODE><<<grid, s.split * s.groups * 32, smem, st>>>(d, s.split, s.mt);
+    return cudaGetLastError();
+}
+
+template <int KS, int CW> cudaError_t launch_direct_k(const Desc &d, const DirectShape &s, cudaStream_t st)
+{
+    const size_t smem = direct_smem(d, s);
+    dim3 grid((unsigned)(d.N / (8 * CW * s.groups)), (unsigned)d.H,
+              (unsigned)((d.T + 16 * s.mt - 1) / (16 * s.mt)));
+    if (s.stage)
+        return launch_direct_m<KS, CW, 3>(d, s, smem, grid, st);
+    if (s.mt > 1 && d.T > 16)
+        return launch_direct_m<KS, CW, 2>(d, s, smem, grid, st);
+    return d.T <= 8 ? launch_direct_m<KS, CW, 0>(d, s, smem, grid, st)
+                    : launch_direct_m<KS, CW, 1>(d, s, smem, grid, st);
+}
+
+template <int CW> cudaError_t launch_direct_cw(const Desc &d, const DirectShape &s, cudaStream_t st)
+{
+    switch ((int)(d.K / 16) / s.split) {
+    case 4: return launch_direct_k<4, CW>(d, s, st);
+    case 6: return launch_direct_k<6, CW>(d, s, st);
+    case 8: return launch_direct_k<8, CW>(d, s, st);
+    case 12:
+        if constexpr (CW <= 4)
+            return launch_direct_k<12, CW>(d, s, st);
+        return cudaErrorInvalidConfiguration; /* 12 x 8: direct_fits refuses it */
+    default: return cudaErrorInvalidConfiguration;
+    }
+}
+
+cudaError_t launch_direct(const Desc &d, const DirectShape &s, cudaStream_t st)
+{
+    switch (s.cw) {
+    case 2: return launch_direct_cw<2>(d, s, st);
+    case 4: return launch_direct_cw<4>(d, s, st);
+    case 8: return launch_direct_cw<8>(d, s, st);
+    default: return cudaErrorInvalidConfiguration;
+    }
+}
+
 int run(const Desc &d, const mlart_bmm_config *cfg, cudaStream_t st)
 {
     mlart_bmm_config ac;
@@ -822,7 +1220,13 @@ int run(const Desc &d, const mlart_bmm_config *cfg, cudaStream_t st)
                                cfg ? cfg->path : 0, (long long)d.K, (long long)d.N);
     if (d.H == 0 || d.T == 0 || (d.N == 0 && !d.pe_in))
         return 0;
-    if (path == MLART_BMM_STREAM || path == MLART_BMM_PSTREAM) {
+    if (path == MLART_BMM_DIRECT) {
+        DirectShape ds;
+        if (!resolve_direct(d, cfg, &ds))
+            return mlart_set_error(MLART_ENOTSUP, "bmm: direct kernel cannot serve K=%lld N=%lld here", (long long)d.K,
+                                   (long long)d.N);
+        e = launch_direct(d, ds, st);
+    } else if (path == MLART_BMM_STREAM || path == MLART_BMM_PSTREAM) {
         const int pers = path == MLART_BMM_PSTREAM;
         const int mtmax = pers ? 2 : 4;
         int mt = cfg && cfg->mt ? cfg->mt : (int)((d.T + 15) / 16);

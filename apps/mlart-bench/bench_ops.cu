@@ -40,7 +40,30 @@ struct Ctx {
     int method;
 };
 
-enum { M_OURS, M_CUBLAS, M_COPY_CUBLAS, M_CUBLAS_CONCAT };
+enum { M_OURS, M_CUBLAS, M_COPY_CUBLAS, M_CUBLAS_CONCAT, M_READ_W, M_EMPTY };
+
+/* Floors for the variants table, in the same graphs: a kernel that only
+ * reads the weights once (16-byte loads, four in flight per thread, all
+ * issued at once) and an empty kernel. */
+__global__ void read_w_kernel(const uint4 *__restrict__ w, size_t n, unsigned *sink)
+{
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    uint4 v[4];
+    unsigned x = 0;
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+        v[u] = i + u * stride < n ? w[i + u * stride] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+        x ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    if (x == 0x9E3779B9u) /* data-dependent: the loads stay */
+        *sink = x;
+}
+
+__global__ void empty_kernel() {}
+
+unsigned *g_sink;
 
 int64_t as_of(const Ctx &c) { return c.vup ? c.K : c.K + kR; }
 size_t a_elems(const Ctx &c) { return (size_t)(c.T * c.H * as_of(c)); }
@@ -140,6 +163,15 @@ int enqueue(void *vctx, int set, cudaStream_t st)
                               cudaMemcpyDeviceToDevice, st) != cudaSuccess)
             return 1;
         return run_cublas(c, s.ac, c.H * c.K, c.K, s, st);
+    case M_READ_W: {
+        const size_t n = w_elems(c) * 2 / 16;
+        const unsigned blocks = (unsigned)((n + 4 * 256 - 1) / (4 * 256));
+        read_w_kernel<<<blocks, 256, 0, st>>>((const uint4 *)s.w, n, g_sink);
+        return cudaGetLastError() != cudaSuccess;
+    }
+    case M_EMPTY:
+        empty_kernel<<<1, 32, 0, st>>>();
+        return cudaGetLastError() != cudaSuccess;
     case M_CUBLAS_CONCAT:
         if (run_cublas(c, s.a, c.H * AS, AS, s, st))
             return 1;
@@ -439,13 +471,17 @@ int bench_vup(const mlart_bench_opts *o, cublasHandle_t hb)
     return wrong;
 }
 
-/* Tuning table: the stream kernel's warp split and row tile, and the tiled
- * kernel, on the same shapes. */
+/* Tuning table: the query on the decode shapes with every direct-kernel
+ * configuration (columns per warp, warps splitting K, column groups per
+ * block, row tiles per warp), the older stream and tiled kernels, and two
+ * floors measured the same way (a kernel that only reads the weights, an
+ * empty kernel); then the V up-projection's stream/tiled variants. */
 int bench_variants(const mlart_bench_opts *o)
 {
     static const mlart_bench_col cols[] = {{"time", "us", 9, 2}, {"GB/s", "unique", 8, 0}};
-    const mlart_bench_table t = {"variants: tiled (bm), stream (mt, warps), persistent stream (mt, warps)", "shape variant", 34, cols, 2};
-    static const int64_t Ts[] = {1, 16, 32, 64, 128};
+    const mlart_bench_table t = {"variants: floors, direct [staged a] (cols, split, groups, mt), stream (mt, warps), tiled (bm)",
+                                 "shape variant", 40, cols, 2};
+    static const int64_t Ts[] = {1, 16, 64, 256, 8192};
     static const int64_t Hs[] = {16, 128};
     mlart_bench_table_head(o, &t);
     for (int vup = 0; vup < 2; vup++)
@@ -454,6 +490,8 @@ int bench_variants(const mlart_bench_opts *o)
                 for (int it = 0; it < 5; it++) {
                     Ctx c;
                     memset(&c, 0, sizeof c);
+                    if (vup && Ts[it] > 64)
+                        continue;
                     c.vup = vup;
                     c.H = Hs[ih];
                     c.T = Ts[it];
@@ -470,27 +508,65 @@ int bench_variants(const mlart_bench_opts *o)
                     }
                     const double bytes = (double)(c.H * c.K * c.N + c.H * c.T * c.K + c.H * c.T * c.N) * 2;
                     const int ks = (int)(c.K / 16);
-                    mlart_bmm_config cfgs[64];
+                    mlart_bmm_config cfgs[96];
                     int ncfg = 0;
-                    const int mt_auto = (int)((c.T + 15) / 16) > 4 ? 4 : (int)((c.T + 15) / 16);
-                    cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_TILED, 0, 0, 64};
-                    cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_TILED, 0, 0, 128};
-                    for (int nw = 1; nw <= 16; nw++)
-                        if (ks % nw == 0 && nw * 32 <= (mt_auto == 1 ? 512 : 256))
-                            cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_STREAM, mt_auto, nw, 0};
-                    for (int mt = 1; mt <= 2; mt++)
-                        for (int nw = 1; nw <= 8; nw++)
-                            if (ks % nw == 0 && ks / nw <= 4 && (mt == 1 || c.T > 16))
-                                cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_PSTREAM, mt, nw, 0};
-                    for (int i = 0; i < ncfg; i++) {
+                    memset(cfgs, 0, sizeof cfgs);
+                    cfgs[ncfg++].path = MLART_BMM_AUTO;
+                    if (c.T >= 16)
+                        cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_TILED, 0, 0, 64, 0, 0};
+                    if (c.T >= 256) { /* prefill: the staged direct kernel with many row tiles a block */
+                        static const int pv[][4] = {{32, 1, 4, 4}, {32, 1, 4, 8}, {32, 1, 4, 16}, {64, 2, 2, 4},
+                                                    {64, 2, 2, 8}, {32, 2, 2, 8}, {32, 2, 2, 16}, {64, 1, 4, 8}};
+                        for (unsigned k = 0; k < sizeof pv / sizeof pv[0]; k++) {
+                            const int kss = ks % pv[k][1] ? 0 : ks / pv[k][1];
+                            if (2 * kss * pv[k][0] / 8 > 128)
+                                continue;
+                            cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_DIRECT, pv[k][3], pv[k][1], 1, pv[k][0], pv[k][2]};
+                        }
+                    }
+                    if (c.T <= 16)
+                        cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_STREAM, 1, c.H >= 64 ? 2 : 4, 0, 0, 0};
+                    /* direct: {cols, split, groups, stage}; split 8 for K = 512 */
+                    static const int dv[][4] = {{16, 1, 2, 0}, {32, 1, 1, 0}, {32, 1, 2, 0}, {32, 2, 1, 0},
+                                                {32, 3, 1, 0}, {64, 1, 1, 0}, {64, 2, 1, 0}, {32, 8, 1, 0},
+                                                {16, 1, 4, 1}, {32, 1, 2, 1}, {32, 1, 4, 1}, {32, 2, 1, 1},
+                                                {32, 2, 2, 1}, {32, 3, 1, 1}, {64, 1, 2, 1}, {64, 1, 4, 1},
+                                                {64, 2, 1, 1}, {64, 2, 2, 1}, {32, 8, 1, 1}, {64, 4, 1, 1}};
+                    for (unsigned k = 0; c.T <= 64 && k < sizeof dv / sizeof dv[0]; k++) {
+                        const int cw = dv[k][0], sp = dv[k][1], gr = dv[k][2], stage = dv[k][3];
+                        const int kss = ks % sp ? 0 : ks / sp;
+                        if (!kss || (kss != 4 && kss != 6 && kss != 8 && kss != 12) || 2 * kss * cw / 8 > 128 ||
+                            sp * gr > 8 || c.N % (cw * gr) || ncfg >= 90 || (stage && c.T < 16) ||
+                            (c.T == 1 && !(sp == 3 || (cw == 16 && !stage))))
+                            continue;
+                        cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_DIRECT, 0, sp, stage, cw, gr};
+                        if (c.T == 64 && stage)
+                            cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_DIRECT, 2, sp, stage, cw, gr};
+                    }
+                    for (int i = -2; i < ncfg; i++) {
                         char name[96];
                         double v[2];
-                        if (cfgs[i].path == MLART_BMM_TILED)
-                            snprintf(name, sizeof name, "%s tiled bm%d", base, cfgs[i].bm);
+                        if (i < 0) {
+                            if (c.T != 1) /* floors depend on the weights only */
+                                continue;
+                            snprintf(name, sizeof name, "%s %s", base, i == -2 ? "floor empty kernel" : "floor read W");
+                            v[0] = time_method(c, o, i == -2 ? M_EMPTY : M_READ_W, CUBLAS_COMPUTE_32F, 0);
+                            v[1] = (double)(c.H * c.K * c.N) * 2 / (v[0] * 1e3);
+                            if (!isnan(v[0]))
+                                mlart_bench_table_row(o, &t, name, v);
+                            continue;
+                        }
+                        const mlart_bmm_config *f = &cfgs[i];
+                        if (f->path == MLART_BMM_AUTO)
+                            snprintf(name, sizeof name, "%s auto", base);
+                        else if (f->path == MLART_BMM_TILED)
+                            snprintf(name, sizeof name, "%s tiled bm%d", base, f->bm);
+                        else if (f->path == MLART_BMM_STREAM)
+                            snprintf(name, sizeof name, "%s stream mt%d w%d", base, f->mt, f->warps);
                         else
-                            snprintf(name, sizeof name, "%s %s mt%d w%d", base,
-                                     cfgs[i].path == MLART_BMM_STREAM ? "stream" : "pstream", cfgs[i].mt, cfgs[i].warps);
-                        c.cfg = &cfgs[i];
+                            snprintf(name, sizeof name, "%s direct%s c%d s%d g%d mt%d", base, f->bm ? " staged" : "",
+                                     f->cols, f->warps, f->groups, f->mt);
+                        c.cfg = f->path == MLART_BMM_AUTO ? NULL : f;
                         v[0] = time_method(c, o, M_OURS, CUBLAS_COMPUTE_32F, 0);
                         v[1] = bytes / (v[0] * 1e3);
                         c.cfg = NULL;
@@ -516,6 +592,8 @@ extern "C" int mlart_bench_ops(const mlart_bench_opts *o)
     /* a fixed workspace: no allocation inside graph capture */
     if (cudaMalloc(&ws, (size_t)64 << 20) == cudaSuccess)
         cublasSetWorkspace(hb, ws, (size_t)64 << 20);
+    if (cudaMalloc(&g_sink, 64) != cudaSuccess)
+        g_sink = NULL;
     rc = bench_query_decode(o, hb);
     wrong += rc < 0 ? 1 : rc;
     rc = bench_query_prefill(o, hb);
@@ -528,5 +606,7 @@ extern "C" int mlart_bench_ops(const mlart_bench_opts *o)
     }
     cublasDestroy(hb);
     cudaFree(ws);
+    cudaFree(g_sink);
+    g_sink = NULL;
     return wrong;
 }

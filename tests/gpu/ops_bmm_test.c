@@ -273,10 +273,15 @@ START_TEST(paths)
     ops_stats s = {0};
     static const int64_t Ts[] = {1, 17, 75, 300};
     static const mlart_bmm_config cfgs[] = {
-        {MLART_BMM_STREAM, 0, 0, 0},  {MLART_BMM_STREAM, 1, 12, 0}, {MLART_BMM_STREAM, 2, 6, 0},
-        {MLART_BMM_STREAM, 3, 2, 0},  {MLART_BMM_STREAM, 4, 4, 0},  {MLART_BMM_PSTREAM, 0, 0, 0},
-        {MLART_BMM_PSTREAM, 1, 4, 0}, {MLART_BMM_PSTREAM, 2, 6, 0}, {MLART_BMM_PSTREAM, 1, 3, 0},
-        {MLART_BMM_TILED, 0, 0, 64},  {MLART_BMM_TILED, 0, 0, 128}, {MLART_BMM_GENERIC, 0, 0, 0}};
+        {MLART_BMM_STREAM, 0, 0, 0, 0, 0},  {MLART_BMM_STREAM, 1, 12, 0, 0, 0}, {MLART_BMM_STREAM, 2, 6, 0, 0, 0},
+        {MLART_BMM_STREAM, 3, 2, 0, 0, 0},  {MLART_BMM_STREAM, 4, 4, 0, 0, 0},  {MLART_BMM_PSTREAM, 0, 0, 0, 0, 0},
+        {MLART_BMM_PSTREAM, 1, 4, 0, 0, 0}, {MLART_BMM_PSTREAM, 2, 6, 0, 0, 0}, {MLART_BMM_PSTREAM, 1, 3, 0, 0, 0},
+        {MLART_BMM_TILED, 0, 0, 64, 0, 0},  {MLART_BMM_TILED, 0, 0, 128, 0, 0}, {MLART_BMM_GENERIC, 0, 0, 0, 0, 0},
+        /* direct: auto; cols x split x groups x row tiles per warp */
+        {MLART_BMM_DIRECT, 0, 0, 0, 0, 0},  {MLART_BMM_DIRECT, 1, 1, 0, 32, 4}, {MLART_BMM_DIRECT, 4, 2, 0, 64, 1},
+        {MLART_BMM_DIRECT, 2, 2, 0, 16, 2}, {MLART_BMM_DIRECT, 3, 1, 0, 16, 1}, {MLART_BMM_DIRECT, 0, 2, 0, 32, 2},
+        /* direct with a staged in shared memory (bm = 1) */
+        {MLART_BMM_DIRECT, 4, 1, 1, 32, 4}, {MLART_BMM_DIRECT, 2, 2, 1, 64, 1}};
     for (unsigned it = 0; it < 4; it++)
         for (unsigned ic = 0; ic < sizeof cfgs / sizeof cfgs[0]; ic++) {
             ops_case q = {0, 3, Ts[it], 192, 512, 64, 1, 0, 0};
@@ -285,6 +290,8 @@ START_TEST(paths)
             run_case(&q, &cfgs[ic], &rng, 0, &s);
             if (cv.warps) /* K = 512: 32 k-steps; 8 warps suit every row tile */
                 cv.warps = 8;
+            if (cv.path == MLART_BMM_DIRECT && cv.groups) /* 8 warps split K: one column group a block */
+                cv.groups = 1;
             run_case(&x, &cv, &rng, 0, &s);
         }
     {
@@ -292,11 +299,17 @@ START_TEST(paths)
         ops_case q1 = {0, 5, 37, 128, 512, 64, 1, 1, 3};
         ops_case x1 = {1, 3, 29, 512, 128, 0, 0, 3, 1};
         ops_case g1 = {0, 3, 7, 40, 72, 64, 1, 0, 0}; /* P=40, L=72: generic only */
-        mlart_bmm_config tiled = {MLART_BMM_TILED, 0, 0, 0}, stream = {MLART_BMM_STREAM, 0, 0, 0};
-        mlart_bmm_config pstream = {MLART_BMM_PSTREAM, 0, 0, 0};
+        mlart_bmm_config tiled = {MLART_BMM_TILED, 0, 0, 0, 0, 0}, stream = {MLART_BMM_STREAM, 0, 0, 0, 0, 0};
+        mlart_bmm_config pstream = {MLART_BMM_PSTREAM, 0, 0, 0, 0, 0};
         mlart_bmm_desc d;
         run_case(&q1, NULL, &rng, 1, &s);
         run_case(&q1, &stream, &rng, 0, &s);
+        {
+            mlart_bmm_config direct = {MLART_BMM_DIRECT, 2, 2, 0, 16, 2};
+            run_case(&q1, &direct, &rng, 0, &s); /* 2-byte loads of a, element stores of c */
+            direct.bm = 1;
+            run_case(&q1, &direct, &rng, 0, &s); /* element copies into shared memory */
+        }
         run_case(&x1, NULL, &rng, 1, &s);
         run_case(&g1, NULL, &rng, 1, &s);
         memset(&d, 0, sizeof d);
@@ -314,8 +327,16 @@ START_TEST(paths)
         ck_assert_int_eq(mlart_bmm_cuda_run(&d, &pstream, 0), MLART_ENOTSUP);
         d.K = 40;
         ck_assert_int_eq(mlart_bmm_cuda_run(&d, &stream, 0), MLART_ENOTSUP);
+        {
+            mlart_bmm_config direct = {MLART_BMM_DIRECT, 0, 3, 0, 32, 1}; /* 3 warps cannot split 8 k-steps */
+            d.K = 128;
+            ck_assert_int_eq(mlart_bmm_cuda_run(&d, &direct, 0), MLART_ENOTSUP);
+            direct.warps = 1;
+            direct.cols = 24;
+            ck_assert_int_eq(mlart_bmm_cuda_run(&d, &direct, 0), MLART_ENOTSUP);
+        }
     }
-    print_stats("forced paths (stream MT 1-4, persistent stream, tiled 64/128, generic), odd strides, P=40/L=72", &s);
+    print_stats("forced paths (stream MT 1-4, persistent stream, tiled 64/128, generic, direct 8 configs), odd strides, P=40/L=72", &s);
     check_norm(&s);
 }
 END_TEST
@@ -332,7 +353,7 @@ START_TEST(graph_replay)
             for (int gen = 0; gen < 2; gen++) {
                 ops_case c = op ? (ops_case){1, 16, Ts[it], 512, 256, 0, 0, 0, 0}
                                 : (ops_case){0, 16, Ts[it], 192, 512, 64, 1, 0, 0};
-                mlart_bmm_config gcfg = {MLART_BMM_GENERIC, 0, 0, 0};
+                mlart_bmm_config gcfg = {MLART_BMM_GENERIC, 0, 0, 0, 0, 0};
                 const size_t na = ops_a_elems(&c), nw = ops_w_elems(&c), nc = ops_c_elems(&c);
                 uint16_t *ha = malloc(na * 2), *hw = malloc(nw * 2), *h1 = malloc(nc * 2), *h2 = malloc(nc * 2);
                 uint16_t *da, *dw, *d1, *d2;

@@ -84,9 +84,13 @@ static int g_runs;
 
 static void guard_shape(const ops_case *c0, uint64_t *rng)
 {
-    static const mlart_bmm_config cfgs[] = {{MLART_BMM_AUTO, 0, 0, 0},    {MLART_BMM_STREAM, 0, 0, 0},
-                                            {MLART_BMM_PSTREAM, 0, 0, 0}, {MLART_BMM_TILED, 0, 0, 64},
-                                            {MLART_BMM_TILED, 0, 0, 128}, {MLART_BMM_GENERIC, 0, 0, 0}};
+    static const mlart_bmm_config cfgs[] = {{MLART_BMM_AUTO, 0, 0, 0, 0, 0},    {MLART_BMM_STREAM, 0, 0, 0, 0, 0},
+                                            {MLART_BMM_PSTREAM, 0, 0, 0, 0, 0}, {MLART_BMM_TILED, 0, 0, 64, 0, 0},
+                                            {MLART_BMM_TILED, 0, 0, 128, 0, 0}, {MLART_BMM_GENERIC, 0, 0, 0, 0, 0},
+                                            {MLART_BMM_DIRECT, 0, 0, 0, 0, 0},
+                                            {MLART_BMM_DIRECT, 0, 0, 0, 16, 2},
+                                            {MLART_BMM_DIRECT, 2, 0, 0, 64, 0},
+                                            {MLART_BMM_DIRECT, 4, 0, 1, 32, 0}};
     const size_t na = ops_a_elems(c0), nw = ops_w_elems(c0), nc = ops_c_elems(c0);
     uint16_t *ha = malloc(na * 2), *hw = malloc(nw * 2), *o1 = malloc(nc * 2), *o2 = malloc(nc * 2);
     uint16_t *da, *dw, *dc;
@@ -163,7 +167,7 @@ START_TEST(guard_matrix)
             guard_shape(&x, &rng);
         }
     printf("guard pages, T=%lld, H in {1,11,128}, P in {128,192}, V in {128,256}: %d guarded runs "
-           "(q_nope view, w, out view, fused q/q_mqa; paths auto/stream/persistent stream/tiled 64 and 128/generic), 0 faults, "
+           "(q_nope view, w, out view, fused q/q_mqa; paths auto/stream/persistent stream/tiled 64 and 128/generic/direct x4), 0 faults, "
            "bits equal to ordinary allocations (granularity %zu, seed %#llx)\n",
            (long long)k_T[_i], g_runs, mlart_guard_granularity(), (unsigned long long)g_seed);
 }
