@@ -36,7 +36,8 @@ enum {
     MLART_BMM_STREAM = 2,  /* decode: W streamed once through registers, mma.sync */
     MLART_BMM_TILED = 3,   /* larger T: 64 or 128 x 128 shared-memory tiles, cp.async + mma.sync */
     MLART_BMM_PSTREAM = 4, /* decode: STREAM on a persistent grid that prefetches its next item */
-    MLART_BMM_DIRECT = 5   /* decode: W and a straight into registers, no shared-memory staging */
+    MLART_BMM_DIRECT = 5,  /* decode: W and a straight into registers, no shared-memory staging */
+    MLART_BMM_WGMMA = 6    /* prefill (sm_90a): persistent wgmma, weight slice resident in shared memory */
 };
 
 typedef struct mlart_bmm_config {
@@ -50,6 +51,9 @@ typedef struct mlart_bmm_config {
      * of a in shared memory (else each warp loads its own fragments) */
     int cols;
     int groups;
+    /* WGMMA: `mt` row-tile chunks per (head, column slice), 0 = auto;
+     * `warps` warpgroups per block (1 or 2, 0 = 2); `cols` columns per
+     * slice (128 or 256, 0 = 256) */
 } mlart_bmm_config;
 
 /* Launch on `stream` (cudaStream_t).  cfg NULL = auto.  Returns 0,
@@ -60,6 +64,13 @@ int mlart_bmm_cuda_run(const mlart_bmm_desc *d, const mlart_bmm_config *cfg, voi
 
 /* The path AUTO (or cfg) would take for d, without launching; < 0 if none. */
 int mlart_bmm_cuda_path(const mlart_bmm_desc *d, const mlart_bmm_config *cfg);
+
+/* WGMMA path (ops/query_bmm_wgmma.cu), used by the launcher above: whether
+ * it serves d with nwg warpgroups a block and bn-column slices (0 = the
+ * defaults, 2 and 256), and the launch (splits 0 = auto; returns a
+ * cudaError_t). */
+int mlart_bmm_wgmma_ok(const mlart_bmm_desc *d, int nwg, int bn);
+int mlart_bmm_wgmma_run(const mlart_bmm_desc *d, int splits, int nwg, int bn, void *stream);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,7 @@
 /* Query absorption on sm_90 and the batched BF16 product it shares with the
  * V up-projection (ops/bmm_cuda.h).  Byte and FLOP counts: docs/ops.md.
  *
- * Five kernels, all read-exact (they load only elements of the views, so no
+ * Six kernels, all read-exact (they load only elements of the views, so no
  * load can cross the end of an operand's storage) and all writing only
  * elements of the output view; auto_config picks one per shape from the
  * measured variants (docs/PERF.md):
@@ -22,6 +22,9 @@
  *           mma.sync.  Rows past T are zero-filled with src-size 0 copies
  *           (no byte is read) at a clamped, valid address.
  *   generic any size or alignment: one thread per output element.
+ * and, in ops/query_bmm_wgmma.cu, wgmma (the query at T >= 256, and T = 64
+ * at many heads): a persistent grid that keeps each head's weight slice in
+ * shared memory and streams 64-row activation tiles through wgmma.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -907,6 +910,39 @@ bool tiled_ok(const Desc &d)
            d.H <= 65535 && (d.T + 63) / 64 <= 65535;
 }
 
+/* The public descriptor again, for the WGMMA path of ops/query_bmm_wgmma.cu. */
+mlart_bmm_desc public_desc(const Desc &d)
+{
+    mlart_bmm_desc s;
+    s.H = d.H;
+    s.T = d.T;
+    s.K = d.K;
+    s.N = d.N;
+    s.a = d.a;
+    s.a_sh = d.a_sh;
+    s.a_st = d.a_st;
+    s.w = d.w;
+    s.w_sh = d.w_sh;
+    s.w_sk = d.w_sk;
+    s.c = d.c;
+    s.c_sh = d.c_sh;
+    s.c_st = d.c_st;
+    s.pe_in = d.pe_in;
+    s.pe_out = d.pe_out;
+    s.R = d.R;
+    s.pi_st = d.pi_st;
+    s.pi_sh = d.pi_sh;
+    s.po_st = d.po_st;
+    s.po_sh = d.po_sh;
+    return s;
+}
+
+bool wgmma_ok(const Desc &d, int nwg, int bn)
+{
+    const mlart_bmm_desc s = public_desc(d);
+    return mlart_bmm_wgmma_ok(&s, nwg, bn) != 0;
+}
+
 /* Warps splitting K for the stream kernels: 2 to 4 k-steps of 16 per warp
  * keep 8 to 16 loads of 16 bytes in flight per thread at a register count
  * that leaves room for several blocks per SM. */
@@ -1030,6 +1066,17 @@ void auto_config(const Desc &d, mlart_bmm_config *c)
             return;
         }
     }
+    if (!wide_k && d.T > 32 && d.T <= 64 && d.H >= 128 && (!d.pe_in || d.K > 128)) {
+        /* many heads: wgmma, one warpgroup on 128-column slices (H128 T64:
+         * 12.4/14.7 us against 13.1/16.0 tiled, P128/P192; with the fused
+         * q_pe copy 17.1 against 17.7 at P192, but 16.0 against 14.7 at
+         * P128, where the copy rides on a quarter of the blocks) */
+        mlart_bmm_config wc = {MLART_BMM_WGMMA, 0, 1, 0, 128, 0};
+        if (wgmma_ok(d, wc.warps, wc.cols)) {
+            *c = wc;
+            return;
+        }
+    }
     if (!stream_ok(d))
         return;
     c->path = MLART_BMM_STREAM;
@@ -1054,6 +1101,25 @@ void auto_config(const Desc &d, mlart_bmm_config *c)
         c->warps = warps_or_default(ks, 4, 2, 0);
         return;
     }
+    if (!wide_k && d.T >= 256) {
+        /* wgmma variants table (docs/ops.md, H200): up to 8192 rows (T*H)
+         * one warpgroup a block on 128-column slices, two blocks an SM (H16
+         * T256: 5.8/6.5 us against 6.3/7.6 tiled); at K = 128 up to 131072
+         * rows one warpgroup on 256-column slices (H128 T1024 P128: 67.5
+         * against 71.4 us with two); else two warpgroups, 256 columns. */
+        const int64_t rows = d.T * d.H;
+        mlart_bmm_config wc = {MLART_BMM_WGMMA, 0, 2, 0, 256, 0};
+        if (rows <= 8192) {
+            wc.warps = 1;
+            wc.cols = 128;
+        } else if (d.K <= 128 && rows <= 131072) {
+            wc.warps = 1;
+        }
+        if (wgmma_ok(d, wc.warps, wc.cols)) {
+            *c = wc;
+            return;
+        }
+    }
     if (tiled_ok(d)) {
         c->path = MLART_BMM_TILED;
         c->bm = d.T <= 64 || blocks128 < 2 * sms ? 64 : 128;
@@ -1068,7 +1134,9 @@ int pick_path(const Desc &d, const mlart_bmm_config *cfg)
         auto_config(d, &ac);
         return ac.path;
     }
-    if (path < MLART_BMM_GENERIC || path > MLART_BMM_DIRECT)
+    if (path < MLART_BMM_GENERIC || path > MLART_BMM_WGMMA)
+        return -1;
+    if (path == MLART_BMM_WGMMA && !wgmma_ok(d, cfg->warps, cfg->cols))
         return -1;
     DirectShape ds;
     if (path == MLART_BMM_DIRECT && !resolve_direct(d, cfg, &ds))
@@ -1253,6 +1321,9 @@ int run(const Desc &d, const mlart_bmm_config *cfg, cudaStream_t st)
         }
         if (e == cudaErrorInvalidConfiguration)
             return mlart_set_error(MLART_ENOTSUP, "bmm: %d warps x %d row tiles do not fit a block here", nw, mt);
+    } else if (path == MLART_BMM_WGMMA) {
+        const mlart_bmm_desc s = public_desc(d);
+        e = (cudaError_t)mlart_bmm_wgmma_run(&s, cfg->mt, cfg->warps, cfg->cols, st);
     } else if (path == MLART_BMM_TILED) {
         const int bm = cfg && cfg->bm ? cfg->bm : (d.T <= 64 ? 64 : 128);
         if (bm != 64 && bm != 128)

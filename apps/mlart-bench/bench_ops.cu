@@ -363,7 +363,7 @@ int bench_query_prefill(const mlart_bench_opts *o, cublasHandle_t hb)
     static const mlart_bench_col cols[] = {{"time", "us", 9, 1},    {"TFLOP/s", "", 8, 1},  {"GB/s", "unique", 8, 0},
                                            {"cublas", "us", 9, 1},  {"ratio", "ours/cb", 8, 3}, {"copy+cb", "us", 9, 1},
                                            {"err", "rel", 8, 5}};
-    const mlart_bench_table t = {"query_bmm prefill-sized T (tiled tensor-core path), L=512 R=64", "shape", 22, cols,
+    const mlart_bench_table t = {"query_bmm prefill-sized T (auto path: wgmma), L=512 R=64", "shape", 22, cols,
                                  (int)(sizeof cols / sizeof cols[0])};
     static const int64_t Ts[] = {256, 1024, 8192};
     static const int64_t Hs[] = {16, 128};
@@ -481,13 +481,13 @@ int bench_variants(const mlart_bench_opts *o)
     static const mlart_bench_col cols[] = {{"time", "us", 9, 2}, {"GB/s", "unique", 8, 0}};
     const mlart_bench_table t = {"variants: floors, direct [staged a] (cols, split, groups, mt), stream (mt, warps), tiled (bm)",
                                  "shape variant", 40, cols, 2};
-    static const int64_t Ts[] = {1, 16, 64, 256, 8192};
+    static const int64_t Ts[] = {1, 16, 64, 256, 1024, 8192};
     static const int64_t Hs[] = {16, 128};
     mlart_bench_table_head(o, &t);
     for (int vup = 0; vup < 2; vup++)
         for (int p = 0; p < 2; p++)
             for (int ih = 0; ih < 2; ih++)
-                for (int it = 0; it < 5; it++) {
+                for (int it = 0; it < 6; it++) {
                     Ctx c;
                     memset(&c, 0, sizeof c);
                     if (vup && Ts[it] > 64)
@@ -514,6 +514,8 @@ int bench_variants(const mlart_bench_opts *o)
                     cfgs[ncfg++].path = MLART_BMM_AUTO;
                     if (c.T >= 16)
                         cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_TILED, 0, 0, 64, 0, 0};
+                    if (c.T >= 256)
+                        cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_TILED, 0, 0, 128, 0, 0};
                     if (c.T >= 256) { /* prefill: the staged direct kernel with many row tiles a block */
                         static const int pv[][4] = {{32, 1, 4, 4}, {32, 1, 4, 8}, {32, 1, 4, 16}, {64, 2, 2, 4},
                                                     {64, 2, 2, 8}, {32, 2, 2, 8}, {32, 2, 2, 16}, {64, 1, 4, 8}};
@@ -523,6 +525,12 @@ int bench_variants(const mlart_bench_opts *o)
                                 continue;
                             cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_DIRECT, pv[k][3], pv[k][1], 1, pv[k][0], pv[k][2]};
                         }
+                    }
+                    if (!vup && c.T >= 64) { /* wgmma: {row chunks per (head, slice), warpgroups, columns a slice} */
+                        static const int wv[][3] = {{0, 2, 256}, {1, 2, 256}, {2, 2, 256}, {0, 1, 256},
+                                                    {0, 2, 128}, {0, 1, 128}, {1, 1, 128}, {4, 1, 128}};
+                        for (unsigned k = 0; k < sizeof wv / sizeof wv[0]; k++)
+                            cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_WGMMA, wv[k][0], wv[k][1], 0, wv[k][2], 0};
                     }
                     if (c.T <= 16)
                         cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_STREAM, 1, c.H >= 64 ? 2 : 4, 0, 0, 0};
@@ -561,6 +569,8 @@ int bench_variants(const mlart_bench_opts *o)
                             snprintf(name, sizeof name, "%s auto", base);
                         else if (f->path == MLART_BMM_TILED)
                             snprintf(name, sizeof name, "%s tiled bm%d", base, f->bm);
+                        else if (f->path == MLART_BMM_WGMMA)
+                            snprintf(name, sizeof name, "%s wgmma n%d wg%d chunks %d", base, f->cols, f->warps, f->mt);
                         else if (f->path == MLART_BMM_STREAM)
                             snprintf(name, sizeof name, "%s stream mt%d w%d", base, f->mt, f->warps);
                         else

@@ -265,6 +265,54 @@ START_TEST(vup_matrix)
 }
 END_TEST
 
+/* The wgmma path forced on the prefill-sized and decode-edge shapes: T in
+ * {64, 75, 256, 8192} x H in {1, 11, 128} x P in {128, 192}, with and
+ * without the fused q_pe copy, default configuration (two warpgroups,
+ * 256-column slices, automatic row chunks); then, except at H = 128 and
+ * T = 8192, one warpgroup a block with 128-column slices (one row chunk at
+ * T = 8192) unfused, and two warpgroups with 128-column slices fused.
+ * H = 128 at T = 8192 runs one case per P (fused at P = 192): 1.2 GB of
+ * output per case on the host side. */
+static const int64_t k_wT[] = {64, 75, 256, 8192};
+
+START_TEST(wgmma_matrix)
+{
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 201) * 0x9E3779B97F4A7C15ull;
+    static const int64_t Hs[] = {1, 11, 128};
+    ops_stats s = {0};
+    char what[96];
+    int cases = 0;
+    for (unsigned ih = 0; ih < 3; ih++)
+        for (int p = 0; p < 2; p++)
+            for (int pe = 0; pe < 2; pe++) {
+                ops_case c = {0, Hs[ih], k_wT[_i], p ? 192 : 128, 512, 64, pe, 0, 0};
+                mlart_bmm_config cfg = {MLART_BMM_WGMMA, 0, 0, 0, 0, 0};
+                if (c.T == 8192 && c.H == 128 && pe != p)
+                    continue;
+                run_case(&c, &cfg, &rng, 0, &s);
+                cases++;
+                if (c.T == 8192 && c.H == 128)
+                    continue;
+                cfg.mt = pe == 0 && c.T == 8192 ? 1 : 0;
+                cfg.warps = pe == 0 ? 1 : 2;
+                cfg.cols = 128;
+                run_case(&c, &cfg, &rng, 0, &s);
+                cases++;
+            }
+    if (_i == 0) {
+        /* c rows 8-byte misaligned (element stores), q_pe out of 16-byte step */
+        ops_case c = {0, 5, 37, 128, 512, 64, 1, 8, 3};
+        mlart_bmm_config cfg = {MLART_BMM_WGMMA, 0, 0, 0, 0, 0};
+        run_case(&c, &cfg, &rng, 0, &s);
+        cases++;
+    }
+    snprintf(what, sizeof what, "wgmma path T=%lld, H in {1,11,128}, P in {128,192}, %d cases", (long long)k_wT[_i],
+             cases);
+    print_stats(what, &s);
+    check_norm(&s);
+}
+END_TEST
+
 /* Every kernel path forced on the same shapes, odd strides (no 16-byte
  * access possible), and sizes only the generic path serves. */
 START_TEST(paths)
@@ -281,13 +329,17 @@ START_TEST(paths)
         {MLART_BMM_DIRECT, 0, 0, 0, 0, 0},  {MLART_BMM_DIRECT, 1, 1, 0, 32, 4}, {MLART_BMM_DIRECT, 4, 2, 0, 64, 1},
         {MLART_BMM_DIRECT, 2, 2, 0, 16, 2}, {MLART_BMM_DIRECT, 3, 1, 0, 16, 1}, {MLART_BMM_DIRECT, 0, 2, 0, 32, 2},
         /* direct with a staged in shared memory (bm = 1) */
-        {MLART_BMM_DIRECT, 4, 1, 1, 32, 4}, {MLART_BMM_DIRECT, 2, 2, 1, 64, 1}};
+        {MLART_BMM_DIRECT, 4, 1, 1, 32, 4}, {MLART_BMM_DIRECT, 2, 2, 1, 64, 1},
+        /* wgmma: default; 2 row chunks, one warpgroup, 128-column slices */
+        {MLART_BMM_WGMMA, 0, 0, 0, 0, 0},   {MLART_BMM_WGMMA, 2, 1, 0, 128, 0}};
     for (unsigned it = 0; it < 4; it++)
         for (unsigned ic = 0; ic < sizeof cfgs / sizeof cfgs[0]; ic++) {
             ops_case q = {0, 3, Ts[it], 192, 512, 64, 1, 0, 0};
             ops_case x = {1, 2, Ts[it], 512, 256, 0, 0, 0, 8};
             mlart_bmm_config cv = cfgs[ic];
             run_case(&q, &cfgs[ic], &rng, 0, &s);
+            if (cv.path == MLART_BMM_WGMMA) /* K = 512 is not served */
+                continue;
             if (cv.warps) /* K = 512: 32 k-steps; 8 warps suit every row tile */
                 cv.warps = 8;
             if (cv.path == MLART_BMM_DIRECT && cv.groups) /* 8 warps split K: one column group a block */
@@ -325,6 +377,23 @@ START_TEST(paths)
         d.c_st = 512;
         ck_assert_int_eq(mlart_bmm_cuda_run(&d, &tiled, 0), MLART_ENOTSUP);
         ck_assert_int_eq(mlart_bmm_cuda_run(&d, &pstream, 0), MLART_ENOTSUP);
+        {
+            mlart_bmm_config wg = {MLART_BMM_WGMMA, 0, 0, 0, 0, 0};
+            ck_assert_int_eq(mlart_bmm_cuda_run(&d, &wg, 0), MLART_ENOTSUP); /* a rows not 16-byte aligned */
+            d.a = (const void *)(uintptr_t)16;
+            d.a_st = 136;
+            wg.warps = 3; /* one or two warpgroups */
+            ck_assert_int_eq(mlart_bmm_cuda_run(&d, &wg, 0), MLART_ENOTSUP);
+            wg.warps = 0;
+            wg.cols = 192; /* 128- or 256-column slices */
+            ck_assert_int_eq(mlart_bmm_cuda_run(&d, &wg, 0), MLART_ENOTSUP);
+            wg.cols = 0;
+            d.K = 512; /* the V up-projection's K */
+            ck_assert_int_eq(mlart_bmm_cuda_run(&d, &wg, 0), MLART_ENOTSUP);
+            d.a = (const void *)(uintptr_t)2;
+            d.a_st = 131;
+            d.K = 128;
+        }
         d.K = 40;
         ck_assert_int_eq(mlart_bmm_cuda_run(&d, &stream, 0), MLART_ENOTSUP);
         {
@@ -336,7 +405,7 @@ START_TEST(paths)
             ck_assert_int_eq(mlart_bmm_cuda_run(&d, &direct, 0), MLART_ENOTSUP);
         }
     }
-    print_stats("forced paths (stream MT 1-4, persistent stream, tiled 64/128, generic, direct 8 configs), odd strides, P=40/L=72", &s);
+    print_stats("forced paths (stream MT 1-4, persistent stream, tiled 64/128, generic, direct 8 configs, wgmma 2 configs), odd strides, P=40/L=72", &s);
     check_norm(&s);
 }
 END_TEST
@@ -473,6 +542,7 @@ int main(void)
     tcase_add_test(tc, bad_input);
     tcase_add_loop_test(tc, query_matrix, 0, (int)(sizeof k_T / sizeof k_T[0]));
     tcase_add_loop_test(tc, vup_matrix, 0, (int)(sizeof k_T / sizeof k_T[0]));
+    tcase_add_loop_test(tc, wgmma_matrix, 0, (int)(sizeof k_wT / sizeof k_wT[0]));
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_FORK); /* each test in its own process and CUDA context */

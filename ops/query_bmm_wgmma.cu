@@ -1,0 +1,526 @@
+/* Prefill-sized query absorption on sm_90a: wgmma with both operands in
+ * shared memory (ops/bmm_cuda.h, path MLART_BMM_WGMMA; design and numbers in
+ * docs/ops.md).
+ *
+ * c[h,t,n0:n0+BN] = a[h,t,:] (1xK) x w[h][:, n0:n0+BN], K = 64*KB <= 192,
+ * BN = 256 or 128 columns a slice.
+ *
+ * A persistent grid walks items (head h, BN-column slice, chunk of 64-row
+ * tiles).  At an item's start the whole block copies the weight slice
+ * (K x BN bf16, 16-96 KB) into shared memory once, in one cp.async group
+ * per 64 rows of K, so the first tile's MMAs start on the first group; then
+ * each of its NWG (1 or 2) warpgroups takes every NWG-th row tile of the
+ * chunk on its own: the next tile's activation rows (64 x K) arrive by
+ * cp.async into the warpgroup's second stage while the current one runs K/16
+ * wgmma m64nBNk16 and its 64 x BN result leaves the registers.  The
+ * warpgroups share nothing but the weights, so one computes while another's
+ * stores drain: that is the overlap of the streaming tile (few MMAs, a 32 KB
+ * result per 24 KB read).
+ *
+ * Shared-memory layouts (128-byte swizzle, every region 1024-byte aligned):
+ *   weights, N-major: BN/64 blocks of 64 columns, K rows x 128 bytes each;
+ *     chunk c (8 columns) of row k sits at block + 128k + 16*(c ^ (k & 7)).
+ *     Descriptor: SBO 1024 (next 8 rows of K), LBO 128K (next 64 columns);
+ *     k-step s starts 2048*s bytes in.
+ *   activation, K-major: K/64 blocks of 64 rows x 128 bytes; chunk c of row
+ *     r at block + 128r + 16*(c ^ (r & 7)).  Descriptor: SBO 1024 (next 8
+ *     rows), LBO unused; k-step s starts at block s/4, 32*(s%4) bytes in.
+ *
+ * Read-exact: weight copies cover rows k < K and the slice's BN columns (N
+ * is a multiple of BN); activation rows t >= T are cp.async with src-size 0
+ * (no byte read, zeros written) at row 0 of the same head; nothing between
+ * the rows of a strided view is touched.  Writes: t < T, n < N, and the q_pe
+ * rows of the item's head (first slice only). */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "ops/bmm_cuda.h"
+
+namespace {
+
+constexpr int WG_BM = 64; /* rows per warpgroup tile (wgmma M) */
+
+struct WParams {
+    int64_t T;
+    const __nv_bfloat16 *a;
+    int64_t a_sh, a_st;
+    const __nv_bfloat16 *w;
+    int64_t w_sh, w_sk;
+    __nv_bfloat16 *c;
+    int64_t c_sh, c_st;
+    const __nv_bfloat16 *pe_in;
+    __nv_bfloat16 *pe_out;
+    int64_t R, pi_st, pi_sh, po_st, po_sh;
+    int c_vec8; /* c rows may be written 8 bytes at a time */
+    int pe_vec; /* q_pe rows copied 16 bytes at a time */
+    int nslice; /* N / BN */
+    int splits; /* row-tile chunks per (head, slice) */
+    int rt;     /* 64-row tiles per head */
+    int items;  /* H * splits * nslice */
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+/* wait until at most n (0..3, folded at compile time) groups are pending */
+__device__ __forceinline__ void cp_async_wait_upto(int n)
+{
+    switch (n) {
+    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+    }
+}
+
+/* cp.async writes are generic-proxy writes; wgmma reads through the async
+ * proxy: each writing thread fences before the barrier that publishes. */
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+__device__ __forceinline__ void named_bar_sync(int id, int threads)
+{
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo)
+{
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
+           ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62); /* 62-63: 128-byte swizzle */
+}
+
+/* Keeps the compiler from moving accumulator reads or writes across the
+ * asynchronous wgmma boundaries. */
+template <int NA> __device__ __forceinline__ void acc_fence(float (&d)[NA])
+{
+#pragma unroll
+    for (int i = 0; i < NA; i++)
+        asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* d (+)= A[64 x 16] x B[16 x 256]; A K-major, B N-major (imm-trans-b 1). */
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, uint64_t db, int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7,"
+                 "%8, %9, %10, %11, %12, %13, %14, %15,"
+                 "%16, %17, %18, %19, %20, %21, %22, %23,"
+                 "%24, %25, %26, %27, %28, %29, %30, %31,"
+                 "%32, %33, %34, %35, %36, %37, %38, %39,"
+                 "%40, %41, %42, %43, %44, %45, %46, %47,"
+                 "%48, %49, %50, %51, %52, %53, %54, %55,"
+                 "%56, %57, %58, %59, %60, %61, %62, %63,"
+                 "%64, %65, %66, %67, %68, %69, %70, %71,"
+                 "%72, %73, %74, %75, %76, %77, %78, %79,"
+                 "%80, %81, %82, %83, %84, %85, %86, %87,"
+                 "%88, %89, %90, %91, %92, %93, %94, %95,"
+                 "%96, %97, %98, %99, %100, %101, %102, %103,"
+                 "%104, %105, %106, %107, %108, %109, %110, %111,"
+                 "%112, %113, %114, %115, %116, %117, %118, %119,"
+                 "%120, %121, %122, %123, %124, %125, %126, %127"
+                 "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+                   "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+                   "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+                   "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]),
+                   "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]),
+                   "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]),
+                   "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+                   "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]),
+                   "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]),
+                   "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),
+                   "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
+                   "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]),
+                   "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, uint64_t db, int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7,"
+                 "%8, %9, %10, %11, %12, %13, %14, %15,"
+                 "%16, %17, %18, %19, %20, %21, %22, %23,"
+                 "%24, %25, %26, %27, %28, %29, %30, %31,"
+                 "%32, %33, %34, %35, %36, %37, %38, %39,"
+                 "%40, %41, %42, %43, %44, %45, %46, %47,"
+                 "%48, %49, %50, %51, %52, %53, %54, %55,"
+                 "%56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, %64, %65, p, 1, 1, 0, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+                   "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+                   "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+                   "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]),
+                   "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_bn(float (&d)[128], uint64_t da, uint64_t db, int accumulate)
+{
+    wgmma_m64n256k16(d, da, db, accumulate);
+}
+__device__ __forceinline__ void wgmma_bn(float (&d)[64], uint64_t da, uint64_t db, int accumulate)
+{
+    wgmma_m64n128k16(d, da, db, accumulate);
+}
+#endif
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* Rows [t0, t0 + 64) of a[h] into one activation stage, by the 128 threads
+ * of a warpgroup (wt = thread in the warpgroup); NB 64-column blocks of K
+ * from block B0.  Consecutive threads take consecutive 16-byte chunks of a
+ * row: each row's share is one contiguous run. */
+template <int NB>
+__device__ __forceinline__ void load_a_tile(const WParams &p, int64_t h, int64_t t0, uint32_t stage, int wt, int b0)
+{
+    constexpr int CH = 8 * NB; /* 16-byte chunks per row */
+    const __nv_bfloat16 *ah = p.a + h * p.a_sh + b0 * 64;
+    stage += b0 * (WG_BM * 128);
+#pragma unroll
+    for (int u = 0; u < WG_BM * CH / 128; u++) {
+        const int i = wt + 128 * u, r = i / CH, kc = i % CH;
+        const int64_t t = t0 + r;
+        const bool ok = t < p.T;
+        const uint32_t dst = stage + (kc >> 3) * (WG_BM * 128) + r * 128 + (((kc & 7) ^ (r & 7)) << 4);
+        cp_async16(dst, ok ? ah + t * p.a_st + kc * 8 : ah + kc * 8, ok ? 16 : 0);
+    }
+}
+
+/* q_pe rows [t0, t1) of head h, by the 128 threads of a warpgroup: four
+ * 16-byte loads in flight per thread before their stores. */
+__device__ __forceinline__ void pe_copy_wg(const WParams &p, int64_t h, int64_t t0, int64_t t1, int wt)
+{
+    if (t1 > p.T)
+        t1 = p.T;
+    if (p.pe_vec) {
+        const int64_t chunks = p.R / 8, total = (t1 - t0) * chunks;
+        for (int64_t base = wt; base < total; base += 4 * 128) {
+            uint4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int64_t i = base + u * 128;
+                if (i < total) {
+                    const int64_t t = t0 + i / chunks, r = (i % chunks) * 8;
+                    v[u] = *(const uint4 *)(p.pe_in + t * p.pi_st + h * p.pi_sh + r);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int64_t i = base + u * 128;
+                if (i < total) {
+                    const int64_t t = t0 + i / chunks, r = (i % chunks) * 8;
+                    *(uint4 *)(p.pe_out + t * p.po_st + h * p.po_sh + r) = v[u];
+                }
+            }
+        }
+    } else {
+        for (int64_t i = wt; i < (t1 - t0) * p.R; i += 128) {
+            const int64_t t = t0 + i / p.R, r = i % p.R;
+            p.pe_out[t * p.po_st + h * p.po_sh + r] = p.pe_in[t * p.pi_st + h * p.pi_sh + r];
+        }
+    }
+}
+
+/* The 64 x BN result of a warpgroup's tile, rows t0.., columns n0..: to c
+ * (rows t < T only), then the tile's q_pe rows when this is the first
+ * column slice. */
+template <int BN>
+__device__ __forceinline__ void store_tile(const WParams &p, const float (&acc)[BN / 2], int64_t h, int64_t t0,
+                                           int64_t n0, int nh, int wt)
+{
+    const int warp = wt >> 5, lane = wt & 31, g = lane >> 2, q = lane & 3;
+    const bool odd = (q & 1) != 0;
+    /* Accumulator j*4+e of lane (g, q): row 16*warp + g (+8 for e >= 2),
+     * column 8j + 2q + (e & 1).  Lanes q and q^1 swap one packed
+     * pair so each lane holds four consecutive columns: a quad
+     * writes 32 contiguous bytes of a row, one whole sector. */
+    const int64_t rowa = t0 + warp * 16 + g;
+    __nv_bfloat16 *cbase = p.c + h * p.c_sh + n0 + (odd ? 8 : 0) + (q >> 1) * 4;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int64_t row = rowa + 8 * hf;
+        __nv_bfloat16 *crow = cbase + row * p.c_st;
+        const bool ok = row < p.T;
+#pragma unroll
+        for (int jp = 0; jp < BN / 16; jp++) {
+            const uint32_t w0 = pack_bf16(acc[8 * jp + 2 * hf], acc[8 * jp + 2 * hf + 1]);
+            const uint32_t w1 = pack_bf16(acc[8 * jp + 4 + 2 * hf], acc[8 * jp + 5 + 2 * hf]);
+            const uint32_t recv = __shfl_xor_sync(0xffffffffu, odd ? w0 : w1, 1);
+            const uint32_t lo = odd ? recv : w0, hi = odd ? w1 : recv;
+            if (ok) {
+                __nv_bfloat16 *dst = crow + 16 * jp;
+                if (p.c_vec8) {
+                    *(uint2 *)dst = make_uint2(lo, hi);
+                } else {
+                    const __nv_bfloat16 *b = (const __nv_bfloat16 *)&lo;
+                    const __nv_bfloat16 *e = (const __nv_bfloat16 *)&hi;
+                    dst[0] = b[0];
+                    dst[1] = b[1];
+                    dst[2] = e[0];
+                    dst[3] = e[1];
+                }
+            }
+        }
+    }
+    if (p.pe_in && nh == 0)
+        pe_copy_wg(p, h, t0, t0 + WG_BM, wt);
+}
+
+template <int KB, int NWG, int BN>
+__global__ void __launch_bounds__(128 * NWG, 1) bmm_wgmma_kernel(const __grid_constant__ WParams p)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int K = 64 * KB, KS = K / 16, CPR = BN / 8; /* CPR: 16-byte chunks per weight row */
+    constexpr uint32_t W_BYTES = (uint32_t)K * BN * 2, A_STAGE = (uint32_t)WG_BM * K * 2;
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t ws = (smem_u32(smem_raw) + 1023u) & ~1023u; /* swizzle atoms start on 1024 */
+    const int tid = threadIdx.x, wg = tid >> 7, wt = tid & 127;
+    const uint32_t as0 = ws + W_BYTES + (uint32_t)wg * 2 * A_STAGE;
+    float acc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++)
+        acc[i] = 0.f;
+
+    for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
+        const int nh = item % p.nslice, rest = item / p.nslice;
+        const int s = rest % p.splits;
+        const int64_t h = rest / p.splits;
+        const int r0 = (int)((int64_t)s * p.rt / p.splits), r1 = (int)((int64_t)(s + 1) * p.rt / p.splits);
+        const int64_t n0 = (int64_t)nh * BN;
+
+        __syncthreads(); /* every MMA of the previous item is done: weights and stages are free */
+        /* One cp.async group per 64-row block of K: the weight rows of the
+         * block (the whole block copies) and the same K columns of each
+         * warpgroup's first tile; then the second tiles.  The first tile's
+         * MMAs on block b start as soon as group b has landed. */
+        const __nv_bfloat16 *wh = p.w + h * p.w_sh + n0;
+        const int tile0 = r0 + wg;
+        const bool has0 = tile0 < r1;
+#pragma unroll
+        for (int b = 0; b < KB; b++) {
+#pragma unroll 4
+            for (int i = tid; i < 64 * CPR; i += 128 * NWG) {
+                const int k = 64 * b + (int)((unsigned)i / CPR), cc = (int)((unsigned)i % CPR);
+                const uint32_t dst = ws + (cc >> 3) * (uint32_t)(K * 128) + k * 128 + (((cc & 7) ^ (k & 7)) << 4);
+                cp_async16(dst, wh + (int64_t)k * p.w_sk + cc * 8, 16);
+            }
+            if (has0)
+                load_a_tile<1>(p, h, (int64_t)tile0 * WG_BM, as0, wt, b);
+            cp_async_commit();
+        }
+        if (tile0 + NWG < r1)
+            load_a_tile<KB>(p, h, (int64_t)(tile0 + NWG) * WG_BM, as0 + A_STAGE, wt, 0);
+        cp_async_commit();
+
+        /* First tile: every warpgroup issues the MMAs, with a tile or not
+         * (without one it multiplies stale shared memory and stores
+         * nothing), so no wgmma sits in a branch the compiler must treat as
+         * divergent. */
+        acc_fence(acc);
+#pragma unroll
+        for (int b = 0; b < KB; b++) {
+            cp_async_wait_upto(KB - b); /* blocks after b and the second tiles may still fly */
+            fence_proxy_async();
+            __syncthreads(); /* weight block b (copied by every warpgroup) and the tiles' block b visible */
+            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+            for (int kk = 4 * b; kk < 4 * b + 4; kk++) {
+                const uint64_t da = smem_desc(as0 + (kk >> 2) * (WG_BM * 128) + (kk & 3) * 32, 16, 1024);
+                const uint64_t db = smem_desc(ws + kk * 2048, K * 128, 1024);
+                wgmma_bn(acc, da, db, kk > 0);
+            }
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        acc_fence(acc);
+        if (has0)
+            store_tile<BN>(p, acc, h, (int64_t)tile0 * WG_BM, n0, nh, wt);
+
+        int idx = 1;
+        for (int tile = tile0 + NWG; tile < r1; tile += NWG, idx++) {
+            const uint32_t as = as0 + (uint32_t)(idx & 1) * A_STAGE;
+            const int64_t t0 = (int64_t)tile * WG_BM;
+            cp_async_wait_all();
+            fence_proxy_async();
+            named_bar_sync(1 + wg, 128); /* this stage landed; the other one is no longer read */
+            if (tile + NWG < r1)
+                load_a_tile<KB>(p, h, t0 + NWG * WG_BM, as0 + (uint32_t)((idx + 1) & 1) * A_STAGE, wt, 0);
+            cp_async_commit();
+            acc_fence(acc);
+            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) {
+                const uint64_t da = smem_desc(as + (kk >> 2) * (WG_BM * 128) + (kk & 3) * 32, 16, 1024);
+                const uint64_t db = smem_desc(ws + kk * 2048, K * 128, 1024);
+                wgmma_bn(acc, da, db, kk > 0);
+            }
+            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+            acc_fence(acc);
+            store_tile<BN>(p, acc, h, t0, n0, nh, wt);
+        }
+    }
+    cp_async_wait_all();
+#else
+    __trap(); /* built without sm_90a: mlart_bmm_wgmma_ok refuses the path */
+#endif
+}
+
+bool aligned16(const void *p, int64_t s0, int64_t s1)
+{
+    return ((uintptr_t)p % 16) == 0 && (s0 * 2) % 16 == 0 && (s1 * 2) % 16 == 0;
+}
+
+bool aligned8(const void *p, int64_t s0, int64_t s1)
+{
+    return ((uintptr_t)p % 8) == 0 && (s0 * 2) % 8 == 0 && (s1 * 2) % 8 == 0;
+}
+
+size_t wgmma_smem(int kb, int nwg, int bn) { return (size_t)64 * kb * (bn * 2 + nwg * 2 * WG_BM * 2) + 1024; }
+
+template <int KB, int NWG, int BN> cudaError_t launch(WParams &p, int splits, int sms, cudaStream_t st)
+{
+    const size_t smem = wgmma_smem(KB, NWG, BN);
+    int per_sm = 0;
+    cudaError_t e;
+    if ((e = cudaFuncSetAttribute(bmm_wgmma_kernel<KB, NWG, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)smem)) != cudaSuccess ||
+        (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bmm_wgmma_kernel<KB, NWG, BN>, 128 * NWG,
+                                                           smem)) != cudaSuccess)
+        return e;
+    if (per_sm < 1)
+        return cudaErrorInvalidConfiguration;
+    const int64_t slots = (int64_t)sms * per_sm;
+    if (splits <= 0) {
+        /* Chunks of row tiles per (head, slice): as many as fill every
+         * resident block, down to one tile a chunk; more would only copy
+         * the weights more often. */
+        const int64_t pairs = (int64_t)p.items; /* H * nslice here */
+        splits = (int)(slots / pairs < 1 ? 1 : slots / pairs);
+    }
+    if (splits > p.rt)
+        splits = p.rt;
+    p.splits = splits;
+    p.items *= splits;
+    const int grid = (int)(p.items < slots ? p.items : slots);
+    bmm_wgmma_kernel<KB, NWG, BN><<<grid, 128 * NWG, smem, st>>>(p);
+    return cudaGetLastError();
+}
+
+} // namespace
+
+extern "C" int mlart_bmm_wgmma_ok(const mlart_bmm_desc *d, int nwg, int bn)
+{
+    int dev = 0, major = 0;
+    nwg = nwg ? nwg : 2;
+    bn = bn ? bn : 256;
+    if (nwg < 1 || nwg > 2 || (bn != 128 && bn != 256) || d->K < 64 || d->K > 192 || d->K % 64 != 0 || d->N < bn ||
+        d->N % bn != 0)
+        return 0;
+    if (wgmma_smem((int)(d->K / 64), nwg, bn) > 227 * 1024)
+        return 0;
+    if (!aligned16(d->a, d->a_sh, d->a_st) || !aligned16(d->w, d->w_sh, d->w_sk))
+        return 0;
+    if (d->T > ((int64_t)1 << 40) || d->H * (d->N / bn) * ((d->T + WG_BM - 1) / WG_BM) >= ((int64_t)1 << 31))
+        return 0;
+    /* wgmma exists on sm_90a only */
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) !=
+                                                  cudaSuccess)
+        return 0;
+    return major == 9;
+}
+
+extern "C" int mlart_bmm_wgmma_run(const mlart_bmm_desc *d, int splits, int nwg, int bn, void *stream)
+{
+    WParams p;
+    int dev = 0, sms = 0;
+    cudaError_t e;
+    const cudaStream_t st = (cudaStream_t)stream;
+    nwg = nwg ? nwg : 2;
+    bn = bn ? bn : 256;
+    if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
+        return (int)e;
+    p.T = d->T;
+    p.a = (const __nv_bfloat16 *)d->a;
+    p.a_sh = d->a_sh;
+    p.a_st = d->a_st;
+    p.w = (const __nv_bfloat16 *)d->w;
+    p.w_sh = d->w_sh;
+    p.w_sk = d->w_sk;
+    p.c = (__nv_bfloat16 *)d->c;
+    p.c_sh = d->c_sh;
+    p.c_st = d->c_st;
+    p.pe_in = (const __nv_bfloat16 *)d->pe_in;
+    p.pe_out = (__nv_bfloat16 *)(d->pe_in ? d->pe_out : nullptr);
+    p.R = d->pe_in ? d->R : 0;
+    p.pi_st = d->pi_st;
+    p.pi_sh = d->pi_sh;
+    p.po_st = d->po_st;
+    p.po_sh = d->po_sh;
+    p.c_vec8 = aligned8(d->c, d->c_sh, d->c_st);
+    p.pe_vec = d->pe_in && p.R % 8 == 0 && aligned16(d->pe_in, d->pi_st, d->pi_sh) &&
+               aligned16(d->pe_out, d->po_st, d->po_sh);
+    p.nslice = (int)(d->N / bn);
+    p.rt = (int)((d->T + WG_BM - 1) / WG_BM);
+    p.splits = 1;
+    p.items = (int)(d->H * p.nslice); /* times the splits in launch() */
+    switch ((int)(d->K / 64) * 16 + nwg * 4 + (bn == 256)) {
+    case 16 + 4: return (int)launch<1, 1, 128>(p, splits, sms, st);
+    case 16 + 5: return (int)launch<1, 1, 256>(p, splits, sms, st);
+    case 16 + 8: return (int)launch<1, 2, 128>(p, splits, sms, st);
+    case 16 + 9: return (int)launch<1, 2, 256>(p, splits, sms, st);
+    case 32 + 4: return (int)launch<2, 1, 128>(p, splits, sms, st);
+    case 32 + 5: return (int)launch<2, 1, 256>(p, splits, sms, st);
+    case 32 + 8: return (int)launch<2, 2, 128>(p, splits, sms, st);
+    case 32 + 9: return (int)launch<2, 2, 256>(p, splits, sms, st);
+    case 48 + 4: return (int)launch<3, 1, 128>(p, splits, sms, st);
+    case 48 + 5: return (int)launch<3, 1, 256>(p, splits, sms, st);
+    case 48 + 8: return (int)launch<3, 2, 128>(p, splits, sms, st);
+    case 48 + 9: return (int)launch<3, 2, 256>(p, splits, sms, st);
+    default: return (int)cudaErrorInvalidConfiguration;
+    }
+}
