@@ -335,6 +335,10 @@ struct Model {
     int heads;
 };
 
+#ifdef B12X_PROFILE
+extern "C" void b12x_profile_dump(FILE *f, const char *label);
+#endif
+
 /* One variant of the launch (b12x_tune) on a Ctx, for the tuning table. */
 struct Variant {
     Ctx *c;
@@ -353,8 +357,7 @@ int enqueue_variant(void *ctx, int set, cudaStream_t stream)
  * a small-T call goes.  Per shape: the call as shipped; without
  * programmatic dependent launch; the main kernel alone; each combine alone
  * (whole-row and quarter-row blocks, on the partials the main kernel left
- * in the workspace); two pipeline blocks computed at once instead of one
- * (<= 16 heads); forced split counts.  16 heads T = 1..64, 64 heads
+ * in the workspace); forced split counts.  16 heads T = 1..64, 64 heads
  * T = 1..4.  Rows
  * that produce the output are checked against the reference like the main
  * table (err, NMSE <= 1e-4). */
@@ -368,10 +371,9 @@ int bench_attn_variants(const mlart_bench_opts *o)
         b12x_tune tune;
     };
     static const V vars[] = {
-        {"auto", {0, 0, 0, 1, 0}},       {"nopdl", {0, 0, 0, 0, 0}},        {"main", {0, 1, 0, 1, 0}},
-        {"comb-row", {0, 2, 1, 1, 0}},   {"comb-quarter", {0, 2, 2, 1, 0}}, {"pb2", {0, 0, 0, 1, 2}},
-        {"pb2-main", {0, 1, 0, 1, 2}},   {"s16", {16, 0, 0, 1, 0}},         {"s32", {32, 0, 0, 1, 0}},
-        {"s64", {64, 0, 0, 1, 0}},
+        {"auto", {0, 0, 0, 1}},     {"nopdl", {0, 0, 0, 0}},        {"main", {0, 1, 0, 1}},
+        {"comb-row", {0, 2, 1, 1}}, {"comb-quarter", {0, 2, 2, 1}}, {"s16", {16, 0, 0, 1}},
+        {"s32", {32, 0, 0, 1}},     {"s64", {64, 0, 0, 1}},
     };
     static const int Ts[] = {1, 2, 4, 8, 16, 32, 64};
     static const int Hs[] = {16, 64};
@@ -578,8 +580,11 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
                     wrong++;
                     continue;
                 }
-                if (mlart_bench_time(o, enqueue_b12x, c, nsets, &v[0]) ||
-                    mlart_bench_time(&ref_opts, enqueue_ref, c, 1, &ref_us)) {
+                int bad = mlart_bench_time(o, enqueue_b12x, c, nsets, &v[0]);
+#ifdef B12X_PROFILE
+                b12x_profile_dump(stdout, name); /* the last graph replay's stamps */
+#endif
+                if (bad || mlart_bench_time(&ref_opts, enqueue_ref, c, 1, &ref_us)) {
                     fprintf(stderr, "mlart-bench attn: %s: timing failed\n", name);
                     free_sets(*c);
                     wrong++;

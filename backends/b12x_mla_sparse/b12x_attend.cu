@@ -16,9 +16,10 @@
  * sub-block's slots over all 576 dims and accumulates half of the 512
  * output columns (an fp32 16x256 accumulator, 128 registers).  The pair
  * exchanges row maxima and the bf16 probabilities through shared memory.
- * With <= 32 heads two pairs share the rows and split the slots; with <= 16
- * heads and long chunks the other two pairs take the next block (PB = 2);
- * the groups are merged at the end.
+ * With 17-32 heads two pairs share the rows and split the slots, merged at
+ * the end.  One tile of <= 16 heads runs b12x_small_kernel instead: all
+ * eight warps on each block of slots (the dims of the scores split between
+ * them, then the output columns).
  *
  * Splits write fp32 partial outputs and natural-log LSEs to the workspace;
  * a small kernel combines them (LSE-weighted), blocks of one (token, head)
@@ -36,6 +37,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "backends/b12x_mla_sparse/b12x_attend.h"
 
@@ -55,6 +57,39 @@ constexpr float LN2 = 0.69314718055994530942f;
 constexpr float LOG2E = 1.44269504088896340736f;
 
 static_assert(FP8_BYTES % 16 == 0, "fp8 records must be whole 16-byte pieces");
+
+#ifdef B12X_PROFILE
+/* Phase stamps of the last launch (a diagnostic build only: -DB12X_PROFILE).
+ * Main kernel, per block: [0] global timer at entry, [1..5] SM clock after
+ * the dependency wait, the slot resolution, the first block landing, the
+ * loop and the writes, [6] SM clock at entry, [7] global timer at exit.
+ * Combine, per block: global timer at entry and exit. */
+constexpr int PROF_BLOCKS = 4096;
+__device__ unsigned long long b12x_prof_main[PROF_BLOCKS][8];
+__device__ unsigned long long b12x_prof_cb[PROF_BLOCKS][2];
+int prof_main_blocks, prof_cb_blocks; /* of the last launch */
+__device__ __forceinline__ unsigned long long prof_gt()
+{
+    unsigned long long v;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
+    return v;
+}
+#define B12X_PROF_BLK() \
+    ((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x)
+#define B12X_PROF_MAIN(k, v)                                                  \
+    do {                                                                      \
+        if (threadIdx.x == 0 && B12X_PROF_BLK() < PROF_BLOCKS)                \
+            b12x_prof_main[B12X_PROF_BLK()][k] = (v);                         \
+    } while (0)
+#define B12X_PROF_CB(k)                                                       \
+    do {                                                                      \
+        if (threadIdx.x == 0 && B12X_PROF_BLK() < PROF_BLOCKS)                \
+            b12x_prof_cb[B12X_PROF_BLK()][k] = prof_gt();                     \
+    } while (0)
+#else
+#define B12X_PROF_MAIN(k, v) ((void)0)
+#define B12X_PROF_CB(k) ((void)0)
+#endif
 static_assert(BN * ROW_CHUNKS % NTHREADS == 0, "bf16 gather assumes whole rounds");
 
 struct AttendArgs {
@@ -83,21 +118,14 @@ struct AttendArgs {
     float scale_log2;     /* softmax scale * log2(e) */
 };
 
-/* Shared-memory map of one thread block (byte offsets, all 16-aligned).
- * PB = pipeline blocks computed at once: with one 16-row tile (<= 16 heads)
- * PB = 2 puts the four otherwise idle warps on the next block, so the
- * eight warps split two blocks four ways (slot half x block). */
-template <bool FP8, int RT, int PB> struct Smem {
+/* Shared-memory map of one thread block (byte offsets, all 16-aligned). */
+template <bool FP8, int RT> struct Smem {
+    static_assert(RT >= 2 && RT <= 4, "one row tile runs b12x_small_kernel");
     static constexpr int KS = RT <= 2 ? 2 : 1; /* pairs that split one block's slots */
-    static constexpr int GROUPS = KS * PB;     /* pairs that share a row tile */
-    static_assert(PB == 1 || RT == 1, "two blocks at once only for one row tile");
-    /* Stages: bf16 3 gathered, 5 with one row tile (the gather is
-     * latency-bound there: more blocks in flight), 4 with PB = 2 (two
-     * computed, two landing); fp8 3 raw + 2 converted, 6 raw with one row
-     * tile (PB = 2: 4 raw + 2 converted, both blocks converted before they
-     * are computed). */
-    static constexpr int KV_STAGES = FP8 ? 2 : (PB == 2 ? 4 : (RT == 1 ? 5 : 3));
-    static constexpr int RAW_STAGES = FP8 ? (PB == 2 ? 4 : (RT == 1 ? 6 : 3)) : 1; /* 1: unused */
+    static constexpr int GROUPS = KS;          /* pairs that share a row tile */
+    /* Stages: bf16 3 gathered; fp8 3 raw + 2 converted. */
+    static constexpr int KV_STAGES = FP8 ? 2 : 3;
+    static constexpr int RAW_STAGES = FP8 ? 3 : 1; /* 1: unused */
     static constexpr int Q_BYTES = RT * 16 * ROW_BYTES;
     static constexpr int KV_STAGE = BN * ROW_BYTES;
     static constexpr int RAW_STAGE = BN * FP8_BYTES;
@@ -217,10 +245,195 @@ __device__ __forceinline__ uint32_t sw_off(int r, int c)
     return (uint32_t)(r * ROW_BYTES + ((c ^ (r & 7)) << 4));
 }
 
-template <bool FP8, int RT, int PB>
+/* Physical slot of every index of a chunk (s_slot[k] for index k0 + k, k <
+ * n), -1 where it selects nothing.  Anything out of range reads as empty;
+ * the host validates when asked.  The loads are ordered so that only two
+ * round trips to memory are dependent: the request and every index of the
+ * chunk, then its sequence length and every block-table entry (read for
+ * any index in [0, max_blocks * page), the length check comes after). */
+__device__ __forceinline__ void resolve_slots(const AttendArgs &a, int t, int k0, int kend, int n,
+                                              int32_t *s_slot)
+{
+    constexpr int PER = B12X_MAX_TOPK / NTHREADS;
+    const int tid = threadIdx.x;
+    const int b = a.req[(int64_t)t * a.req_s];
+    int iv[PER];
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        const int k = tid + u * NTHREADS;
+        iv[u] = k < n && k0 + k < kend ? a.idx[(int64_t)t * a.idx_st + (int64_t)(k0 + k) * a.idx_sk]
+                                       : -1;
+    }
+    const bool b_ok = b >= 0 && b < a.B;
+    const int len = b_ok ? a.seq[(int64_t)b * a.seq_s] : 0;
+    int pb[PER];
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        const int i = iv[u];
+        const int blk = i >= 0 ? i / a.page : 0;
+        pb[u] = b_ok && i >= 0 && blk < a.max_blocks
+                    ? a.bt[(int64_t)b * a.bt_sb + (int64_t)blk * a.bt_sk]
+                    : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        const int k = tid + u * NTHREADS;
+        if (k < n) {
+            const int i = iv[u];
+            int slot = -1;
+            if (i >= 0 && i < len && pb[u] >= 0) {
+                const int64_t phys = (int64_t)pb[u] * a.page + (i - (i / a.page) * a.page);
+                if (phys < a.num_slots)
+                    slot = (int)phys;
+            }
+            s_slot[k] = slot;
+        }
+    }
+}
+
+/* Gather the 32 rows of one pipeline block (slots[0..31]) into a stage:
+ * bf16 rows swizzled (sw_off), fp8 records as they are; empty slots are
+ * zero-filled without reading. */
+__device__ __forceinline__ void gather_bf16(const AttendArgs &a, const int32_t *slots, uint32_t st)
+{
+#pragma unroll
+    for (int i = 0; i < BN * ROW_CHUNKS / NTHREADS; i++) {
+        const int u = threadIdx.x + i * NTHREADS;
+        const int r = u / ROW_CHUNKS, c = u - r * ROW_CHUNKS;
+        const int slot = slots[r];
+        const uint8_t *src = a.kv + (slot >= 0 ? slot * a.kv_row + c * 16 : 0);
+        cp_async16(st + sw_off(r, c), src, slot >= 0 ? 16 : 0);
+    }
+}
+
+__device__ __forceinline__ void gather_fp8(const AttendArgs &a, const int32_t *slots, uint32_t st)
+{
+    for (int u = threadIdx.x; u < BN * FP8_CHUNKS; u += NTHREADS) {
+        const int r = u / FP8_CHUNKS, c = u - r * FP8_CHUNKS;
+        const int slot = slots[r];
+        const uint8_t *src = a.kv + (slot >= 0 ? slot * a.kv_row + c * 16 : 0);
+        cp_async16(st + r * FP8_BYTES + c * 16, src, slot >= 0 ? 16 : 0);
+    }
+}
+
+/* fp8 block: raw records -> swizzled bf16 rows.  Per row: 32 pieces of 16
+ * e4m3 values (each becomes two bf16 pieces) and 8 rope pieces. */
+__device__ __forceinline__ void convert_fp8(const uint8_t *raw, uint32_t dst)
+{
+    for (int u = threadIdx.x; u < BN * 40; u += NTHREADS) {
+        const int r = u / 40, c = u - r * 40;
+        const uint8_t *rrow = raw + r * FP8_BYTES;
+        if (c < 32) {
+            const uint4 v = *reinterpret_cast<const uint4 *>(rrow + c * 16);
+            const float sc = *reinterpret_cast<const float *>(rrow + KV_L + 4 * (c >> 3));
+            uint4 lo, hi;
+            lo.x = e4m3x2_to_bf16x2(v.x & 0xffff, sc);
+            lo.y = e4m3x2_to_bf16x2(v.x >> 16, sc);
+            lo.z = e4m3x2_to_bf16x2(v.y & 0xffff, sc);
+            lo.w = e4m3x2_to_bf16x2(v.y >> 16, sc);
+            hi.x = e4m3x2_to_bf16x2(v.z & 0xffff, sc);
+            hi.y = e4m3x2_to_bf16x2(v.z >> 16, sc);
+            hi.z = e4m3x2_to_bf16x2(v.w & 0xffff, sc);
+            hi.w = e4m3x2_to_bf16x2(v.w >> 16, sc);
+            st_shared16(dst + sw_off(r, 2 * c), lo);
+            st_shared16(dst + sw_off(r, 2 * c + 1), hi);
+        } else {
+            const int cc = c - 32;
+            const uint4 v = *reinterpret_cast<const uint4 *>(rrow + KV_L + 16 + cc * 16);
+            st_shared16(dst + sw_off(r, 64 + cc), v);
+        }
+    }
+}
+
+/* The start both kernels share: the query rows of the head tile (padding
+ * rows up to `padded` are zeros in shared memory only; one commit group)
+ * and the chunk's physical slots.  Ends with a block barrier. */
+__device__ __forceinline__ void load_query_and_slots(const AttendArgs &a, uint32_t sbase, int t, int h0,
+                                                     int rows, int padded, int k0, int kend, int nblk,
+                                                     int32_t *s_slot)
+{
+    for (int u = threadIdx.x; u < padded * ROW_CHUNKS; u += NTHREADS) {
+        const int r = u / ROW_CHUNKS, c = u - r * ROW_CHUNKS;
+        if (r < rows)
+            cp_async16(sbase + sw_off(r, c),
+                       a.q + (int64_t)t * a.q_st + (int64_t)(h0 + r) * a.q_sh + c * 8, 16);
+        else
+            st_shared16(sbase + sw_off(r, c), make_uint4(0, 0, 0, 0));
+    }
+    cp_async_commit();
+    resolve_slots(a, t, k0, kend, nblk * BN, s_slot);
+    __syncthreads();
+}
+
+/* The gather pipeline both kernels share, over a shared-memory map S (one
+ * commit group per issue, the query's group before them):
+ *   bf16: NS stages; block j+NS-1 is issued once block j has landed and
+ *         every warp is past step j-1, whose stage it reuses.
+ *   fp8: NR raw stages and two converted ones; at step j block j+1 is
+ *        converted (its raw stage is then free for block j+NR) while block
+ *        j is computed from the other converted stage. */
+template <bool FP8, class S> struct Pipeline {
+    const AttendArgs &a;
+    uint8_t *smem;
+    uint32_t sbase;
+    const int32_t *s_slot;
+    int nblk;
+
+    /* Gather block j (one commit group, empty past the end). */
+    __device__ __forceinline__ void issue(int j) const
+    {
+        if (j < nblk) {
+            if constexpr (!FP8)
+                gather_bf16(a, s_slot + j * BN, sbase + S::OFF_KV + (j % S::KV_STAGES) * S::KV_STAGE);
+            else
+                gather_fp8(a, s_slot + j * BN, sbase + S::OFF_RAW + (j % S::RAW_STAGES) * S::RAW_STAGE);
+        }
+        cp_async_commit();
+    }
+    /* fp8 block j: raw stage j % NR -> bf16 stage j % 2. */
+    __device__ __forceinline__ void convert(int j) const
+    {
+        convert_fp8(smem + S::OFF_RAW + (j % S::RAW_STAGES) * S::RAW_STAGE, sbase + S::OFF_KV + (j % 2) * S::KV_STAGE);
+    }
+    __device__ __forceinline__ void start() const
+    {
+        if constexpr (FP8) {
+#pragma unroll
+            for (int i = 0; i < S::RAW_STAGES; i++)
+                issue(i);
+            cp_async_wait<S::RAW_STAGES - 1>();
+            __syncthreads();
+            convert(0);
+        } else {
+#pragma unroll
+            for (int i = 0; i < S::KV_STAGES - 1; i++)
+                issue(i);
+        }
+    }
+    /* Step j: block j is in shared memory (bf16) for every thread, the next
+     * gathers are issued; returns the stage holding block j. */
+    __device__ __forceinline__ uint32_t step(int j) const
+    {
+        if constexpr (FP8) {
+            cp_async_wait<S::RAW_STAGES - 2>();
+            __syncthreads();
+            if (j + 1 < nblk)
+                convert(j + 1);
+            issue(j + S::RAW_STAGES);
+            return sbase + S::OFF_KV + (j % 2) * S::KV_STAGE;
+        } else {
+            cp_async_wait<S::KV_STAGES - 2>();
+            __syncthreads();
+            issue(j + S::KV_STAGES - 1);
+            return sbase + S::OFF_KV + (j % S::KV_STAGES) * S::KV_STAGE;
+        }
+    }
+};
+
+template <bool FP8, int RT>
 __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendArgs a)
 {
-    using S = Smem<FP8, RT, PB>;
+    using S = Smem<FP8, RT>;
     constexpr int KS = S::KS, GROUPS = S::GROUPS;
     constexpr int SUB = BN / KS;   /* slots of a block per pair */
     constexpr int SN = SUB / 2;    /* score columns per warp */
@@ -246,126 +459,20 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
      * memory) before the first global access, and let the combine be
      * scheduled now (it waits for this whole grid the same way).  Both are
      * no-ops for a plain launch. */
+    B12X_PROF_MAIN(0, prof_gt());
+    B12X_PROF_MAIN(6, clock64());
     grid_dep_wait();
     grid_dep_launch();
+    B12X_PROF_MAIN(1, clock64());
 
-    /* Query rows of this head tile; padding rows are zeros in shared memory only. */
-    for (int u = tid; u < RT * 16 * ROW_CHUNKS; u += NTHREADS) {
-        const int r = u / ROW_CHUNKS, c = u - r * ROW_CHUNKS;
-        if (r < rows)
-            cp_async16(sbase + sw_off(r, c),
-                       a.q + (int64_t)t * a.q_st + (int64_t)(h0 + r) * a.q_sh + c * 8, 16);
-        else
-            st_shared16(sbase + sw_off(r, c), make_uint4(0, 0, 0, 0));
-    }
-    cp_async_commit();
+    load_query_and_slots(a, sbase, t, h0, rows, RT * 16, k0, kend, nblk, s_slot);
+    B12X_PROF_MAIN(2, clock64());
 
-    /* Physical slot of every index of the chunk, -1 where it selects nothing.
-     * Anything out of range reads as empty; the host validates when asked.
-     * The loads are ordered so that only two round trips to memory are
-     * dependent: the request and every index of the chunk, then its
-     * sequence length and every block-table entry (read for any index in
-     * [0, max_blocks * page), the length check comes after). */
-    {
-        constexpr int PER = B12X_MAX_TOPK / NTHREADS;
-        const int n = nblk * BN;
-        const int b = a.req[(int64_t)t * a.req_s];
-        int iv[PER];
-#pragma unroll
-        for (int u = 0; u < PER; u++) {
-            const int k = tid + u * NTHREADS;
-            iv[u] = k < n && k0 + k < kend
-                        ? a.idx[(int64_t)t * a.idx_st + (int64_t)(k0 + k) * a.idx_sk]
-                        : -1;
-        }
-        const bool b_ok = b >= 0 && b < a.B;
-        const int len = b_ok ? a.seq[(int64_t)b * a.seq_s] : 0;
-        int pb[PER];
-#pragma unroll
-        for (int u = 0; u < PER; u++) {
-            const int i = iv[u];
-            const int blk = i >= 0 ? i / a.page : 0;
-            pb[u] = b_ok && i >= 0 && blk < a.max_blocks
-                        ? a.bt[(int64_t)b * a.bt_sb + (int64_t)blk * a.bt_sk]
-                        : -1;
-        }
-#pragma unroll
-        for (int u = 0; u < PER; u++) {
-            const int k = tid + u * NTHREADS;
-            if (k < n) {
-                const int i = iv[u];
-                int slot = -1;
-                if (i >= 0 && i < len && pb[u] >= 0) {
-                    const int64_t phys = (int64_t)pb[u] * a.page + (i - (i / a.page) * a.page);
-                    if (phys < a.num_slots)
-                        slot = (int)phys;
-                }
-                s_slot[k] = slot;
-            }
-        }
-    }
-    __syncthreads();
-
-    /* Gather block j (one commit group per call, empty past the end). */
-    auto issue = [&](int j) {
-        if (j < nblk) {
-            if constexpr (!FP8) {
-                const uint32_t st = sbase + S::OFF_KV + (j % S::KV_STAGES) * S::KV_STAGE;
-#pragma unroll
-                for (int i = 0; i < BN * ROW_CHUNKS / NTHREADS; i++) {
-                    const int u = tid + i * NTHREADS;
-                    const int r = u / ROW_CHUNKS, c = u - r * ROW_CHUNKS;
-                    const int slot = s_slot[j * BN + r];
-                    const uint8_t *src = a.kv + (slot >= 0 ? slot * a.kv_row + c * 16 : 0);
-                    cp_async16(st + sw_off(r, c), src, slot >= 0 ? 16 : 0);
-                }
-            } else {
-                const uint32_t st = sbase + S::OFF_RAW + (j % S::RAW_STAGES) * S::RAW_STAGE;
-                for (int u = tid; u < BN * FP8_CHUNKS; u += NTHREADS) {
-                    const int r = u / FP8_CHUNKS, c = u - r * FP8_CHUNKS;
-                    const int slot = s_slot[j * BN + r];
-                    const uint8_t *src = a.kv + (slot >= 0 ? slot * a.kv_row + c * 16 : 0);
-                    cp_async16(st + r * FP8_BYTES + c * 16, src, slot >= 0 ? 16 : 0);
-                }
-            }
-        }
-        cp_async_commit();
-    };
-
-    /* fp8 block j: raw stage j%3 -> bf16 stage j%2.  Per row: 32 pieces of
-     * 16 e4m3 values (each becomes two bf16 pieces) and 8 rope pieces. */
-    auto convert = [&](int j) {
-        const uint8_t *raw = smem + S::OFF_RAW + (j % S::RAW_STAGES) * S::RAW_STAGE;
-        const uint32_t dst = sbase + S::OFF_KV + (j % 2) * S::KV_STAGE;
-        for (int u = tid; u < BN * 40; u += NTHREADS) {
-            const int r = u / 40, c = u - r * 40;
-            const uint8_t *rrow = raw + r * FP8_BYTES;
-            if (c < 32) {
-                const uint4 v = *reinterpret_cast<const uint4 *>(rrow + c * 16);
-                const float sc = *reinterpret_cast<const float *>(rrow + KV_L + 4 * (c >> 3));
-                uint4 lo, hi;
-                lo.x = e4m3x2_to_bf16x2(v.x & 0xffff, sc);
-                lo.y = e4m3x2_to_bf16x2(v.x >> 16, sc);
-                lo.z = e4m3x2_to_bf16x2(v.y & 0xffff, sc);
-                lo.w = e4m3x2_to_bf16x2(v.y >> 16, sc);
-                hi.x = e4m3x2_to_bf16x2(v.z & 0xffff, sc);
-                hi.y = e4m3x2_to_bf16x2(v.z >> 16, sc);
-                hi.z = e4m3x2_to_bf16x2(v.w & 0xffff, sc);
-                hi.w = e4m3x2_to_bf16x2(v.w >> 16, sc);
-                st_shared16(dst + sw_off(r, 2 * c), lo);
-                st_shared16(dst + sw_off(r, 2 * c + 1), hi);
-            } else {
-                const int cc = c - 32;
-                const uint4 v = *reinterpret_cast<const uint4 *>(rrow + KV_L + 16 + cc * 16);
-                st_shared16(dst + sw_off(r, 64 + cc), v);
-            }
-        }
-    };
+    const Pipeline<FP8, S> pipe{a, smem, sbase, s_slot, nblk};
 
     const int pair = warp >> 1, ch = warp & 1;
-    /* gi: the pair's group within its row tile; g: its slot half; jb: which
-     * of the PB blocks of a step it computes. */
-    const int rt = pair / GROUPS, gi = pair % GROUPS, g = gi % KS, jb = gi / KS;
+    /* gi: the pair's group within its row tile, g: its slot half */
+    const int rt = pair / GROUPS, gi = pair % GROUPS, g = gi;
     const bool active = rt < RT;
     const int r4 = lane >> 2, q4 = lane & 3, sw = lane & 7;
 
@@ -375,62 +482,12 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
-    /* Pipeline (one commit group per issue; a step computes blocks j ..
-     * j+PB-1):
-     *   bf16: NS stages; blocks j+NS-PB .. j+NS-1 are issued once blocks
-     *         j .. j+PB-1 have landed and every warp is past the previous
-     *         step, whose stages they reuse.
-     *   fp8, PB = 1: NR raw stages and two converted ones; at step j block
-     *         j+1 is converted (its raw stage is then free for block j+NR)
-     *         while block j is computed from the other converted stage.
-     *   fp8, PB = 2: four raw stages; at step j blocks j+2, j+3 are issued,
-     *         then blocks j, j+1 are converted and computed. */
-    constexpr int NS = S::KV_STAGES, NR = S::RAW_STAGES;
-    if constexpr (FP8 && PB == 2) {
-        issue(0);
-        issue(1);
-    } else if constexpr (FP8) {
-#pragma unroll
-        for (int i = 0; i < NR; i++)
-            issue(i);
-        cp_async_wait<NR - 1>();
-        __syncthreads();
-        convert(0);
-    } else {
-#pragma unroll
-        for (int i = 0; i < NS - PB; i++)
-            issue(i);
-    }
-
-    for (int j0 = 0; j0 < nblk; j0 += PB) {
-        uint32_t kvb;
-        const int j = j0 + jb; /* the block this pair computes */
-        if constexpr (FP8 && PB == 2) {
-            cp_async_wait<0>();
-            __syncthreads();
-            issue(j0 + 2);
-            issue(j0 + 3);
-            convert(j0);
-            if (j0 + 1 < nblk)
-                convert(j0 + 1);
-            __syncthreads();
-            kvb = sbase + S::OFF_KV + jb * S::KV_STAGE;
-        } else if constexpr (FP8) {
-            cp_async_wait<NR - 2>();
-            __syncthreads();
-            if (j + 1 < nblk)
-                convert(j + 1);
-            issue(j + NR);
-            kvb = sbase + S::OFF_KV + (j % 2) * S::KV_STAGE;
-        } else {
-            cp_async_wait<NS - 2 * PB>();
-            __syncthreads();
-#pragma unroll
-            for (int p = 0; p < PB; p++)
-                issue(j0 + NS - PB + p);
-            kvb = sbase + S::OFF_KV + (j % NS) * S::KV_STAGE;
-        }
-        if (!active || j >= nblk)
+    pipe.start();
+    for (int j = 0; j < nblk; j++) {
+        const uint32_t kvb = pipe.step(j);
+        if (j == 0)
+            B12X_PROF_MAIN(3, clock64());
+        if (!active)
             continue;
 
         /* Scores: 16 head rows x SN slots over 576 dims.  QCH independent
@@ -559,6 +616,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
 
     cp_async_wait<0>();
     __syncthreads();
+    B12X_PROF_MAIN(4, clock64());
 
     if constexpr (GROUPS > 1) {
         /* The other groups hand their state to the first through the (now
@@ -633,6 +691,244 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
             }
         }
     }
+    B12X_PROF_MAIN(5, clock64());
+    B12X_PROF_MAIN(7, prof_gt());
+}
+
+/* <= 16 heads (one 16-row tile): all eight warps on one block of 32 slots
+ * at a time, so the per-block math is short and the fp32 state small.
+ *   scores: warp w takes 4-5 of the 36 k16 steps of the 576 dims for all 32
+ *           slots, its query fragments held in registers from the start;
+ *           the eight partial 16 x 32 score tiles meet in shared memory;
+ *   softmax: a half-warp per head row (2 slots a lane), running max and sum
+ *           in registers, bf16 probabilities into a 16 x 32 tile;
+ *   P.V:    warp w owns output columns [64w, 64w + 64), a 16 x 64 fp32
+ *           accumulator (32 registers).
+ * Three block barriers per block of slots.  The output (or fp32 partial) is
+ * staged in shared memory and written with wide coalesced stores. */
+template <bool FP8> struct SmallSmem {
+    static constexpr int KV_STAGES = FP8 ? 2 : 4; /* bf16: gathered; fp8: converted */
+    static constexpr int RAW_STAGES = FP8 ? 5 : 1; /* 1: unused */
+    static constexpr int Q_BYTES = 16 * ROW_BYTES;
+    static constexpr int KV_STAGE = BN * ROW_BYTES;
+    static constexpr int RAW_STAGE = BN * FP8_BYTES;
+    static constexpr int S_LD = BN + 8; /* floats per partial-score row: conflict-free float2 */
+    static constexpr int OFF_KV = Q_BYTES;
+    static constexpr int OFF_RAW = OFF_KV + KV_STAGES * KV_STAGE;
+    static constexpr int OFF_S = OFF_RAW + (FP8 ? RAW_STAGES * RAW_STAGE : 0);
+    static constexpr int OFF_P = OFF_S + 8 * 16 * S_LD * 4;
+    static constexpr int OFF_STAT = OFF_P + 16 * BN * 2; /* alpha, m, l per row */
+    static constexpr int OFF_SLOT = OFF_STAT + 3 * 16 * 4;
+    static constexpr int O_LD = KV_L + 8; /* staged output row, in elements */
+    static_assert(16 * O_LD * 4 <= KV_STAGES * KV_STAGE, "output stage fits in the KV stages");
+    static constexpr size_t bytes(int chunk_slots) { return (size_t)OFF_SLOT + 4u * chunk_slots; }
+    static_assert(bytes(B12X_MAX_TOPK) <= 232448, "over the sm_90 shared memory per block");
+};
+
+template <bool FP8>
+__global__ void __launch_bounds__(NTHREADS, 1) b12x_small_kernel(const AttendArgs a)
+{
+    using S = SmallSmem<FP8>;
+    extern __shared__ __align__(128) uint8_t smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int t = blockIdx.x;
+    const int h0 = (a.tile_base + (int)blockIdx.y) * HEAD_TILE;
+    const int rows = min(16, a.H - h0);
+    const int split = blockIdx.z;
+    const int k0 = split * a.blocks_per_split * BN;
+    const int kend = min(a.topk, k0 + a.blocks_per_split * BN);
+    const int nblk = (kend - k0 + BN - 1) / BN;
+    const uint32_t sbase = smem_u32(smem);
+    int32_t *s_slot = reinterpret_cast<int32_t *>(smem + S::OFF_SLOT);
+    float *s_part = reinterpret_cast<float *>(smem + S::OFF_S);
+    float *s_stat = reinterpret_cast<float *>(smem + S::OFF_STAT);
+
+    B12X_PROF_MAIN(0, prof_gt());
+    B12X_PROF_MAIN(6, clock64());
+    grid_dep_wait();
+    grid_dep_launch();
+    B12X_PROF_MAIN(1, clock64());
+
+    load_query_and_slots(a, sbase, t, h0, rows, 16, k0, kend, nblk, s_slot);
+    B12X_PROF_MAIN(2, clock64());
+
+    const Pipeline<FP8, S> pipe{a, smem, sbase, s_slot, nblk};
+
+    /* This warp's k16 steps of the 576 dims: 5 for warps 0-3, 4 for 4-7. */
+    const int ks0 = warp < 4 ? 5 * warp : 20 + 4 * (warp - 4);
+    const int nks = warp < 4 ? 5 : 4;
+    const int r4 = lane >> 2, q4 = lane & 3, sw = lane & 7;
+    uint32_t qa[5][4];
+    float o[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    /* Softmax state of row srow (the same in the 16 lanes of a half-warp). */
+    const int srow = tid >> 4, sc2 = (tid & 15) * 2;
+    float m_run = -INFINITY, l_run = 0.0f;
+
+    pipe.start();
+    for (int j = 0; j < nblk; j++) {
+        const uint32_t kvb = pipe.step(j);
+        if (j == 0) {
+            /* the query landed with the first group */
+            const uint32_t qrow = sbase + (lane & 15) * ROW_BYTES;
+#pragma unroll
+            for (int s = 0; s < 5; s++)
+                if (s < nks)
+                    ldsm_x4(qa[s], qrow + (((2 * (ks0 + s) + (lane >> 4)) ^ sw) << 4));
+            B12X_PROF_MAIN(3, clock64());
+        }
+
+        /* Partial scores over this warp's dims: 16 rows x 32 slots. */
+        float sacc[4][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+            sacc[nt][0] = sacc[nt][1] = sacc[nt][2] = sacc[nt][3] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < 5; s++) {
+            if (s < nks) {
+                const int piece = 2 * (ks0 + s) + ((lane >> 3) & 1);
+#pragma unroll
+                for (int np = 0; np < 2; np++) {
+                    const int slot = 16 * np + (lane & 7) + ((lane >> 4) << 3);
+                    uint32_t b[4];
+                    ldsm_x4(b, kvb + slot * ROW_BYTES + ((piece ^ sw) << 4));
+                    mma_bf16(sacc[2 * np], qa[s], b[0], b[1]);
+                    mma_bf16(sacc[2 * np + 1], qa[s], b[2], b[3]);
+                }
+            }
+        }
+        {
+            float *sp = s_part + warp * 16 * S::S_LD;
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const int c = nt * 8 + 2 * q4;
+                *reinterpret_cast<float2 *>(sp + r4 * S::S_LD + c) = make_float2(sacc[nt][0], sacc[nt][1]);
+                *reinterpret_cast<float2 *>(sp + (r4 + 8) * S::S_LD + c) =
+                    make_float2(sacc[nt][2], sacc[nt][3]);
+            }
+        }
+        __syncthreads();
+
+        /* Softmax: row srow, slots sc2 and sc2 + 1. */
+        {
+            float v0 = 0.0f, v1 = 0.0f;
+#pragma unroll
+            for (int w = 0; w < 8; w++) {
+                const float2 p = *reinterpret_cast<const float2 *>(s_part + (w * 16 + srow) * S::S_LD + sc2);
+                v0 += p.x;
+                v1 += p.y;
+            }
+            v0 = s_slot[j * BN + sc2] >= 0 ? v0 * a.scale_log2 : -INFINITY;
+            v1 = s_slot[j * BN + sc2 + 1] >= 0 ? v1 * a.scale_log2 : -INFINITY;
+            float mx = fmaxf(v0, v1);
+#pragma unroll
+            for (int d = 8; d >= 1; d >>= 1)
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+            const float mnew = fmaxf(m_run, mx);
+            const float base = mnew == -INFINITY ? 0.0f : mnew;
+            const float alpha = exp2f(m_run - base);
+            m_run = mnew;
+            const uint32_t p = pack_bf16(exp2f(v0 - base), exp2f(v1 - base));
+            float rs = bf16_lo(p) + bf16_hi(p);
+#pragma unroll
+            for (int d = 8; d >= 1; d >>= 1)
+                rs += __shfl_xor_sync(0xffffffffu, rs, d);
+            l_run = l_run * alpha + rs;
+            *reinterpret_cast<uint32_t *>(smem + S::OFF_P + srow * 64 +
+                                          (((sc2 >> 3) ^ ((srow >> 1) & 3)) << 4) + (sc2 & 7) * 2) = p;
+            if ((tid & 15) == 0)
+                s_stat[srow] = alpha;
+        }
+        __syncthreads();
+
+        /* O[16 x 64] (this warp's columns) = alpha * O + P[16 x 32] . V[32 x 64]. */
+        {
+            const float al0 = s_stat[r4], al1 = s_stat[r4 + 8];
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                o[nt][0] *= al0;
+                o[nt][1] *= al0;
+                o[nt][2] *= al1;
+                o[nt][3] *= al1;
+            }
+            const int prow = lane & 15;
+            const uint32_t pbase = sbase + S::OFF_P + prow * 64;
+#pragma unroll
+            for (int ks = 0; ks < 2; ks++) {
+                uint32_t pa[4];
+                ldsm_x4(pa, pbase + (((2 * ks + (lane >> 4)) ^ ((prow >> 1) & 3)) << 4));
+                const uint32_t vrow = kvb + (16 * ks + (lane & 7) + (lane & 8)) * ROW_BYTES;
+#pragma unroll
+                for (int np = 0; np < 4; np++) {
+                    uint32_t b[4];
+                    ldsm_x4_trans(b, vrow + (((8 * warp + 2 * np + (lane >> 4)) ^ sw) << 4));
+                    mma_bf16(o[2 * np], pa, b[0], b[1]);
+                    mma_bf16(o[2 * np + 1], pa, b[2], b[3]);
+                }
+            }
+        }
+    }
+
+    cp_async_wait<0>();
+    if ((tid & 15) == 0) {
+        s_stat[16 + srow] = m_run;
+        s_stat[32 + srow] = l_run;
+    }
+    __syncthreads();
+    B12X_PROF_MAIN(4, clock64());
+
+    /* Normalise, stage the 16 x 512 tile in the (idle) KV stages, then
+     * write whole rows: the bf16 output 8 bytes, the fp32 partial 16 bytes a
+     * lane. */
+    const float l0 = s_stat[32 + r4], l1 = s_stat[32 + r4 + 8];
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    const int col0 = 64 * warp + 2 * q4;
+    if (a.splits == 1) {
+        __nv_bfloat16 *st = reinterpret_cast<__nv_bfloat16 *>(smem + S::OFF_KV);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            *reinterpret_cast<uint32_t *>(st + r4 * S::O_LD + col0 + nt * 8) =
+                pack_bf16(o[nt][0] * inv0, o[nt][1] * inv0);
+            *reinterpret_cast<uint32_t *>(st + (r4 + 8) * S::O_LD + col0 + nt * 8) =
+                pack_bf16(o[nt][2] * inv1, o[nt][3] * inv1);
+        }
+        __syncthreads();
+        for (int u = tid; u < rows * (KV_L / 4); u += NTHREADS) {
+            const int r = u / (KV_L / 4), c = (u - r * (KV_L / 4)) * 4;
+            *reinterpret_cast<uint2 *>(a.out + (int64_t)(h0 + r) * a.o_sh + (int64_t)t * a.o_st + c) =
+                *reinterpret_cast<const uint2 *>(st + r * S::O_LD + c);
+        }
+    } else {
+        float *st = reinterpret_cast<float *>(smem + S::OFF_KV);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            *reinterpret_cast<float2 *>(st + r4 * S::O_LD + col0 + nt * 8) =
+                make_float2(o[nt][0] * inv0, o[nt][1] * inv0);
+            *reinterpret_cast<float2 *>(st + (r4 + 8) * S::O_LD + col0 + nt * 8) =
+                make_float2(o[nt][2] * inv1, o[nt][3] * inv1);
+        }
+        __syncthreads();
+        const int64_t row0 = ((int64_t)split * a.T + t) * a.H + h0;
+        for (int u = tid; u < rows * (KV_L / 4); u += NTHREADS) {
+            const int r = u / (KV_L / 4), c = (u - r * (KV_L / 4)) * 4;
+            *reinterpret_cast<float4 *>(a.ws_o + (row0 + r) * KV_L + c) =
+                *reinterpret_cast<const float4 *>(st + r * S::O_LD + c);
+        }
+    }
+    if (tid < rows) {
+        const float m = s_stat[16 + tid], l = s_stat[32 + tid];
+        const float lse = l > 0.0f ? (m + log2f(l)) * LN2 : -INFINITY;
+        if (a.splits == 1) {
+            if (a.lse)
+                a.lse[(int64_t)(h0 + tid) * a.l_sh + (int64_t)t * a.l_st] = lse;
+        } else {
+            a.ws_lse[((int64_t)split * a.T + t) * a.H + h0 + tid] = lse;
+        }
+    }
+    B12X_PROF_MAIN(5, clock64());
+    B12X_PROF_MAIN(7, prof_gt());
 }
 
 /* out[h,t,:] = sum_z w_z * part_z / sum_z w_z with w_z = exp(lse_z - max).
@@ -655,6 +951,7 @@ __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const At
 {
     __shared__ float4 s_acc[CB_MAX_GROUPS][L];
     __shared__ float s_m[CB_MAX_GROUPS], s_l[CB_MAX_GROUPS];
+    B12X_PROF_CB(0);
     grid_dep_wait();
     grid_dep_launch();
     const int t = blockIdx.x, h = blockIdx.y;
@@ -727,29 +1024,26 @@ __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const At
     reinterpret_cast<uint32_t *>(orow)[1] = pack_bf16(acc.z * inv, acc.w * inv);
     if (blockIdx.z == 0 && lane == 0 && a.lse)
         a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = sum > 0.0f ? m + logf(sum) : -INFINITY;
+    B12X_PROF_CB(1);
 }
 
 typedef void (*attend_kernel_fn)(AttendArgs);
 
 /* The kernel for a format and row-tile count, and its shared-memory bytes
  * for a chunk of `chunk_slots`. */
-attend_kernel_fn pick_kernel(bool fp8, int rt, int pb, int chunk_slots, size_t *smem)
+attend_kernel_fn pick_kernel(bool fp8, int rt, int chunk_slots, size_t *smem)
 {
-#define B12X_PICK_(F, R, P)                                 \
-    if (fp8 == F && rt == R && pb == P) {                   \
-        *smem = Smem<F, R, P>::bytes(chunk_slots);          \
-        return b12x_attend_kernel<F, R, P>;                 \
+#define B12X_PICK_(F, R)                                    \
+    if (fp8 == F && rt == R) {                              \
+        *smem = Smem<F, R>::bytes(chunk_slots);             \
+        return b12x_attend_kernel<F, R>;                    \
     }
-    B12X_PICK_(false, 1, 1)
-    B12X_PICK_(false, 1, 2)
-    B12X_PICK_(false, 2, 1)
-    B12X_PICK_(false, 3, 1)
-    B12X_PICK_(false, 4, 1)
-    B12X_PICK_(true, 1, 1)
-    B12X_PICK_(true, 1, 2)
-    B12X_PICK_(true, 2, 1)
-    B12X_PICK_(true, 3, 1)
-    B12X_PICK_(true, 4, 1)
+    B12X_PICK_(false, 2)
+    B12X_PICK_(false, 3)
+    B12X_PICK_(false, 4)
+    B12X_PICK_(true, 2)
+    B12X_PICK_(true, 3)
+    B12X_PICK_(true, 4)
 #undef B12X_PICK_
     *smem = 0;
     return nullptr;
@@ -800,10 +1094,9 @@ extern "C" int b12x_attend_setup(int *num_sms, mlart_error_fn err)
                    "b12x_mla_sparse: device %d has compute capability %d.x; the kernels need sm_90",
                    dev, major);
     for (int f = 0; f < 2; f++)
-        for (int k = 0; k < 5; k++) {
-            const int rt = k < 4 ? k + 1 : 1, pb = k < 4 ? 1 : 2;
+        for (int rt = 2; rt <= 4; rt++) {
             size_t bytes;
-            attend_kernel_fn fn = pick_kernel(f != 0, rt, pb, B12X_MAX_TOPK, &bytes);
+            attend_kernel_fn fn = pick_kernel(f != 0, rt, B12X_MAX_TOPK, &bytes);
             if ((size_t)optin < bytes)
                 return err(MLART_ENOTSUP,
                            "b12x_mla_sparse: kernels need %zu bytes of shared memory per block, "
@@ -814,6 +1107,21 @@ extern "C" int b12x_attend_setup(int *num_sms, mlart_error_fn err)
             if (e != cudaSuccess)
                 return cuda_fail(err, "cudaFuncSetAttribute", e);
         }
+    for (int f = 0; f < 2; f++) {
+        const void *fn = f ? (const void *)b12x_small_kernel<true> : (const void *)b12x_small_kernel<false>;
+        const size_t bytes = f ? SmallSmem<true>::bytes(B12X_MAX_TOPK) : SmallSmem<false>::bytes(B12X_MAX_TOPK);
+        if ((size_t)optin < bytes)
+            return err(MLART_ENOTSUP,
+                       "b12x_mla_sparse: kernels need %zu bytes of shared memory per block, "
+                       "device %d allows %d",
+                       bytes, dev, optin);
+        e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+        if (e != cudaSuccess)
+            return cuda_fail(err, "cudaFuncSetAttribute", e);
+    }
+    e = (cudaError_t)b12x_wgmma_setup(); /* b12x_wgmma.cu: its shared memory, MLART_B12X_WGMMA */
+    if (e != cudaSuccess)
+        return cuda_fail(err, "wgmma kernel setup", e);
     *num_sms = sms;
     return 0;
 }
@@ -888,8 +1196,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
         return err(MLART_ELAYOUT,
                    "b12x_mla_sparse: attn_out rows must be 8-byte aligned with inner stride 1");
 
-    if (tune && (tune->pb < 0 || tune->pb > 2 || tune->combine < 0 || tune->combine > 2 ||
-                 tune->parts < 0 || tune->parts > 3))
+    if (tune && (tune->combine < 0 || tune->combine > 2 || tune->parts < 0 || tune->parts > 3))
         return err(MLART_EINVAL, "b12x_mla_sparse: tuning values out of range");
     b12x_split sp = b12x_attend_split(T, H, g->topk, num_sms);
     if (tune && tune->splits > 0) {
@@ -904,7 +1211,6 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
      * half the multiprocessors (measured: docs/PERF.md, attention). */
     const int combine =
         tune && tune->combine ? tune->combine : (2 * (int64_t)T * H <= num_sms ? 2 : 1);
-    const int pb_tune = tune ? tune->pb : 0;
     const bool pdl = tune ? tune->pdl != 0 : true;
     AttendArgs a;
     a.q = (const __nv_bfloat16 *)q->data;
@@ -954,6 +1260,10 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
 
     const int full = H / HEAD_TILE, rem = H % HEAD_TILE;
     const int chunk = sp.blocks_per_split * BN;
+#ifdef B12X_PROFILE
+    prof_main_blocks = T * (full + (rem ? 1 : 0)) * sp.splits; /* tile 0 comes first in the table */
+    prof_cb_blocks = sp.splits > 1 ? T * H * (combine == 1 ? 1 : KV_L / 128) : 0;
+#endif
     cudaStream_t st = (cudaStream_t)stream;
     cudaError_t e = cudaSuccess;
     for (int part = 0; part < 2 && (parts & 1) && e == cudaSuccess; part++) {
@@ -962,11 +1272,23 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
             continue;
         const int rt = part == 0 ? 4 : (rem + 15) / 16;
         size_t smem;
-        /* Two blocks at once pays only on long chunks (>= 16 blocks: T >= 32
-         * at 16 heads, 1-8% faster; up to 10% slower on shorter ones,
-         * measured: docs/PERF.md). */
-        const int pb = rt != 1 ? 1 : pb_tune ? pb_tune : sp.blocks_per_split >= 16 ? 2 : 1;
-        attend_kernel_fn fn = pick_kernel(fp8, rt, pb, chunk, &smem);
+        /* 64-head tiles (every tile with MLART_B12X_WGMMA=2) on the wgmma
+         * kernel, b12x_wgmma.cu */
+        const int wmode = b12x_wgmma_mode();
+        if (wmode == 2 || (wmode == 1 && part == 0)) {
+            e = (cudaError_t)b12x_wgmma_launch(s, sp.splits, sp.blocks_per_split,
+                                               part == 0 ? 0 : full, tiles, a.ws_o, a.ws_lse,
+                                               pdl, stream);
+            continue;
+        }
+        attend_kernel_fn fn;
+        if (rt == 1) {
+            /* one row tile: all eight warps on each block (b12x_small_kernel) */
+            fn = fp8 ? b12x_small_kernel<true> : b12x_small_kernel<false>;
+            smem = fp8 ? SmallSmem<true>::bytes(chunk) : SmallSmem<false>::bytes(chunk);
+        } else {
+            fn = pick_kernel(fp8, rt, chunk, &smem);
+        }
         a.tile_base = part == 0 ? 0 : full;
         e = launch(fn, dim3((unsigned)T, (unsigned)tiles, (unsigned)sp.splits), NTHREADS, smem, st,
                    pdl, a);
@@ -987,6 +1309,65 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
         return cuda_fail(err, "launch", e);
     return 0;
 }
+
+#ifdef B12X_PROFILE
+static double prof_pick(double *v, int n, double q)
+{
+    for (int i = 1; i < n; i++) /* insertion sort: a few thousand values */
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            const double x = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = x;
+        }
+    return n ? v[(int)(q * (n - 1) + 0.5)] : 0.0;
+}
+
+/* Phase profile of the last launch of the diagnostic build: us from the
+ * first block's entry (global timer) and per-block phase lengths (SM
+ * clock), median / max over blocks. */
+extern "C" void b12x_profile_dump(FILE *f, const char *label)
+{
+    static unsigned long long m[PROF_BLOCKS][8], c[PROF_BLOCKS][2];
+    int clk_khz = 0;
+    if (cudaDeviceSynchronize() != cudaSuccess ||
+        cudaMemcpyFromSymbol(m, b12x_prof_main, sizeof m) != cudaSuccess ||
+        cudaMemcpyFromSymbol(c, b12x_prof_cb, sizeof c) != cudaSuccess)
+        return;
+    cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, 0);
+    const double cyc_us = 1e3 / (clk_khz > 0 ? clk_khz : 1980000);
+    const int nm = prof_main_blocks < PROF_BLOCKS ? prof_main_blocks : PROF_BLOCKS;
+    const int nc = prof_cb_blocks < PROF_BLOCKS ? prof_cb_blocks : PROF_BLOCKS;
+    static double v[8][PROF_BLOCKS];
+    unsigned long long e0 = ~0ull;
+    for (int b = 0; b < nm; b++)
+        e0 = m[b][0] < e0 ? m[b][0] : e0;
+    for (int b = 0; b < nm; b++) {
+        v[0][b] = (m[b][0] - e0) * 1e-3;
+        v[1][b] = (m[b][7] - e0) * 1e-3;
+        v[2][b] = (double)(m[b][1] - m[b][6]) * cyc_us;
+        v[3][b] = (double)(m[b][2] - m[b][1]) * cyc_us;
+        v[4][b] = (double)(m[b][3] - m[b][2]) * cyc_us;
+        v[5][b] = (double)(m[b][4] - m[b][3]) * cyc_us;
+        v[6][b] = (double)(m[b][5] - m[b][4]) * cyc_us;
+    }
+    static const char *names[] = {"entry", "exit", "dep-wait", "slots", "first-blk", "loop", "tail"};
+    fprintf(f, "# profile %s: main %d blocks:", label, nm);
+    for (int k = 0; k < 7; k++) {
+        const double mx = prof_pick(v[k], nm, 1.0), md = prof_pick(v[k], nm, 0.5);
+        fprintf(f, " %s %.2f/%.2f", names[k], md, mx);
+    }
+    if (nc) {
+        double ce[PROF_BLOCKS], cx[PROF_BLOCKS];
+        for (int b = 0; b < nc; b++) {
+            ce[b] = ((double)c[b][0] - (double)e0) * 1e-3;
+            cx[b] = ((double)c[b][1] - (double)e0) * 1e-3;
+        }
+        fprintf(f, "; combine %d blocks: entry %.2f..%.2f exit %.2f/%.2f", nc, prof_pick(ce, nc, 0.0),
+                prof_pick(ce, nc, 1.0), prof_pick(cx, nc, 0.5), prof_pick(cx, nc, 1.0));
+    }
+    fprintf(f, " (us, median/max)\n");
+}
+#endif
 
 extern "C" int b12x_attend_launch(const mlart_step *s, int num_sms, void *stream,
                                   mlart_error_fn err)

@@ -44,17 +44,28 @@ int b12x_attend_launch(const mlart_step *s, int num_sms, void *stream, mlart_err
  * workspace must hold it: splits x T x H x 513 floats); `parts` 1 = the main
  * kernel only, 2 = the combine only, 3 = both; `combine` 1 = whole-row
  * combine blocks, 2 = quarter-row blocks; `pdl` 0 launches without
- * programmatic dependent launch; `pb` 1 or 2 pipeline blocks computed at
- * once by a one-row-tile (<= 16 heads) launch. */
+ * programmatic dependent launch. */
 typedef struct b12x_tune {
     int splits;
     int parts;
     int combine;
     int pdl;
-    int pb;
 } b12x_tune;
 int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const b12x_tune *tune, void *stream,
                              mlart_error_fn err);
+
+/* The wgmma kernel (b12x_wgmma.cu, sm_90a) for tiles of up to 64 heads.
+ * Setup raises its shared-memory limit and reads MLART_B12X_WGMMA (0: never
+ * used, 1: full 64-head tiles, 2: every tile; default 1) for
+ * b12x_wgmma_mode().  Launch covers head tiles [tile_base, tile_base +
+ * tiles) of the step with the given split (partials into ws_o / ws_lse in
+ * the mma.sync kernel's layout when splits > 1; the caller runs the
+ * combine).  Both return a cudaError_t. */
+int b12x_wgmma_setup(void);
+int b12x_wgmma_mode(void);
+size_t b12x_wgmma_smem(void);
+int b12x_wgmma_launch(const mlart_step *s, int splits, int blocks_per_split, int tile_base,
+                      int tiles, float *ws_o, float *ws_lse, int pdl, void *stream);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,7 @@
  * row, for both formats (fp8 records are dequantised exactly, so the format
  * does not change the bound); LSE within 1e-3 relative; -inf and zero rows
  * exactly where no slot is valid. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <check.h>
 #include <cuda_runtime.h>
 
@@ -197,6 +198,46 @@ START_TEST(test_awkward)
 }
 END_TEST
 
+/* Both kernels of 64-head tiles on the same shapes: the wgmma kernel
+ * (b12x_wgmma.cu; MLART_B12X_WGMMA=1, the default, for full tiles, =2 also
+ * for the last partial tile) and the mma.sync kernel (=0).  The variable is
+ * read when the backend is created; each test runs in its own process.
+ * Holes, duplicates, page-boundary positions and seq_len < topk come with
+ * every step (attn_host_make); empty rows, several tokens per request and
+ * out-of-range indices per shape. */
+START_TEST(test_wgmma)
+{
+    static const char *modes[3] = {"1", "2", "0"};
+    const mlart_kv_format fmt = g_fmts[_i % 2];
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 31) * 0x9E3779B97F4A7C15ull;
+    shared_cache c;
+    cudaStream_t st;
+    setenv("MLART_B12X_WGMMA", modes[_i / 2], 1);
+    ATTN_CUDA(cudaStreamCreate(&st));
+    cache_open(&c, fmt, &rng);
+    const attn_shape shapes[] = {
+        {1, 64, 2048, fmt, 1, 0, 0, 0.0417f},   /* split + combine */
+        {3, 128, 576, fmt, 1, 1, 0, 0.3f},
+        {9, 64, 64, fmt, 1, 1, 0, 0.0417f},
+        {64, 128, 2048, fmt, 1, 1, 0, 0.0417f}, /* one pass, two tiles */
+        {64, 64, 576, fmt, 1, 1, 0, 0.3f},
+        {75, 128, 64, fmt, 3, 1, 1, 0.3f},      /* shared requests, out of range */
+        {16, 64, 2048, fmt, 4, 1, 1, 0.0417f},
+        {5, 100, 100, fmt, 1, 1, 0, 0.0417f},   /* 64 + 36 heads, topk % 32 != 0 */
+        {7, 80, 2048, fmt, 1, 1, 0, 0.1f},      /* 64 + 16 heads */
+        {2, 33, 1, fmt, 1, 0, 0, 0.0417f},      /* one partial tile, topk 1 */
+        {4, 127, 576, fmt, 1, 1, 0, 0.0417f},   /* 64 + 63 heads */
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        check_step(&shapes[i], c.host, c.dev, &rng, st);
+    printf("64-head tiles, MLART_B12X_WGMMA=%s, %s: %zu shapes match (seed 0x%llx)\n",
+           modes[_i / 2], mlart_kv_format_name(fmt), sizeof shapes / sizeof shapes[0],
+           (unsigned long long)g_seed);
+    cache_close(&c);
+    cudaStreamDestroy(st);
+}
+END_TEST
+
 /* Graph capture + replay equals the eager call bit for bit, also after the
  * indices change in place (the graph reads the persistent buffers). */
 START_TEST(test_graph)
@@ -209,8 +250,9 @@ START_TEST(test_graph)
     const attn_shape shapes[] = {
         {3, 16, 2048, g_fmts[_i], 1, 1, 0, 0.0417f},   /* split + combine */
         {64, 128, 2048, g_fmts[_i], 1, 1, 0, 0.0417f}, /* one pass, two head tiles */
+        {16, 16, 2048, g_fmts[_i], 1, 1, 0, 0.0417f},  /* small-head kernel, 8 splits */
     };
-    for (size_t i = 0; i < 2; i++) {
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         attn_host h, h2;
         attn_dev d;
         attn_result eager, replay, ref;
@@ -366,6 +408,10 @@ int main(void)
     tcase_add_loop_test(tc, test_awkward, 0, 2);
     tcase_add_loop_test(tc, test_graph, 0, 2);
     tcase_add_test(tc, test_bad_input);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("wgmma");
+    tcase_set_timeout(tc, 240);
+    tcase_add_loop_test(tc, test_wgmma, 0, 6);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_FORK);
