@@ -8,7 +8,7 @@ if(MLART_WITH_CUDA)
                                                       ${CUDAToolkit_INCLUDE_DIRS})
 
   mlart_test(ops_bmm_gpu LABELS gpu TIMEOUT 900 SOURCES gpu/ops_bmm_test.c)
-  mlart_test(ops_guard_gpu LABELS gpu TIMEOUT 600 SOURCES gpu/ops_guard_test.c LIBS mlart_guard_alloc)
+  mlart_test(ops_guard_gpu LABELS gpu TIMEOUT 1800 SOURCES gpu/ops_guard_test.c LIBS mlart_guard_alloc)
   mlart_test(ops_guard_cublas LABELS gpu TIMEOUT 600 SOURCES gpu/ops_guard_cublas.c
              LIBS mlart_guard_alloc CUDA::cublas)
 endif()

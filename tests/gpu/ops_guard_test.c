@@ -2,8 +2,9 @@
  * (tests/gpu/guard_alloc.h) with its span ending exactly at the end of the
  * mapped memory and the next granule unmapped.  Any byte read or written past
  * the span is an illegal address that fails the launch's synchronisation.
- * Every kernel path runs on every shape of a reduced matrix, and the guarded
- * result must equal, bit for bit, the result with ordinary allocations. */
+ * Every kernel path runs on every shape of the test matrix of the ops (the
+ * T and H lists of ops_bmm_test.c, both P, both V), and the guarded result
+ * must equal, bit for bit, the result with ordinary allocations. */
 #define _DEFAULT_SOURCE /* fork, mmap flags */
 #include <check.h>
 
@@ -14,8 +15,8 @@
 
 static uint64_t g_seed;
 
-static const int64_t k_T[] = {1, 3, 16, 64, 75, 256};
-static const int64_t k_H[] = {1, 11, 128};
+static const int64_t k_T[] = {1, 2, 3, 6, 9, 11, 16, 64, 75, 256, 8192};
+static const int64_t k_H[] = {1, 8, 11, 16, 32, 64, 128};
 
 enum { PL_A, PL_W, PL_C, PL_FUSED, PL_COUNT };
 static const char *const k_pl_name[] = {"a (q_nope view / x)", "w", "out view", "q and q_mqa (fused q_pe)"};
@@ -173,7 +174,7 @@ START_TEST(guard_matrix)
             guard_shape(&q, &rng);
             guard_shape(&x, &rng);
         }
-    printf("guard pages, T=%lld, H in {1,11,128}, P in {128,192}, V in {128,256}: %d guarded runs "
+    printf("guard pages, T=%lld, H in {1,8,11,16,32,64,128}, P in {128,192}, V in {128,256}: %d guarded runs "
            "(q_nope view, w, out view, fused q/q_mqa; paths auto/stream/persistent stream/tiled 64 and 128/generic/direct x4/wgmma x3), 0 faults, "
            "bits equal to ordinary allocations (granularity %zu, seed %#llx)\n",
            (long long)k_T[_i], g_runs, mlart_guard_granularity(), (unsigned long long)g_seed);
@@ -223,7 +224,7 @@ int main(void)
     printf("ops_guard_gpu: seed %#llx (rerun with MLART_SEED)\n", (unsigned long long)g_seed);
     s = suite_create("ops_guard_gpu");
     tc = tcase_create("guard");
-    tcase_set_timeout(tc, 300);
+    tcase_set_timeout(tc, 600); /* T = 8192: 1.2 GB outputs, every path, four placements */
     tcase_add_test(tc, guard_catches_overread);
     tcase_add_loop_test(tc, guard_matrix, 0, (int)(sizeof k_T / sizeof k_T[0]));
     suite_add_tcase(s, tc);

@@ -23,7 +23,7 @@ run() { # name limit command...
     [ $rc -eq 0 ] || status=1
 }
 
-run ops_guard_gpu 60 "$build/tests/ops_guard_gpu"
+run ops_guard_gpu 300 "$build/tests/ops_guard_gpu"
 run bench 150 "$build/apps/mlart-bench/mlart-bench" --json "$out/bench.json" "$@"
 grep -E "^# (mlart|NVIDIA|device)|geomean|worst|wrong results" "$out/bench.log"
 run ops_guard_cublas 60 "$build/tests/ops_guard_cublas"
