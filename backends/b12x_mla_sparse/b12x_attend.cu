@@ -40,8 +40,11 @@
 #include <stdio.h>
 
 #include "backends/b12x_mla_sparse/b12x_attend.h"
+#include "backends/b12x_mla_sparse/b12x_common.cuh"
 
 namespace {
+
+using b12x::AttendArgs;
 
 constexpr int KV_L = B12X_KV_LORA;
 constexpr int KV_D = B12X_KV_LORA + B12X_ROPE;  /* 576 */
@@ -54,7 +57,6 @@ constexpr int NTHREADS = 256;
 constexpr int HEAD_TILE = 64;
 constexpr int MAX_SPLITS = 64;
 constexpr float LN2 = 0.69314718055994530942f;
-constexpr float LOG2E = 1.44269504088896340736f;
 
 static_assert(FP8_BYTES % 16 == 0, "fp8 records must be whole 16-byte pieces");
 
@@ -92,32 +94,6 @@ __device__ __forceinline__ unsigned long long prof_gt()
 #endif
 static_assert(BN * ROW_CHUNKS % NTHREADS == 0, "bf16 gather assumes whole rounds");
 
-struct AttendArgs {
-    const __nv_bfloat16 *q;
-    int64_t q_st, q_sh;
-    const uint8_t *kv;
-    int64_t kv_row, num_slots;
-    const int32_t *idx;
-    int64_t idx_st, idx_sk;
-    const int32_t *req;
-    int64_t req_s;
-    const int32_t *seq;
-    int64_t seq_s;
-    const int32_t *bt;
-    int64_t bt_sb, bt_sk, max_blocks;
-    __nv_bfloat16 *out;
-    int64_t o_sh, o_st;
-    float *lse;
-    int64_t l_sh, l_st;
-    float *ws_o;   /* [splits][T][H][512] when splits > 1 */
-    float *ws_lse; /* [splits][T][H] */
-    int T, H, B, topk, page;
-    int tile_base;        /* first head tile of this launch */
-    int blocks_per_split; /* pipeline blocks per chunk */
-    int splits;
-    float scale_log2;     /* softmax scale * log2(e) */
-};
-
 /* Shared-memory map of one thread block (byte offsets, all 16-aligned). */
 template <bool FP8, int RT> struct Smem {
     static_assert(RT >= 2 && RT <= 4, "one row tile runs b12x_small_kernel");
@@ -145,32 +121,11 @@ template <bool FP8, int RT> struct Smem {
     static_assert(bytes(B12X_MAX_TOPK) <= 232448, "over the sm_90 shared memory per block");
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes));
-}
-
-__device__ __forceinline__ void cp_async_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
-template <int N> __device__ __forceinline__ void cp_async_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void st_shared16(uint32_t addr, uint4 v)
-{
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
-                 "r"(v.z), "r"(v.w));
-}
+using b12x::cp_async16;
+using b12x::cp_async_commit;
+using b12x::cp_async_wait;
+using b12x::smem_u32;
+using b12x::st_shared16;
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr)
 {
@@ -245,52 +200,6 @@ __device__ __forceinline__ uint32_t sw_off(int r, int c)
     return (uint32_t)(r * ROW_BYTES + ((c ^ (r & 7)) << 4));
 }
 
-/* Physical slot of every index of a chunk (s_slot[k] for index k0 + k, k <
- * n), -1 where it selects nothing.  Anything out of range reads as empty;
- * the host validates when asked.  The loads are ordered so that only two
- * round trips to memory are dependent: the request and every index of the
- * chunk, then its sequence length and every block-table entry (read for
- * any index in [0, max_blocks * page), the length check comes after). */
-__device__ __forceinline__ void resolve_slots(const AttendArgs &a, int t, int k0, int kend, int n,
-                                              int32_t *s_slot)
-{
-    constexpr int PER = B12X_MAX_TOPK / NTHREADS;
-    const int tid = threadIdx.x;
-    const int b = a.req[(int64_t)t * a.req_s];
-    int iv[PER];
-#pragma unroll
-    for (int u = 0; u < PER; u++) {
-        const int k = tid + u * NTHREADS;
-        iv[u] = k < n && k0 + k < kend ? a.idx[(int64_t)t * a.idx_st + (int64_t)(k0 + k) * a.idx_sk]
-                                       : -1;
-    }
-    const bool b_ok = b >= 0 && b < a.B;
-    const int len = b_ok ? a.seq[(int64_t)b * a.seq_s] : 0;
-    int pb[PER];
-#pragma unroll
-    for (int u = 0; u < PER; u++) {
-        const int i = iv[u];
-        const int blk = i >= 0 ? i / a.page : 0;
-        pb[u] = b_ok && i >= 0 && blk < a.max_blocks
-                    ? a.bt[(int64_t)b * a.bt_sb + (int64_t)blk * a.bt_sk]
-                    : -1;
-    }
-#pragma unroll
-    for (int u = 0; u < PER; u++) {
-        const int k = tid + u * NTHREADS;
-        if (k < n) {
-            const int i = iv[u];
-            int slot = -1;
-            if (i >= 0 && i < len && pb[u] >= 0) {
-                const int64_t phys = (int64_t)pb[u] * a.page + (i - (i / a.page) * a.page);
-                if (phys < a.num_slots)
-                    slot = (int)phys;
-            }
-            s_slot[k] = slot;
-        }
-    }
-}
-
 /* Gather the 32 rows of one pipeline block (slots[0..31]) into a stage:
  * bf16 rows swizzled (sw_off), fp8 records as they are; empty slots are
  * zero-filled without reading. */
@@ -361,7 +270,7 @@ __device__ __forceinline__ void load_query_and_slots(const AttendArgs &a, uint32
             st_shared16(sbase + sw_off(r, c), make_uint4(0, 0, 0, 0));
     }
     cp_async_commit();
-    resolve_slots(a, t, k0, kend, nblk * BN, s_slot);
+    b12x::resolve_slots<NTHREADS>(a, t, k0, kend, nblk * BN, s_slot);
     __syncthreads();
 }
 
@@ -1213,39 +1122,9 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
         tune && tune->combine ? tune->combine : (2 * (int64_t)T * H <= num_sms ? 2 : 1);
     const bool pdl = tune ? tune->pdl != 0 : true;
     AttendArgs a;
-    a.q = (const __nv_bfloat16 *)q->data;
-    a.q_st = q->stride[0];
-    a.q_sh = q->stride[1];
-    a.kv = (const uint8_t *)kv->data;
-    a.kv_row = kv->stride[0];
-    a.num_slots = kv->shape[0];
-    a.idx = (const int32_t *)s->idx.data;
-    a.idx_st = s->idx.stride[0];
-    a.idx_sk = s->idx.stride[1];
-    a.req = (const int32_t *)s->req_of_token.data;
-    a.req_s = s->req_of_token.stride[0];
-    a.seq = (const int32_t *)s->seq_lens.data;
-    a.seq_s = s->seq_lens.stride[0];
-    a.bt = (const int32_t *)s->block_table.data;
-    a.bt_sb = s->block_table.stride[0];
-    a.bt_sk = s->block_table.stride[1];
-    a.max_blocks = s->block_table.shape[1];
-    a.out = (__nv_bfloat16 *)out->data;
-    a.o_sh = out->stride[0];
-    a.o_st = out->stride[1];
-    a.lse = (float *)s->lse.data;
-    a.l_sh = s->lse.stride[0];
-    a.l_st = s->lse.stride[1];
-    a.ws_o = NULL;
-    a.ws_lse = NULL;
-    a.T = T;
-    a.H = H;
-    a.B = s->B;
-    a.topk = g->topk;
-    a.page = g->page_size;
+    b12x::args_from_step(&a, s);
     a.blocks_per_split = sp.blocks_per_split;
     a.splits = sp.splits;
-    a.scale_log2 = g->softmax_scale * LOG2E;
     if (sp.splits > 1) {
         const size_t rows = (size_t)sp.splits * T * H;
         const size_t need = rows * KV_L * sizeof(float) + rows * sizeof(float);

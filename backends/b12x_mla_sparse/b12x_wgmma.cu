@@ -48,6 +48,7 @@
 #include <stdlib.h>
 
 #include "backends/b12x_mla_sparse/b12x_attend.h"
+#include "backends/b12x_mla_sparse/b12x_common.cuh"
 
 namespace {
 
@@ -61,33 +62,8 @@ constexpr int HT = 64;                           /* heads per tile = wgmma M */
 constexpr int NTHREADS = 256;
 constexpr int KSTEPS = KV_D / 16;                /* 36 k-steps of Q K^T */
 constexpr float LN2 = 0.69314718055994530942f;
-constexpr float LOG2E = 1.44269504088896340736f;
 
-struct WgArgs {
-    const __nv_bfloat16 *q;
-    int64_t q_st, q_sh;
-    const uint8_t *kv;
-    int64_t kv_row, num_slots;
-    const int32_t *idx;
-    int64_t idx_st, idx_sk;
-    const int32_t *req;
-    int64_t req_s;
-    const int32_t *seq;
-    int64_t seq_s;
-    const int32_t *bt;
-    int64_t bt_sb, bt_sk, max_blocks;
-    __nv_bfloat16 *out;
-    int64_t o_sh, o_st;
-    float *lse;
-    int64_t l_sh, l_st;
-    float *ws_o;   /* [splits][T][H][512] when splits > 1 */
-    float *ws_lse; /* [splits][T][H] */
-    int T, H, B, topk, page;
-    int tile_base;
-    int blocks_per_split;
-    int splits;
-    float scale_log2;
-};
+using WgArgs = b12x::AttendArgs;
 
 /* Shared-memory map (byte offsets from a 1024-aligned base; the 128-byte
  * swizzle repeats every 1024 bytes and the descriptors assume it starts on
@@ -121,33 +97,11 @@ template <bool FP8> struct WgSmem {
 /* Named barriers (0 is __syncthreads). */
 enum { BAR_FULL = 1, BAR_EMPTY = 4, BAR_PFULL = 7, BAR_PEMPTY = 9, BAR_LOAD = 11 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes));
-}
-
-__device__ __forceinline__ void cp_async_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
-template <int N> __device__ __forceinline__ void cp_async_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void st_shared16(uint32_t addr, uint4 v)
-{
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
-                 "r"(v.z), "r"(v.w)
-                 : "memory");
-}
+using b12x::cp_async16;
+using b12x::cp_async_commit;
+using b12x::cp_async_wait;
+using b12x::smem_u32;
+using b12x::st_shared16;
 
 __device__ __forceinline__ void st_shared32(uint32_t addr, uint32_t v)
 {
@@ -425,48 +379,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_wgmma_kernel(const WgArgs a)
     }
     cp_async_commit();
 
-    /* Physical slot of every index of the chunk, -1 where it selects
-     * nothing (out of range reads as empty), in two dependent rounds of
-     * loads: the request and the indices, then the sequence length and the
-     * block-table entries. */
-    {
-        constexpr int PER = B12X_MAX_TOPK / NTHREADS;
-        const int n = nblk * BN;
-        const int b = a.req[(int64_t)t * a.req_s];
-        int iv[PER];
-#pragma unroll
-        for (int u = 0; u < PER; u++) {
-            const int k = tid + u * NTHREADS;
-            iv[u] = k < n && k0 + k < kend
-                        ? a.idx[(int64_t)t * a.idx_st + (int64_t)(k0 + k) * a.idx_sk]
-                        : -1;
-        }
-        const bool b_ok = b >= 0 && b < a.B;
-        const int len = b_ok ? a.seq[(int64_t)b * a.seq_s] : 0;
-        int pb[PER];
-#pragma unroll
-        for (int u = 0; u < PER; u++) {
-            const int i = iv[u];
-            const int blk = i >= 0 ? i / a.page : 0;
-            pb[u] = b_ok && i >= 0 && blk < a.max_blocks
-                        ? a.bt[(int64_t)b * a.bt_sb + (int64_t)blk * a.bt_sk]
-                        : -1;
-        }
-#pragma unroll
-        for (int u = 0; u < PER; u++) {
-            const int k = tid + u * NTHREADS;
-            if (k < n) {
-                const int i = iv[u];
-                int slot = -1;
-                if (i >= 0 && i < len && pb[u] >= 0) {
-                    const int64_t phys = (int64_t)pb[u] * a.page + (i - (i / a.page) * a.page);
-                    if (phys < a.num_slots)
-                        slot = (int)phys;
-                }
-                s_slot[k] = slot;
-            }
-        }
-    }
+    b12x::resolve_slots<NTHREADS>(a, t, k0, kend, nblk * BN, s_slot);
     if (FP8 && tid == 0) {
         for (int i = 0; i < S::NR; i++)
             mbar_init(sb + S::OFF_MBAR + 8 * i, 1);
@@ -879,43 +792,14 @@ extern "C" int b12x_wgmma_launch(const mlart_step *s, int splits, int blocks_per
                                  void *stream)
 {
     const mlart_geometry *g = &s->geom;
-    const mlart_tensor *q = &s->q_mqa, *kv = &s->kv_cache, *out = &s->attn_out;
     const bool fp8 = g->kv_format == MLART_KV_FP8_DS_MLA;
     WgArgs a;
-    a.q = (const __nv_bfloat16 *)q->data;
-    a.q_st = q->stride[0];
-    a.q_sh = q->stride[1];
-    a.kv = (const uint8_t *)kv->data;
-    a.kv_row = kv->stride[0];
-    a.num_slots = kv->shape[0];
-    a.idx = (const int32_t *)s->idx.data;
-    a.idx_st = s->idx.stride[0];
-    a.idx_sk = s->idx.stride[1];
-    a.req = (const int32_t *)s->req_of_token.data;
-    a.req_s = s->req_of_token.stride[0];
-    a.seq = (const int32_t *)s->seq_lens.data;
-    a.seq_s = s->seq_lens.stride[0];
-    a.bt = (const int32_t *)s->block_table.data;
-    a.bt_sb = s->block_table.stride[0];
-    a.bt_sk = s->block_table.stride[1];
-    a.max_blocks = s->block_table.shape[1];
-    a.out = (__nv_bfloat16 *)out->data;
-    a.o_sh = out->stride[0];
-    a.o_st = out->stride[1];
-    a.lse = (float *)s->lse.data;
-    a.l_sh = s->lse.stride[0];
-    a.l_st = s->lse.stride[1];
+    b12x::args_from_step(&a, s);
     a.ws_o = ws_o;
     a.ws_lse = ws_lse;
-    a.T = s->T;
-    a.H = g->heads;
-    a.B = s->B;
-    a.topk = g->topk;
-    a.page = g->page_size;
     a.tile_base = tile_base;
     a.blocks_per_split = blocks_per_split;
     a.splits = splits;
-    a.scale_log2 = g->softmax_scale * LOG2E;
 
     const int chunk = blocks_per_split * BN;
     cudaLaunchConfig_t cfg;

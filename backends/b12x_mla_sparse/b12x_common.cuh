@@ -1,0 +1,168 @@
+/* What the two b12x kernel files share (b12x_attend.cu: the mma.sync
+ * kernels and the combine; b12x_wgmma.cu: the wgmma kernel): the launch
+ * arguments, filled from a step, and the resolution of a chunk's indices
+ * to physical cache slots.  CUDA C++; nothing outside this folder
+ * includes it. */
+#ifndef MLART_BACKENDS_B12X_COMMON_CUH
+#define MLART_BACKENDS_B12X_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "backends/b12x_mla_sparse/b12x_attend.h"
+
+namespace b12x {
+
+constexpr float LOG2E = 1.44269504088896340736f;
+
+/* One launch of a b12x kernel (passed by value). */
+struct AttendArgs {
+    const __nv_bfloat16 *q;
+    int64_t q_st, q_sh;
+    const uint8_t *kv;
+    int64_t kv_row, num_slots;
+    const int32_t *idx;
+    int64_t idx_st, idx_sk;
+    const int32_t *req;
+    int64_t req_s;
+    const int32_t *seq;
+    int64_t seq_s;
+    const int32_t *bt;
+    int64_t bt_sb, bt_sk, max_blocks;
+    __nv_bfloat16 *out;
+    int64_t o_sh, o_st;
+    float *lse;
+    int64_t l_sh, l_st;
+    float *ws_o;   /* [splits][T][H][512] when splits > 1 */
+    float *ws_lse; /* [splits][T][H] */
+    int T, H, B, topk, page;
+    int tile_base;        /* first head tile of this launch */
+    int blocks_per_split; /* pipeline blocks (32 slots) per chunk */
+    int splits;
+    float scale_log2;     /* softmax scale * log2(e) */
+};
+
+/* Every field that comes from the step; the caller sets the split, the
+ * tile base and the workspace pointers. */
+inline void args_from_step(AttendArgs *a, const mlart_step *s)
+{
+    const mlart_geometry *g = &s->geom;
+    const mlart_tensor *q = &s->q_mqa, *kv = &s->kv_cache, *out = &s->attn_out;
+    a->q = (const __nv_bfloat16 *)q->data;
+    a->q_st = q->stride[0];
+    a->q_sh = q->stride[1];
+    a->kv = (const uint8_t *)kv->data;
+    a->kv_row = kv->stride[0];
+    a->num_slots = kv->shape[0];
+    a->idx = (const int32_t *)s->idx.data;
+    a->idx_st = s->idx.stride[0];
+    a->idx_sk = s->idx.stride[1];
+    a->req = (const int32_t *)s->req_of_token.data;
+    a->req_s = s->req_of_token.stride[0];
+    a->seq = (const int32_t *)s->seq_lens.data;
+    a->seq_s = s->seq_lens.stride[0];
+    a->bt = (const int32_t *)s->block_table.data;
+    a->bt_sb = s->block_table.stride[0];
+    a->bt_sk = s->block_table.stride[1];
+    a->max_blocks = s->block_table.shape[1];
+    a->out = (__nv_bfloat16 *)out->data;
+    a->o_sh = out->stride[0];
+    a->o_st = out->stride[1];
+    a->lse = (float *)s->lse.data;
+    a->l_sh = s->lse.stride[0];
+    a->l_st = s->lse.stride[1];
+    a->ws_o = NULL;
+    a->ws_lse = NULL;
+    a->T = s->T;
+    a->H = g->heads;
+    a->B = s->B;
+    a->topk = g->topk;
+    a->page = g->page_size;
+    a->tile_base = 0;
+    a->blocks_per_split = 1;
+    a->splits = 1;
+    a->scale_log2 = g->softmax_scale * LOG2E; /* exp2 units */
+}
+
+/* Shared-memory address and the cp.async / store forms both use.  The
+ * "memory" clobbers keep the compiler from moving shared-memory accesses
+ * across a wait or a store it cannot see. */
+__device__ __forceinline__ uint32_t smem_u32(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes));
+}
+
+__device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <int N> __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void st_shared16(uint32_t addr, uint4 v)
+{
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
+                 "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
+/* Physical slot of every index of a chunk (s_slot[k] for index k0 + k, k <
+ * n), -1 where it selects nothing, by the NT threads of the block.
+ * Anything out of range reads as empty; the host validates when asked.
+ * The loads are ordered so that only two round trips to memory are
+ * dependent: the request and every index of the chunk, then its sequence
+ * length and every block-table entry (read for any index in
+ * [0, max_blocks * page), the length check comes after). */
+template <int NT>
+__device__ __forceinline__ void resolve_slots(const AttendArgs &a, int t, int k0, int kend, int n,
+                                              int32_t *s_slot)
+{
+    constexpr int PER = B12X_MAX_TOPK / NT;
+    const int tid = threadIdx.x;
+    const int b = a.req[(int64_t)t * a.req_s];
+    int iv[PER];
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        const int k = tid + u * NT;
+        iv[u] = k < n && k0 + k < kend ? a.idx[(int64_t)t * a.idx_st + (int64_t)(k0 + k) * a.idx_sk]
+                                       : -1;
+    }
+    const bool b_ok = b >= 0 && b < a.B;
+    const int len = b_ok ? a.seq[(int64_t)b * a.seq_s] : 0;
+    int pb[PER];
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        const int i = iv[u];
+        const int blk = i >= 0 ? i / a.page : 0;
+        pb[u] = b_ok && i >= 0 && blk < a.max_blocks
+                    ? a.bt[(int64_t)b * a.bt_sb + (int64_t)blk * a.bt_sk]
+                    : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        const int k = tid + u * NT;
+        if (k < n) {
+            const int i = iv[u];
+            int slot = -1;
+            if (i >= 0 && i < len && pb[u] >= 0) {
+                const int64_t phys = (int64_t)pb[u] * a.page + (i - (i / a.page) * a.page);
+                if (phys < a.num_slots)
+                    slot = (int)phys;
+            }
+            s_slot[k] = slot;
+        }
+    }
+}
+
+} /* namespace b12x */
+
+#endif
