@@ -166,30 +166,10 @@ __device__ __forceinline__ void pair_sync(int p)
     asm volatile("bar.sync %0, 64;\n" ::"r"(p + 1));
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
-{
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-
-__device__ __forceinline__ float bf16_lo(uint32_t v)
-{
-    return __uint_as_float(v << 16);
-}
-
-__device__ __forceinline__ float bf16_hi(uint32_t v)
-{
-    return __uint_as_float(v & 0xffff0000u);
-}
-
-/* Two e4m3 values (low byte first) times a power-of-two scale, as bf16x2.
- * Exact: e4m3 has 3 mantissa bits, bf16 has 7. */
-__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two, float scale)
-{
-    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
-    float2 f = __half22float2(*reinterpret_cast<__half2 *>(&h));
-    return pack_bf16(f.x * scale, f.y * scale);
-}
+using b12x::bf16_hi;
+using b12x::bf16_lo;
+using b12x::e4m3x2_to_bf16x2;
+using b12x::pack_bf16;
 
 /* Byte offset of 16-byte piece c of row r in a swizzled 1152-byte-row
  * matrix: the XOR spreads the 8 rows an ldmatrix phase reads over all 32

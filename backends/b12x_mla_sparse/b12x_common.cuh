@@ -7,6 +7,8 @@
 #define MLART_BACKENDS_B12X_COMMON_CUH
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 
 #include "backends/b12x_mla_sparse/b12x_attend.h"
@@ -113,6 +115,32 @@ __device__ __forceinline__ void st_shared16(uint32_t addr, uint4 v)
     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
                  "r"(v.z), "r"(v.w)
                  : "memory");
+}
+
+/* bf16x2 packing and unpacking (low half first), and two e4m3 values (low
+ * byte first) times a power-of-two scale as bf16x2: exact, since e4m3 has
+ * 3 mantissa bits and bf16 has 7. */
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+__device__ __forceinline__ float bf16_lo(uint32_t v)
+{
+    return __uint_as_float(v << 16);
+}
+
+__device__ __forceinline__ float bf16_hi(uint32_t v)
+{
+    return __uint_as_float(v & 0xffff0000u);
+}
+
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two, float scale)
+{
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
+    float2 f = __half22float2(*reinterpret_cast<__half2 *>(&h));
+    return pack_bf16(f.x * scale, f.y * scale);
 }
 
 /* Physical slot of every index of a chunk (s_slot[k] for index k0 + k, k <

@@ -278,11 +278,10 @@ __device__ __forceinline__ void wgmma_ss_n256(float (&d)[128], uint64_t da, uint
                  : "l"(da), "l"(db), "n"(1));
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
-{
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
+using b12x::bf16_hi;
+using b12x::bf16_lo;
+using b12x::e4m3x2_to_bf16x2;
+using b12x::pack_bf16;
 
 /* 2^x on the special-function unit (subnormal results flush to 0, far
  * below what a bf16 probability resolves next to the row maximum's 1). */
@@ -291,25 +290,6 @@ __device__ __forceinline__ float fast_exp2(float x)
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
-}
-
-__device__ __forceinline__ float bf16_lo(uint32_t v)
-{
-    return __uint_as_float(v << 16);
-}
-
-__device__ __forceinline__ float bf16_hi(uint32_t v)
-{
-    return __uint_as_float(v & 0xffff0000u);
-}
-
-/* Two e4m3 values (low byte first) times a power-of-two scale, as bf16x2
- * (exact: e4m3 has 3 mantissa bits, bf16 has 7). */
-__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two, float scale)
-{
-    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
-    float2 f = __half22float2(*reinterpret_cast<__half2 *>(&h));
-    return pack_bf16(f.x * scale, f.y * scale);
 }
 
 /* Byte offset of 16-byte piece c (0..71) of row r in a tile of R rows
