@@ -339,6 +339,42 @@ struct Model {
 extern "C" void b12x_profile_dump(FILE *f, const char *label);
 #endif
 
+/* The benchmark's geometry (heads set per row) and a cache of kSlots rows
+ * in that format, filled with random records; NULL (with a message) on
+ * failure. */
+void *open_cache(mlart_kv_format fmt, mlart_geometry *g0)
+{
+    void *kv = NULL;
+    memset(g0, 0, sizeof *g0);
+    g0->heads = 16;
+    g0->qk_nope = 128;
+    g0->rope = 64;
+    g0->kv_lora = 512;
+    g0->v_head = 128;
+    g0->topk = kTopk;
+    g0->page_size = kPage;
+    g0->kv_format = fmt;
+    g0->softmax_scale = 0.0417f;
+    const size_t row_bytes = fmt == MLART_KV_BF16 ? 1152 : 656;
+    if (cudaMalloc(&kv, row_bytes * kSlots) != cudaSuccess || fill_cache(kv, fmt, *g0)) {
+        fprintf(stderr, "mlart-bench attn: cache setup failed\n");
+        cudaFree(kv);
+        return NULL;
+    }
+    return kv;
+}
+
+/* The create() arguments of the b12x backend for a Ctx. */
+void backend_init(const mlart_bench_opts *o, const Ctx *c, mlart_backend_init *init)
+{
+    memset(init, 0, sizeof *init);
+    init->struct_size = sizeof *init;
+    init->device = o->device;
+    init->geom = c->g;
+    init->error = bench_err;
+    init->log = bench_log;
+}
+
 /* One variant of the launch (b12x_tune) on a Ctx, for the tuning table. */
 struct Variant {
     Ctx *c;
@@ -384,24 +420,11 @@ int bench_attn_variants(const mlart_bench_opts *o)
     ref_opts.warmup = 0;
     mlart_bench_table_head(o, &t);
     for (int f = 0; f < 2; f++) {
-        void *kv = NULL;
         mlart_geometry g0;
-        memset(&g0, 0, sizeof g0);
-        g0.heads = 16; /* set per row below */
-        g0.qk_nope = 128;
-        g0.rope = 64;
-        g0.kv_lora = 512;
-        g0.v_head = 128;
-        g0.topk = kTopk;
-        g0.page_size = kPage;
-        g0.kv_format = fmts[f];
-        g0.softmax_scale = 0.0417f;
-        const size_t row_bytes = fmts[f] == MLART_KV_BF16 ? 1152 : 656;
-        if (cudaMalloc(&kv, row_bytes * kSlots) != cudaSuccess || fill_cache(kv, fmts[f], g0)) {
-            fprintf(stderr, "mlart-bench attn: variants: cache setup failed\n");
-            cudaFree(kv);
+        void *kv = open_cache(fmts[f], &g0);
+        if (!kv)
             return -1;
-        }
+        const size_t row_bytes = fmts[f] == MLART_KV_BF16 ? 1152 : 656;
         for (int m = 0; m < 2; m++) {
             Ctx *c = (Ctx *)calloc(1, sizeof(Ctx));
             mlart_backend_init init;
@@ -409,12 +432,7 @@ int bench_attn_variants(const mlart_bench_opts *o)
             c->g.heads = Hs[m];
             c->kv = kv;
             c->vt = mlart_backend_b12x_mla_sparse_vtable();
-            memset(&init, 0, sizeof init);
-            init.struct_size = sizeof init;
-            init.device = o->device;
-            init.geom = c->g;
-            init.error = bench_err;
-            init.log = bench_log;
+            backend_init(o, c, &init);
             c->ws_bytes = (size_t)64 * kMaxT * Hs[m] * 513 * 4;
             if (c->vt->create(&init, &c->state) || cudaMalloc(&c->ws, c->ws_bytes) != cudaSuccess) {
                 if (c->state)
@@ -515,24 +533,11 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
            tc_peak, o->copy_gbs);
     mlart_bench_table_head(o, &t);
     for (int f = 0; f < 2; f++) {
-        void *kv = NULL;
         mlart_geometry g0;
-        memset(&g0, 0, sizeof g0);
-        g0.heads = 16; /* set per model below */
-        g0.qk_nope = 128;
-        g0.rope = 64;
-        g0.kv_lora = 512;
-        g0.v_head = 128;
-        g0.topk = kTopk;
-        g0.page_size = kPage;
-        g0.kv_format = fmts[f];
-        g0.softmax_scale = 0.0417f;
-        const size_t row_bytes = fmts[f] == MLART_KV_BF16 ? 1152 : 656;
-        if (cudaMalloc(&kv, row_bytes * kSlots) != cudaSuccess || fill_cache(kv, fmts[f], g0)) {
-            fprintf(stderr, "mlart-bench attn: cache setup failed\n");
-            cudaFree(kv);
+        void *kv = open_cache(fmts[f], &g0);
+        if (!kv)
             return -1;
-        }
+        const size_t row_bytes = fmts[f] == MLART_KV_BF16 ? 1152 : 656;
         for (int m = 0; m < 3; m++) {
             Ctx *c = (Ctx *)calloc(1, sizeof(Ctx));
             mlart_backend_init init;
@@ -541,12 +546,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
             c->g.heads = models[m].heads;
             c->kv = kv;
             c->vt = mlart_backend_b12x_mla_sparse_vtable();
-            memset(&init, 0, sizeof init);
-            init.struct_size = sizeof init;
-            init.device = o->device;
-            init.geom = c->g;
-            init.error = bench_err;
-            init.log = bench_log;
+            backend_init(o, c, &init);
             memset(&plan, 0, sizeof plan);
             plan.struct_size = sizeof plan;
             plan.geom = c->g;
