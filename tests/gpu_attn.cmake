@@ -2,7 +2,7 @@
 # plain CUDA and host references) and of the CUDA cache write (label gpu:
 # exit 77 without a device).
 if(MLART_WITH_CUDA)
-  mlart_test(attn_backend_gpu LABELS gpu TIMEOUT 600 SOURCES gpu/attn_backend_test.c)
+  mlart_test(attn_backend_gpu LABELS gpu TIMEOUT 600 SOURCES gpu/attn_backend_test.c LIBS mlart_pdl_probe)
   mlart_test(attn_kv_write_gpu LABELS gpu TIMEOUT 300 SOURCES gpu/attn_kv_write_test.c)
 endif()
 # The work split of the sparse attention kernels: host arithmetic only.

@@ -16,6 +16,13 @@
  *            per head, so its inputs sit in L2 either way), median of 3
  *            replays; x_ref = ref / time
  *   err      output NMSE of b12x against the reference (checked <= 1e-4)
+ *   qbmm     the query absorption that writes q_mqa in a layer step
+ *            (P = 128, q_pe copied, weights rotating with the sets)
+ *   in_layer attend() right after it, as in a layer step: time(qbmm +
+ *            attend) - time(qbmm).  The time column follows another
+ *            attend() instead, whose combine lets it start early; here the
+ *            predecessor is the absorption, which lets it start once past
+ *            its own wait
  * With MLART_BENCH_ATTN_VARIANTS=1 in the environment a tuning table
  * follows (bench_attn_variants). */
 #include <cublas_v2.h>
@@ -76,9 +83,12 @@ void bench_log(int level, const char *fmt, ...)
     (void)fmt;
 }
 
-/* One input set: its own query, indices and pages; outputs per backend. */
+/* One input set: its own query, indices and pages; outputs per backend;
+ * for the "in layer" columns the query absorption's inputs (qin [T,H,192]:
+ * q_nope P = 128 and q_pe, wuk [H,128,512]) that write q. */
 struct Set {
     void *q, *idx, *req, *seq, *bt, *out, *lse, *ref_out, *ref_lse;
+    void *qin, *wuk;
 };
 
 struct Ctx {
@@ -120,6 +130,57 @@ mlart_step make_step(const Ctx &c, int set, bool ref)
     st.workspace = c.ws;
     st.workspace_bytes = c.ws_bytes;
     return st;
+}
+
+constexpr int64_t kP = 128, kQin = kP + 64; /* the absorption's P and q row (q_nope, q_pe) */
+
+mlart_tensor view3(void *data, void *base, size_t extent, int64_t d0, int64_t d1, int64_t d2, int64_t s0,
+                   int64_t s1)
+{
+    mlart_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.dtype = MLART_DTYPE_BF16;
+    t.ndim = 3;
+    t.shape[0] = d0;
+    t.shape[1] = d1;
+    t.shape[2] = d2;
+    t.stride[0] = s0;
+    t.stride[1] = s1;
+    t.stride[2] = 1;
+    t.base = base;
+    t.extent = extent;
+    return t;
+}
+
+/* The query absorption of a layer step writing set `set`'s q_mqa: q_nope
+ * view x W_UK_T into columns 0..511, q_pe copied into 512..575 (the op
+ * the runtime runs right before attend()). */
+int enqueue_qbmm(void *ctx, int set, cudaStream_t stream)
+{
+    Ctx *c = (Ctx *)ctx;
+    const Set &s = c->sets[set];
+    const int64_t T = c->T, H = c->g.heads;
+    const size_t qin_b = (size_t)(T * H * kQin) * 2, w_b = (size_t)(H * kP * 512) * 2, q_b = (size_t)(T * H * 576) * 2;
+    uint16_t *qin = (uint16_t *)s.qin, *q = (uint16_t *)s.q;
+    mlart_tensor a = view3(qin, qin, qin_b, H, T, kP, kQin, H * kQin);
+    mlart_tensor w = view3(s.wuk, s.wuk, w_b, H, kP, 512, kP * 512, 512);
+    mlart_tensor o = view3(q, q, q_b, H, T, 512, 576, H * 576);
+    mlart_tensor pi = view3(qin + kP, qin, qin_b, T, H, 64, H * kQin, kQin);
+    mlart_tensor po = view3(q + 512, q, q_b, T, H, 64, H * 576, 576);
+    if (mlart_query_bmm_cuda(&a, &w, &o, &pi, &po, stream) != 0) {
+        fprintf(stderr, "mlart-bench attn: query absorption: %s\n", mlart_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+int enqueue_b12x(void *ctx, int set, cudaStream_t stream);
+
+/* The absorption, then attend() on what it wrote. */
+int enqueue_layer(void *ctx, int set, cudaStream_t stream)
+{
+    return enqueue_qbmm(ctx, set, stream) || enqueue_b12x(ctx, set, stream);
 }
 
 int enqueue_b12x(void *ctx, int set, cudaStream_t stream)
@@ -191,6 +252,8 @@ void free_sets(Ctx &c)
         cudaFree(x.lse);
         cudaFree(x.ref_out);
         cudaFree(x.ref_lse);
+        cudaFree(x.qin);
+        cudaFree(x.wuk);
     }
     memset(c.sets, 0, sizeof c.sets);
     c.nsets = 0;
@@ -220,7 +283,11 @@ int alloc_sets(Ctx &c, int nsets, uint64_t seed)
         ATT_CUDA(cudaMalloc(&x.lse, (size_t)H * T * 4));
         ATT_CUDA(cudaMalloc(&x.ref_out, (size_t)H * T * 512 * 2));
         ATT_CUDA(cudaMalloc(&x.ref_lse, (size_t)H * T * 4));
-        if (mlart_bench_fill_bf16(x.q, (size_t)T * H * 576, seed * 977 + s, 0))
+        ATT_CUDA(cudaMalloc(&x.qin, (size_t)T * H * kQin * 2));
+        ATT_CUDA(cudaMalloc(&x.wuk, (size_t)H * kP * 512 * 2));
+        if (mlart_bench_fill_bf16(x.q, (size_t)T * H * 576, seed * 977 + s, 0) ||
+            mlart_bench_fill_bf16(x.qin, (size_t)T * H * kQin, seed * 977 + s + 500, 0) ||
+            mlart_bench_fill_bf16(x.wuk, (size_t)H * kP * 512, seed * 977 + s + 900, 0))
             goto fail;
         for (int t = 0; t < T; t++) {
             req[t] = t;
@@ -246,7 +313,8 @@ fail:
 }
 
 /* NMSE of set 0's b12x output against the reference's; LSE must agree to
- * 1e-3 relative.  Returns NaN when the outputs hold NaN or LSEs disagree. */
+ * 2.5e-3 relative (the tests' bound, docs/attention.md).  Returns NaN when
+ * the outputs hold NaN or LSEs disagree. */
 double check_set0(const Ctx &c)
 {
     const size_t n = (size_t)c.g.heads * c.T;
@@ -266,7 +334,7 @@ double check_set0(const Ctx &c)
         den += y * y;
     }
     for (size_t i = 0; i < n; i++)
-        if (!(fabs((double)la[i] - lb[i]) <= 1e-3 * (1.0 + fabs((double)lb[i]))))
+        if (!(fabs((double)la[i] - lb[i]) <= 2.5e-3 * (1.0 + fabs((double)lb[i]))))
             goto done;
     r = den > 0 ? num / den : num;
 done:
@@ -499,7 +567,8 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
 {
     static const mlart_bench_col cols[] = {
         {"time", "us", 8, 2},    {"GB/s", "unique", 7, 0}, {"TFLOP/s", "", 8, 1}, {"floor", "us", 7, 2},
-        {"%roof", "%", 6, 1},    {"ref", "us", 9, 1},      {"x_ref", "x", 7, 1},  {"err", "nmse", 9, 7}};
+        {"%roof", "%", 6, 1},    {"ref", "us", 9, 1},      {"x_ref", "x", 7, 1},  {"err", "nmse", 9, 7},
+        {"qbmm", "us", 7, 2},    {"in_layer", "+us", 8, 2}};
     const mlart_bench_table t = {"attn decode: b12x_mla_sparse, topk 2048, each token its own request, "
                                  "q_mqa[T,H,576] x paged cache -> out[H,T,512] + lse",
                                  "shape", 34, cols, (int)(sizeof cols / sizeof cols[0])};
@@ -507,7 +576,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     static const int Ts[] = {1, 2, 4, 8, 16, 32, 64};
     static const mlart_kv_format fmts[] = {MLART_KV_BF16, MLART_KV_FP8_DS_MLA};
     int wrong = 0, any = 0;
-    double worst_mem_ratio = 0, worst_small_us = 0, h128_fp8_t64 = NAN;
+    double worst_mem_ratio = 0, worst_small_us = 0, h128_fp8_t64 = NAN, worst_layer_mem = 0, worst_layer_small = 0;
     char line[768];
     mlart_bench_opts ref_opts = *o;
     ref_opts.reps = o->reps < 3 ? o->reps : 3;
@@ -566,7 +635,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
             }
             for (int it = 0; it < 7; it++) {
                 char name[64];
-                double v[8], ref_us = NAN;
+                double v[10], ref_us = NAN, pair_us = NAN;
                 c->T = Ts[it];
                 snprintf(name, sizeof name, "attn %s H%d %s T%d", models[m].name, models[m].heads,
                          fmts[f] == MLART_KV_BF16 ? "bf16" : "fp8", c->T);
@@ -599,11 +668,27 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
                 v[7] = check_set0(*c);
                 if (!(v[7] <= kNmseMax))
                     wrong++;
+                /* In a layer step: after the absorption that writes q (it lets
+                 * attend() start once past its own wait); the cost is
+                 * time(absorption + attend) - time(absorption).  Last, as it
+                 * overwrites the queries. */
+                v[8] = v[9] = NAN;
+                if (mlart_bench_time(o, enqueue_qbmm, c, nsets, &v[8]) ||
+                    mlart_bench_time(o, enqueue_layer, c, nsets, &pair_us)) {
+                    fprintf(stderr, "mlart-bench attn: %s: layer timing failed\n", name);
+                    wrong++;
+                } else {
+                    v[9] = pair_us - v[8];
+                }
                 mlart_bench_table_row(o, &t, name, v);
-                if (c->g.heads <= 16 && c->T >= 8)
+                if (c->g.heads <= 16 && c->T >= 8) {
                     worst_mem_ratio = fmax(worst_mem_ratio, v[0] / (bytes / (o->copy_gbs * 1e3)));
-                if (c->g.heads <= 16 && c->T < 8)
+                    worst_layer_mem = fmax(worst_layer_mem, v[9] / (bytes / (o->copy_gbs * 1e3)));
+                }
+                if (c->g.heads <= 16 && c->T < 8) {
                     worst_small_us = fmax(worst_small_us, v[0]);
+                    worst_layer_small = fmax(worst_layer_small, v[9]);
+                }
                 if (c->g.heads == 128 && fmts[f] == MLART_KV_FP8_DS_MLA && c->T == 64)
                     h128_fp8_t64 = v[2];
                 free_sets(*c);
@@ -623,10 +708,12 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     }
     snprintf(line, sizeof line,
              "attn targets: 16 heads T>=8 worst time/bandwidth-floor %.2fx (target <= 2: %s); 16 heads T<8 "
-             "worst %.2f us (target < 5: %s); 128 heads fp8 T=64 %.1f TFLOP/s (target >= 250: %s)",
+             "worst %.2f us (target < 5: %s); 128 heads fp8 T=64 %.1f TFLOP/s (target >= 250: %s); in a layer "
+             "step (after the absorption): 16 heads T>=8 worst %.2fx, T<8 worst %.2f us",
              worst_mem_ratio, worst_mem_ratio == 0 ? "n/a" : worst_mem_ratio <= 2 ? "met" : "MISSED",
              worst_small_us, worst_small_us == 0 ? "n/a" : worst_small_us < 5 ? "met" : "MISSED", h128_fp8_t64,
-             isnan(h128_fp8_t64) ? "n/a" : h128_fp8_t64 >= 250 ? "met" : "MISSED");
+             isnan(h128_fp8_t64) ? "n/a" : h128_fp8_t64 >= 250 ? "met" : "MISSED", worst_layer_mem,
+             worst_layer_small);
     mlart_bench_summary(o, t.title, line);
     return wrong;
 }

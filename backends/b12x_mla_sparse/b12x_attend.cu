@@ -28,8 +28,10 @@
  * at T <= 4: one block then reads every partial of 64 heads;
  * docs/attention.md.)  Both kernels are launched with programmatic
  * dependent launch: each becomes resident while the previous kernel of the
- * stream finishes and waits for it (griddepcontrol.wait) before its first
- * global access.  No allocation, no host read, no synchronisation: the
+ * stream finishes.  The main kernel resolves its slots and issues its first
+ * gathers meanwhile (inputs that kernel does not write: the stream contract
+ * in docs/attention.md), and both wait for it (griddepcontrol.wait) before
+ * they read what it wrote or write anything.  No allocation, no host read, no synchronisation: the
  * launches can be captured in a graph. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -63,8 +65,9 @@ static_assert(FP8_BYTES % 16 == 0, "fp8 records must be whole 16-byte pieces");
 #ifdef B12X_PROFILE
 /* Phase stamps of the last launch (a diagnostic build only: -DB12X_PROFILE).
  * Main kernel, per block: [0] global timer at entry, [1..5] SM clock after
- * the dependency wait, the slot resolution, the first block landing, the
- * loop and the writes, [6] SM clock at entry, [7] global timer at exit.
+ * the slot resolution and the first gathers' issue, the dependency wait
+ * (and the query's issue), the first block landing, the loop and the
+ * writes, [6] SM clock at entry, [7] global timer at exit.
  * Combine, per block: global timer at entry and exit. */
 constexpr int PROF_BLOCKS = 4096;
 __device__ unsigned long long b12x_prof_main[PROF_BLOCKS][8];
@@ -234,12 +237,18 @@ __device__ __forceinline__ void convert_fp8(const uint8_t *raw, uint32_t dst)
     }
 }
 
-/* The start both kernels share: the query rows of the head tile (padding
- * rows up to `padded` are zeros in shared memory only; one commit group)
- * and the chunk's physical slots.  Ends with a block barrier. */
-__device__ __forceinline__ void load_query_and_slots(const AttendArgs &a, uint32_t sbase, int t, int h0,
-                                                     int rows, int padded, int k0, int kend, int nblk,
-                                                     int32_t *s_slot)
+/* The start both kernels share, in two halves around the dependency wait.
+ * Before it (slots_and_prefetch): the chunk's physical slots and the
+ * gathers of the pipeline's first blocks.  These read only the indices,
+ * the request's block table and length and the cache, which the stream's
+ * previous kernel does not write (the stream contract, docs/attention.md:
+ * in a layer step that kernel is the query absorption); the loads go
+ * through L2 only (ld.cg, cp.async.cg), so no stale L1 line of an earlier
+ * step can be read.  After it (load_query): the query rows of the head
+ * tile, padding rows up to `padded` zeros in shared memory only, as the
+ * newest commit group (the pipeline's first step waits for every group). */
+__device__ __forceinline__ void load_query(const AttendArgs &a, uint32_t sbase, int t, int h0,
+                                           int rows, int padded)
 {
     for (int u = threadIdx.x; u < padded * ROW_CHUNKS; u += NTHREADS) {
         const int r = u / ROW_CHUNKS, c = u - r * ROW_CHUNKS;
@@ -250,8 +259,6 @@ __device__ __forceinline__ void load_query_and_slots(const AttendArgs &a, uint32
             st_shared16(sbase + sw_off(r, c), make_uint4(0, 0, 0, 0));
     }
     cp_async_commit();
-    b12x::resolve_slots<NTHREADS>(a, t, k0, kend, nblk * BN, s_slot);
-    __syncthreads();
 }
 
 /* The gather pipeline both kernels share, over a shared-memory map S (one
@@ -284,19 +291,22 @@ template <bool FP8, class S> struct Pipeline {
     {
         convert_fp8(smem + S::OFF_RAW + (j % S::RAW_STAGES) * S::RAW_STAGE, sbase + S::OFF_KV + (j % 2) * S::KV_STAGE);
     }
+    /* Before the dependency wait: the first blocks' gathers. */
+    __device__ __forceinline__ void prefetch() const
+    {
+        constexpr int N = FP8 ? S::RAW_STAGES : S::KV_STAGES - 1;
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            issue(i);
+    }
+    /* After it and the query's group: fp8 converts block 0 (every group,
+     * the query's included, has landed after this or after step 0). */
     __device__ __forceinline__ void start() const
     {
         if constexpr (FP8) {
-#pragma unroll
-            for (int i = 0; i < S::RAW_STAGES; i++)
-                issue(i);
-            cp_async_wait<S::RAW_STAGES - 1>();
+            cp_async_wait<0>();
             __syncthreads();
             convert(0);
-        } else {
-#pragma unroll
-            for (int i = 0; i < S::KV_STAGES - 1; i++)
-                issue(i);
         }
     }
     /* Step j: block j is in shared memory (bf16) for every thread, the next
@@ -311,7 +321,10 @@ template <bool FP8, class S> struct Pipeline {
             issue(j + S::RAW_STAGES);
             return sbase + S::OFF_KV + (j % 2) * S::KV_STAGE;
         } else {
-            cp_async_wait<S::KV_STAGES - 2>();
+            if (j == 0)
+                cp_async_wait<0>(); /* the query's group is the newest */
+            else
+                cp_async_wait<S::KV_STAGES - 2>();
             __syncthreads();
             issue(j + S::KV_STAGES - 1);
             return sbase + S::OFF_KV + (j % S::KV_STAGES) * S::KV_STAGE;
@@ -344,20 +357,23 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
     int32_t *s_slot = reinterpret_cast<int32_t *>(smem + S::OFF_SLOT);
 
     /* Programmatic dependent launch: this block may be resident before the
-     * previous kernel of the stream has finished; wait for it (and its
-     * memory) before the first global access, and let the combine be
-     * scheduled now (it waits for this whole grid the same way).  Both are
+     * previous kernel of the stream has finished.  It resolves its slots and
+     * starts its first gathers meanwhile (load_query's comment says why that
+     * is safe), then waits for that kernel and its memory before it reads
+     * the query or writes anything, and lets the combine be scheduled (it
+     * waits for this whole grid the same way).  The wait and the trigger are
      * no-ops for a plain launch. */
     B12X_PROF_MAIN(0, prof_gt());
     B12X_PROF_MAIN(6, clock64());
+    b12x::resolve_slots<NTHREADS>(a, t, k0, kend, nblk * BN, s_slot);
+    __syncthreads();
+    const Pipeline<FP8, S> pipe{a, smem, sbase, s_slot, nblk};
+    pipe.prefetch();
+    B12X_PROF_MAIN(1, clock64());
     grid_dep_wait();
     grid_dep_launch();
-    B12X_PROF_MAIN(1, clock64());
-
-    load_query_and_slots(a, sbase, t, h0, rows, RT * 16, k0, kend, nblk, s_slot);
+    load_query(a, sbase, t, h0, rows, RT * 16);
     B12X_PROF_MAIN(2, clock64());
-
-    const Pipeline<FP8, S> pipe{a, smem, sbase, s_slot, nblk};
 
     const int pair = warp >> 1, ch = warp & 1;
     /* gi: the pair's group within its row tile, g: its slot half */
@@ -634,14 +650,15 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_small_kernel(const AttendArg
 
     B12X_PROF_MAIN(0, prof_gt());
     B12X_PROF_MAIN(6, clock64());
+    b12x::resolve_slots<NTHREADS>(a, t, k0, kend, nblk * BN, s_slot);
+    __syncthreads();
+    const Pipeline<FP8, S> pipe{a, smem, sbase, s_slot, nblk};
+    pipe.prefetch();
+    B12X_PROF_MAIN(1, clock64());
     grid_dep_wait();
     grid_dep_launch();
-    B12X_PROF_MAIN(1, clock64());
-
-    load_query_and_slots(a, sbase, t, h0, rows, 16, k0, kend, nblk, s_slot);
+    load_query(a, sbase, t, h0, rows, 16);
     B12X_PROF_MAIN(2, clock64());
-
-    const Pipeline<FP8, S> pipe{a, smem, sbase, s_slot, nblk};
 
     /* This warp's k16 steps of the 576 dims: 5 for warps 0-3, 4 for 4-7. */
     const int ks0 = warp < 4 ? 5 * warp : 20 + 4 * (warp - 4);
@@ -1209,7 +1226,7 @@ extern "C" void b12x_profile_dump(FILE *f, const char *label)
         v[5][b] = (double)(m[b][4] - m[b][3]) * cyc_us;
         v[6][b] = (double)(m[b][5] - m[b][4]) * cyc_us;
     }
-    static const char *names[] = {"entry", "exit", "dep-wait", "slots", "first-blk", "loop", "tail"};
+    static const char *names[] = {"entry", "exit", "slots+issue", "dep-wait", "first-blk", "loop", "tail"};
     fprintf(f, "# profile %s: main %d blocks:", label, nm);
     for (int k = 0; k < 7; k++) {
         const double mx = prof_pick(v[k], nm, 1.0), md = prof_pick(v[k], nm, 0.5);

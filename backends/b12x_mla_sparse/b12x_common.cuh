@@ -156,23 +156,23 @@ __device__ __forceinline__ void resolve_slots(const AttendArgs &a, int t, int k0
 {
     constexpr int PER = B12X_MAX_TOPK / NT;
     const int tid = threadIdx.x;
-    const int b = a.req[(int64_t)t * a.req_s];
+    const int b = __ldcg(a.req + (int64_t)t * a.req_s);
     int iv[PER];
 #pragma unroll
     for (int u = 0; u < PER; u++) {
         const int k = tid + u * NT;
-        iv[u] = k < n && k0 + k < kend ? a.idx[(int64_t)t * a.idx_st + (int64_t)(k0 + k) * a.idx_sk]
+        iv[u] = k < n && k0 + k < kend ? __ldcg(a.idx + (int64_t)t * a.idx_st + (int64_t)(k0 + k) * a.idx_sk)
                                        : -1;
     }
     const bool b_ok = b >= 0 && b < a.B;
-    const int len = b_ok ? a.seq[(int64_t)b * a.seq_s] : 0;
+    const int len = b_ok ? __ldcg(a.seq + (int64_t)b * a.seq_s) : 0;
     int pb[PER];
 #pragma unroll
     for (int u = 0; u < PER; u++) {
         const int i = iv[u];
         const int blk = i >= 0 ? i / a.page : 0;
         pb[u] = b_ok && i >= 0 && blk < a.max_blocks
-                    ? a.bt[(int64_t)b * a.bt_sb + (int64_t)blk * a.bt_sk]
+                    ? __ldcg(a.bt + (int64_t)b * a.bt_sb + (int64_t)blk * a.bt_sk)
                     : -1;
     }
 #pragma unroll

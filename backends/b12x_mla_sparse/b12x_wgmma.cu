@@ -344,7 +344,15 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_wgmma_kernel(const WgArgs a)
     float *const s_alpha = reinterpret_cast<float *>(smem + S::OFF_ALPHA);
     float *const s_inv = reinterpret_cast<float *>(smem + S::OFF_INV);
 
-    /* Programmatic dependent launch, as the mma.sync kernel. */
+    /* Programmatic dependent launch, as the mma.sync kernel: the slots
+     * (inputs the previous kernel does not write) before the wait, the
+     * query after it. */
+    b12x::resolve_slots<NTHREADS>(a, t, k0, kend, nblk * BN, s_slot);
+    if (FP8 && tid == 0) {
+        for (int i = 0; i < S::NR; i++)
+            mbar_init(sb + S::OFF_MBAR + 8 * i, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
     grid_dep_wait();
     grid_dep_launch();
 
@@ -358,13 +366,6 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_wgmma_kernel(const WgArgs a)
             st_shared16(dst, make_uint4(0, 0, 0, 0));
     }
     cp_async_commit();
-
-    b12x::resolve_slots<NTHREADS>(a, t, k0, kend, nblk * BN, s_slot);
-    if (FP8 && tid == 0) {
-        for (int i = 0; i < S::NR; i++)
-            mbar_init(sb + S::OFF_MBAR + 8 * i, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();

@@ -118,7 +118,12 @@ typedef struct mlart_backend_vtable {
     int (*plan)(void *state, const mlart_plan *plan, size_t *workspace_bytes);
     /* q_nope x W_UK_T into q_mqa[..,0:L), q_pe into q_mqa[..,L:L+R).  NULL: runtime op. */
     int (*absorb_query)(void *state, const mlart_step *s, void *stream);
-    /* sparse attention: q_mqa, cache, idx -> attn_out, lse.  Required. */
+    /* sparse attention: q_mqa, cache, idx -> attn_out, lse.  Required.  The
+     * runtime calls it on the stream right after the query absorption
+     * (absorb_query or its own op, whose kernels let dependents start only
+     * once past their own griddepcontrol.wait): a kernel launched with
+     * programmatic dependent launch may read the step's other inputs (cache,
+     * idx, block table, lengths) before its wait, q_mqa only after it. */
     int (*attend)(void *state, const mlart_step *s, void *stream);
     /* attn_out x W_UV -> o.  NULL: runtime op. */
     int (*v_up)(void *state, const mlart_step *s, void *stream);
