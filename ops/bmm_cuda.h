@@ -54,6 +54,13 @@ typedef struct mlart_bmm_config {
     /* WGMMA: `mt` row-tile chunks per (head, column slice), 0 = auto;
      * `warps` warpgroups per block (1 or 2, 0 = 2); `cols` columns per
      * slice (128 or 256, 0 = 256) */
+    /* DIRECT: 1 launches with programmatic dependent launch (the kernel
+     * issues its weight loads, then waits for the previous kernel of the
+     * stream before it reads `a` or writes; the weights must not be written
+     * by that kernel); 0 (default) a plain launch.  Either way the kernel
+     * lets the next kernel of the stream start once it is past that wait.
+     * Also honoured with path AUTO when it picks DIRECT. */
+    int pdl;
 } mlart_bmm_config;
 
 /* Launch on `stream` (cudaStream_t).  cfg NULL = auto.  Returns 0,

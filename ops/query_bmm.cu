@@ -444,6 +444,16 @@ __global__ void __launch_bounds__(256) bmm_direct_kernel(Desc d, int split, int 
                 WLoad<CW>::ld(wr[s][r], p + r * sk);
         }
     }
+    /* With programmatic dependent launch (mlart_bmm_config.pdl) the
+     * weights, which no kernel of a step writes, are in flight while the
+     * previous kernel of the stream finishes; wait for it and its memory
+     * before reading a or writing anything (a no-op for a plain launch).
+     * Then let the next kernel of the stream be scheduled: the attention
+     * kernels resolve their slots while this one runs.  The trigger comes
+     * after the wait, so whatever the next kernel reads before its own wait
+     * was complete before this kernel started. */
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     const int64_t tb = (int64_t)blockIdx.z * mtiles * 16;
     const __nv_bfloat16 *ap = d.a + h * d.a_sh + kb;
     uint2 alo[KS], ahi[KS];
@@ -960,6 +970,7 @@ int stream_warps(int ks, int mt, int persistent)
 /* DIRECT: the kernel shape a config resolves to (zeros filled in). */
 struct DirectShape {
     int cw, split, mt, groups, stage;
+    int pdl; /* programmatic dependent launch (mlart_bmm_config.pdl) */
 };
 
 size_t direct_smem(const Desc &d, const DirectShape &s)
@@ -1006,6 +1017,7 @@ bool resolve_direct(const Desc &d, const mlart_bmm_config *cfg, DirectShape *o)
     o->mt = mt;
     o->groups = groups;
     o->stage = cfg && cfg->bm == 1;
+    o->pdl = 0;
     return direct_smem(d, *o) <= 160 * 1024;
 }
 
@@ -1233,8 +1245,17 @@ cudaError_t launch_direct_m(const Desc &d, const DirectShape &s, size_t smem, di
         if (e != cudaSuccess)
             return e;
     }
-    bmm_direct_kernel<KS, CW, MODE><<<grid, s.split * s.groups * 32, smem, st>>>(d, s.split, s.mt);
-    return cudaGetLastError();
+    cudaLaunchConfig_t lc;
+    cudaLaunchAttribute at[1];
+    lc.gridDim = grid;
+    lc.blockDim = dim3((unsigned)(s.split * s.groups * 32));
+    lc.dynamicSmemBytes = smem;
+    lc.stream = st;
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    lc.attrs = at;
+    lc.numAttrs = s.pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&lc, bmm_direct_kernel<KS, CW, MODE>, d, s.split, s.mt);
 }
 
 template <int KS, int CW> cudaError_t launch_direct_k(const Desc &d, const DirectShape &s, cudaStream_t st)
@@ -1278,6 +1299,7 @@ int run(const Desc &d, const mlart_bmm_config *cfg, cudaStream_t st)
 {
     mlart_bmm_config ac;
     cudaError_t e;
+    const int pdl = cfg && cfg->pdl;
     if (!cfg || cfg->path == MLART_BMM_AUTO) {
         auto_config(d, &ac);
         cfg = &ac;
@@ -1293,6 +1315,7 @@ int run(const Desc &d, const mlart_bmm_config *cfg, cudaStream_t st)
         if (!resolve_direct(d, cfg, &ds))
             return mlart_set_error(MLART_ENOTSUP, "bmm: direct kernel cannot serve K=%lld N=%lld here", (long long)d.K,
                                    (long long)d.N);
+        ds.pdl = pdl;
         e = launch_direct(d, ds, st);
     } else if (path == MLART_BMM_STREAM || path == MLART_BMM_PSTREAM) {
         const int pers = path == MLART_BMM_PSTREAM;

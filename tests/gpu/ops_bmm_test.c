@@ -9,6 +9,7 @@
 #include "ops/bmm_cuda.h"
 #include "ops/ops.h"
 #include "ops_gpu_util.h"
+#include "pdl_probe.h"
 
 #define SENT 64           /* sentinel elements on each side of the output storage */
 #define SENT_BITS 0xA5A5u /* a finite bf16 no kernel produces by accident here */
@@ -286,7 +287,7 @@ START_TEST(wgmma_matrix)
         for (int p = 0; p < 2; p++)
             for (int pe = 0; pe < 2; pe++) {
                 ops_case c = {0, Hs[ih], k_wT[_i], p ? 192 : 128, 512, 64, pe, 0, 0};
-                mlart_bmm_config cfg = {MLART_BMM_WGMMA, 0, 0, 0, 0, 0};
+                mlart_bmm_config cfg = {MLART_BMM_WGMMA, 0, 0, 0, 0, 0, 0};
                 if (c.T == 8192 && c.H == 128 && pe != p)
                     continue;
                 run_case(&c, &cfg, &rng, 0, &s);
@@ -302,7 +303,7 @@ START_TEST(wgmma_matrix)
     if (_i == 0) {
         /* c rows 8-byte misaligned (element stores), q_pe out of 16-byte step */
         ops_case c = {0, 5, 37, 128, 512, 64, 1, 8, 3};
-        mlart_bmm_config cfg = {MLART_BMM_WGMMA, 0, 0, 0, 0, 0};
+        mlart_bmm_config cfg = {MLART_BMM_WGMMA, 0, 0, 0, 0, 0, 0};
         run_case(&c, &cfg, &rng, 0, &s);
         cases++;
     }
@@ -321,17 +322,19 @@ START_TEST(paths)
     ops_stats s = {0};
     static const int64_t Ts[] = {1, 17, 75, 300};
     static const mlart_bmm_config cfgs[] = {
-        {MLART_BMM_STREAM, 0, 0, 0, 0, 0},  {MLART_BMM_STREAM, 1, 12, 0, 0, 0}, {MLART_BMM_STREAM, 2, 6, 0, 0, 0},
-        {MLART_BMM_STREAM, 3, 2, 0, 0, 0},  {MLART_BMM_STREAM, 4, 4, 0, 0, 0},  {MLART_BMM_PSTREAM, 0, 0, 0, 0, 0},
-        {MLART_BMM_PSTREAM, 1, 4, 0, 0, 0}, {MLART_BMM_PSTREAM, 2, 6, 0, 0, 0}, {MLART_BMM_PSTREAM, 1, 3, 0, 0, 0},
-        {MLART_BMM_TILED, 0, 0, 64, 0, 0},  {MLART_BMM_TILED, 0, 0, 128, 0, 0}, {MLART_BMM_GENERIC, 0, 0, 0, 0, 0},
+        {MLART_BMM_STREAM, 0, 0, 0, 0, 0, 0},  {MLART_BMM_STREAM, 1, 12, 0, 0, 0, 0}, {MLART_BMM_STREAM, 2, 6, 0, 0, 0, 0},
+        {MLART_BMM_STREAM, 3, 2, 0, 0, 0, 0},  {MLART_BMM_STREAM, 4, 4, 0, 0, 0, 0},  {MLART_BMM_PSTREAM, 0, 0, 0, 0, 0, 0},
+        {MLART_BMM_PSTREAM, 1, 4, 0, 0, 0, 0}, {MLART_BMM_PSTREAM, 2, 6, 0, 0, 0, 0}, {MLART_BMM_PSTREAM, 1, 3, 0, 0, 0, 0},
+        {MLART_BMM_TILED, 0, 0, 64, 0, 0, 0},  {MLART_BMM_TILED, 0, 0, 128, 0, 0, 0}, {MLART_BMM_GENERIC, 0, 0, 0, 0, 0, 0},
         /* direct: auto; cols x split x groups x row tiles per warp */
-        {MLART_BMM_DIRECT, 0, 0, 0, 0, 0},  {MLART_BMM_DIRECT, 1, 1, 0, 32, 4}, {MLART_BMM_DIRECT, 4, 2, 0, 64, 1},
-        {MLART_BMM_DIRECT, 2, 2, 0, 16, 2}, {MLART_BMM_DIRECT, 3, 1, 0, 16, 1}, {MLART_BMM_DIRECT, 0, 2, 0, 32, 2},
+        {MLART_BMM_DIRECT, 0, 0, 0, 0, 0, 0},  {MLART_BMM_DIRECT, 1, 1, 0, 32, 4, 0}, {MLART_BMM_DIRECT, 4, 2, 0, 64, 1, 0},
+        {MLART_BMM_DIRECT, 2, 2, 0, 16, 2, 0}, {MLART_BMM_DIRECT, 3, 1, 0, 16, 1, 0}, {MLART_BMM_DIRECT, 0, 2, 0, 32, 2, 0},
         /* direct with a staged in shared memory (bm = 1) */
-        {MLART_BMM_DIRECT, 4, 1, 1, 32, 4}, {MLART_BMM_DIRECT, 2, 2, 1, 64, 1},
+        {MLART_BMM_DIRECT, 4, 1, 1, 32, 4, 0}, {MLART_BMM_DIRECT, 2, 2, 1, 64, 1, 0},
+        /* direct, launched with programmatic dependent launch */
+        {MLART_BMM_DIRECT, 0, 0, 0, 0, 0, 1},
         /* wgmma: default; 2 row chunks, one warpgroup, 128-column slices */
-        {MLART_BMM_WGMMA, 0, 0, 0, 0, 0},   {MLART_BMM_WGMMA, 2, 1, 0, 128, 0}};
+        {MLART_BMM_WGMMA, 0, 0, 0, 0, 0, 0},   {MLART_BMM_WGMMA, 2, 1, 0, 128, 0, 0}};
     for (unsigned it = 0; it < 4; it++)
         for (unsigned ic = 0; ic < sizeof cfgs / sizeof cfgs[0]; ic++) {
             ops_case q = {0, 3, Ts[it], 192, 512, 64, 1, 0, 0};
@@ -351,13 +354,13 @@ START_TEST(paths)
         ops_case q1 = {0, 5, 37, 128, 512, 64, 1, 1, 3};
         ops_case x1 = {1, 3, 29, 512, 128, 0, 0, 3, 1};
         ops_case g1 = {0, 3, 7, 40, 72, 64, 1, 0, 0}; /* P=40, L=72: generic only */
-        mlart_bmm_config tiled = {MLART_BMM_TILED, 0, 0, 0, 0, 0}, stream = {MLART_BMM_STREAM, 0, 0, 0, 0, 0};
-        mlart_bmm_config pstream = {MLART_BMM_PSTREAM, 0, 0, 0, 0, 0};
+        mlart_bmm_config tiled = {MLART_BMM_TILED, 0, 0, 0, 0, 0, 0}, stream = {MLART_BMM_STREAM, 0, 0, 0, 0, 0, 0};
+        mlart_bmm_config pstream = {MLART_BMM_PSTREAM, 0, 0, 0, 0, 0, 0};
         mlart_bmm_desc d;
         run_case(&q1, NULL, &rng, 1, &s);
         run_case(&q1, &stream, &rng, 0, &s);
         {
-            mlart_bmm_config direct = {MLART_BMM_DIRECT, 2, 2, 0, 16, 2};
+            mlart_bmm_config direct = {MLART_BMM_DIRECT, 2, 2, 0, 16, 2, 0};
             run_case(&q1, &direct, &rng, 0, &s); /* 2-byte loads of a, element stores of c */
             direct.bm = 1;
             run_case(&q1, &direct, &rng, 0, &s); /* element copies into shared memory */
@@ -378,7 +381,7 @@ START_TEST(paths)
         ck_assert_int_eq(mlart_bmm_cuda_run(&d, &tiled, 0), MLART_ENOTSUP);
         ck_assert_int_eq(mlart_bmm_cuda_run(&d, &pstream, 0), MLART_ENOTSUP);
         {
-            mlart_bmm_config wg = {MLART_BMM_WGMMA, 0, 0, 0, 0, 0};
+            mlart_bmm_config wg = {MLART_BMM_WGMMA, 0, 0, 0, 0, 0, 0};
             ck_assert_int_eq(mlart_bmm_cuda_run(&d, &wg, 0), MLART_ENOTSUP); /* a rows not 16-byte aligned */
             d.a = (const void *)(uintptr_t)16;
             d.a_st = 136;
@@ -397,7 +400,7 @@ START_TEST(paths)
         d.K = 40;
         ck_assert_int_eq(mlart_bmm_cuda_run(&d, &stream, 0), MLART_ENOTSUP);
         {
-            mlart_bmm_config direct = {MLART_BMM_DIRECT, 0, 3, 0, 32, 1}; /* 3 warps cannot split 8 k-steps */
+            mlart_bmm_config direct = {MLART_BMM_DIRECT, 0, 3, 0, 32, 1, 0}; /* 3 warps cannot split 8 k-steps */
             d.K = 128;
             ck_assert_int_eq(mlart_bmm_cuda_run(&d, &direct, 0), MLART_ENOTSUP);
             direct.warps = 1;
@@ -422,7 +425,7 @@ START_TEST(graph_replay)
             for (int gen = 0; gen < 2; gen++) {
                 ops_case c = op ? (ops_case){1, 16, Ts[it], 512, 256, 0, 0, 0, 0}
                                 : (ops_case){0, 16, Ts[it], 192, 512, 64, 1, 0, 0};
-                mlart_bmm_config gcfg = {MLART_BMM_GENERIC, 0, 0, 0, 0, 0};
+                mlart_bmm_config gcfg = {MLART_BMM_GENERIC, 0, 0, 0, 0, 0, 0};
                 const size_t na = ops_a_elems(&c), nw = ops_w_elems(&c), nc = ops_c_elems(&c);
                 uint16_t *ha = malloc(na * 2), *hw = malloc(nw * 2), *h1 = malloc(nc * 2), *h2 = malloc(nc * 2);
                 uint16_t *da, *dw, *d1, *d2;
@@ -479,6 +482,112 @@ START_TEST(graph_replay)
             }
     printf("graph replay = eager bit for bit: %d cases (T in {1,40,64,100,300}, both ops, auto and generic; seed %#llx)\n",
            cases, (unsigned long long)g_seed);
+}
+END_TEST
+
+/* Programmatic dependent launch: the decode kernel may start while the
+ * previous kernel of the stream still runs, and must wait for it before it
+ * reads the query.  The previous kernel here (pdl_late_copy) lets
+ * dependents start at once and writes the new query only after 200 us; the
+ * op, eager and replayed from a graph, must give exactly the output of the
+ * new query, with the op launched plainly and with PDL.  Control: a PDL
+ * reader that does not wait reads old bytes (required in a graph, printed
+ * for eager launches), so this setup would catch a kernel that forgot to
+ * wait. */
+START_TEST(pdl_order)
+{
+    uint64_t rng = g_seed ^ 0x7171ull;
+    static const int64_t Ts[] = {1, 4, 16, 64};
+    int cases = 0, early[2];
+    cudaStream_t st;
+    OPS_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (int gr = 0; gr < 2; gr++) {
+        early[gr] = pdl_control(st, gr);
+        ck_assert_msg(early[gr] >= 0, "control (%s): CUDA error", gr ? "graph" : "eager");
+    }
+    ck_assert_msg(early[1] == 1, "control: in a graph a dependent that does not wait saw only the new bytes; the "
+                                 "device did not start it early, so this test could not catch a missing wait");
+    for (unsigned it = 0; it < 4; it++)
+        for (int p = 0; p < 2; p++)
+            for (int pdl = 0; pdl < 2; pdl++) {
+                ops_case c = {0, 16, Ts[it], p ? 192 : 128, 512, 64, 1, 0, 0};
+                const mlart_bmm_config cfg = {MLART_BMM_AUTO, 0, 0, 0, 0, 0, pdl};
+                const size_t na = ops_a_elems(&c), nw = ops_w_elems(&c), nc = ops_c_elems(&c);
+                uint16_t *ha0 = malloc(na * 2), *ha1 = malloc(na * 2), *hw = malloc(nw * 2), *hx = malloc(nc * 2),
+                         *hy = malloc(nc * 2);
+                uint16_t *da, *dnew, *dw, *dc;
+                cudaGraph_t g;
+                cudaGraphExec_t ge;
+                ops_views v;
+                mlart_bmm_desc d;
+                ck_assert(ha0 && ha1 && hw && hx && hy);
+                ops_fill_bf16(ha0, na, &rng);
+                ops_fill_bf16(ha1, na, &rng);
+                ops_fill_bf16(hw, nw, &rng);
+                OPS_CUDA(cudaMalloc((void **)&da, na * 2));
+                OPS_CUDA(cudaMalloc((void **)&dnew, na * 2));
+                OPS_CUDA(cudaMalloc((void **)&dw, nw * 2));
+                OPS_CUDA(cudaMalloc((void **)&dc, nc * 2));
+                OPS_CUDA(cudaMemcpyAsync(dnew, ha1, na * 2, cudaMemcpyHostToDevice, st));
+                OPS_CUDA(cudaMemcpyAsync(dw, hw, nw * 2, cudaMemcpyHostToDevice, st));
+                v = ops_make_views(&c, 0, da, na * 2, dw, nw * 2, dc, nc * 2);
+                desc_from_views(&c, &v, &d);
+                ck_assert_msg(mlart_bmm_cuda_path(&d, NULL) == MLART_BMM_DIRECT,
+                              "T %lld: the automatic choice is no longer the direct kernel; update this test",
+                              (long long)c.T);
+
+                /* expected: the op on the new query, nothing before it */
+                OPS_CUDA(cudaMemcpyAsync(da, ha1, na * 2, cudaMemcpyHostToDevice, st));
+                OPS_CUDA(cudaMemsetAsync(dc, 0xFF, nc * 2, st));
+                ck_assert_int_eq(mlart_bmm_cuda_run(&d, &cfg, st), 0);
+                OPS_CUDA(cudaMemcpyAsync(hx, dc, nc * 2, cudaMemcpyDeviceToHost, st));
+                OPS_CUDA(cudaStreamSynchronize(st));
+
+                /* eager: late writer, then the op */
+                OPS_CUDA(cudaMemcpyAsync(da, ha0, na * 2, cudaMemcpyHostToDevice, st));
+                OPS_CUDA(cudaMemsetAsync(dc, 0xFF, nc * 2, st));
+                OPS_CUDA((cudaError_t)pdl_late_copy(da, dnew, na * 2, 200, st));
+                ck_assert_int_eq(mlart_bmm_cuda_run(&d, &cfg, st), 0);
+                OPS_CUDA(cudaMemcpyAsync(hy, dc, nc * 2, cudaMemcpyDeviceToHost, st));
+                OPS_CUDA(cudaStreamSynchronize(st));
+                ck_assert_msg(memcmp(hx, hy, nc * 2) == 0,
+                              "eager after a late writer: T %lld P %lld pdl %d read the old query", (long long)c.T,
+                              (long long)c.K, pdl);
+
+                /* the same two launches captured in a graph, replayed twice */
+                OPS_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+                OPS_CUDA((cudaError_t)pdl_late_copy(da, dnew, na * 2, 200, st));
+                ck_assert_int_eq(mlart_bmm_cuda_run(&d, &cfg, st), 0);
+                OPS_CUDA(cudaStreamEndCapture(st, &g));
+                OPS_CUDA(cudaGraphInstantiate(&ge, g, 0));
+                for (int r = 0; r < 2; r++) {
+                    OPS_CUDA(cudaMemcpyAsync(da, ha0, na * 2, cudaMemcpyHostToDevice, st));
+                    OPS_CUDA(cudaMemsetAsync(dc, 0xFF, nc * 2, st));
+                    OPS_CUDA(cudaGraphLaunch(ge, st));
+                    OPS_CUDA(cudaMemcpyAsync(hy, dc, nc * 2, cudaMemcpyDeviceToHost, st));
+                    OPS_CUDA(cudaStreamSynchronize(st));
+                    ck_assert_msg(memcmp(hx, hy, nc * 2) == 0,
+                                  "graph after a late writer: T %lld P %lld pdl %d read the old query",
+                                  (long long)c.T, (long long)c.K, pdl);
+                }
+                cudaGraphExecDestroy(ge);
+                cudaGraphDestroy(g);
+                cudaFree(da);
+                cudaFree(dnew);
+                cudaFree(dw);
+                cudaFree(dc);
+                free(ha0);
+                free(ha1);
+                free(hw);
+                free(hx);
+                free(hy);
+                cases++;
+            }
+    cudaStreamDestroy(st);
+    printf("pdl order: %d cases (H16, T in {1,4,16,64}, both P, q_pe fused, plain and PDL launch): the op's output is "
+           "that of a query written late by the previous kernel, eager and in a graph; control: a dependent that "
+           "does not wait read old bytes in a graph %s, eagerly %s\n",
+           cases, early[1] ? "yes" : "no", early[0] ? "yes" : "no");
 }
 END_TEST
 
@@ -539,6 +648,7 @@ int main(void)
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, paths);
     tcase_add_test(tc, graph_replay);
+    tcase_add_test(tc, pdl_order);
     tcase_add_test(tc, bad_input);
     tcase_add_loop_test(tc, query_matrix, 0, (int)(sizeof k_T / sizeof k_T[0]));
     tcase_add_loop_test(tc, vup_matrix, 0, (int)(sizeof k_T / sizeof k_T[0]));

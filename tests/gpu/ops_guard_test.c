@@ -85,18 +85,20 @@ static int g_runs;
 
 static void guard_shape(const ops_case *c0, uint64_t *rng)
 {
-    static const mlart_bmm_config cfgs[] = {{MLART_BMM_AUTO, 0, 0, 0, 0, 0},    {MLART_BMM_STREAM, 0, 0, 0, 0, 0},
-                                            {MLART_BMM_PSTREAM, 0, 0, 0, 0, 0}, {MLART_BMM_TILED, 0, 0, 64, 0, 0},
-                                            {MLART_BMM_TILED, 0, 0, 128, 0, 0}, {MLART_BMM_GENERIC, 0, 0, 0, 0, 0},
-                                            {MLART_BMM_DIRECT, 0, 0, 0, 0, 0},
-                                            {MLART_BMM_DIRECT, 0, 0, 0, 16, 2},
-                                            {MLART_BMM_DIRECT, 2, 0, 0, 64, 0},
-                                            {MLART_BMM_DIRECT, 4, 0, 1, 32, 0},
+    static const mlart_bmm_config cfgs[] = {{MLART_BMM_AUTO, 0, 0, 0, 0, 0, 0},    {MLART_BMM_STREAM, 0, 0, 0, 0, 0, 0},
+                                            {MLART_BMM_PSTREAM, 0, 0, 0, 0, 0, 0}, {MLART_BMM_TILED, 0, 0, 64, 0, 0, 0},
+                                            {MLART_BMM_TILED, 0, 0, 128, 0, 0, 0}, {MLART_BMM_GENERIC, 0, 0, 0, 0, 0, 0},
+                                            {MLART_BMM_DIRECT, 0, 0, 0, 0, 0, 0},
+                                            {MLART_BMM_DIRECT, 0, 0, 0, 16, 2, 0},
+                                            {MLART_BMM_DIRECT, 2, 0, 0, 64, 0, 0},
+                                            {MLART_BMM_DIRECT, 4, 0, 1, 32, 0, 0},
+                                            /* direct, launched with PDL */
+                                            {MLART_BMM_DIRECT, 0, 0, 0, 0, 0, 1},
                                             /* wgmma (the query only): auto; one row chunk, one
                                              * warpgroup, 128-column slices; two warpgroups, 128 */
-                                            {MLART_BMM_WGMMA, 0, 0, 0, 0, 0},
-                                            {MLART_BMM_WGMMA, 1, 1, 0, 128, 0},
-                                            {MLART_BMM_WGMMA, 0, 2, 0, 128, 0}};
+                                            {MLART_BMM_WGMMA, 0, 0, 0, 0, 0, 0},
+                                            {MLART_BMM_WGMMA, 1, 1, 0, 128, 0, 0},
+                                            {MLART_BMM_WGMMA, 0, 2, 0, 128, 0, 0}};
     const size_t na = ops_a_elems(c0), nw = ops_w_elems(c0), nc = ops_c_elems(c0);
     uint16_t *ha = malloc(na * 2), *hw = malloc(nw * 2), *o1 = malloc(nc * 2), *o2 = malloc(nc * 2);
     uint16_t *da, *dw, *dc;
