@@ -920,37 +920,11 @@ bool tiled_ok(const Desc &d)
            d.H <= 65535 && (d.T + 63) / 64 <= 65535;
 }
 
-/* The public descriptor again, for the WGMMA path of ops/query_bmm_wgmma.cu. */
-mlart_bmm_desc public_desc(const Desc &d)
+/* The wgmma path (ops/query_bmm_wgmma.cu) takes the caller's descriptor
+ * `pub`, which d was made from. */
+bool wgmma_ok(const mlart_bmm_desc *pub, int nwg, int bn)
 {
-    mlart_bmm_desc s;
-    s.H = d.H;
-    s.T = d.T;
-    s.K = d.K;
-    s.N = d.N;
-    s.a = d.a;
-    s.a_sh = d.a_sh;
-    s.a_st = d.a_st;
-    s.w = d.w;
-    s.w_sh = d.w_sh;
-    s.w_sk = d.w_sk;
-    s.c = d.c;
-    s.c_sh = d.c_sh;
-    s.c_st = d.c_st;
-    s.pe_in = d.pe_in;
-    s.pe_out = d.pe_out;
-    s.R = d.R;
-    s.pi_st = d.pi_st;
-    s.pi_sh = d.pi_sh;
-    s.po_st = d.po_st;
-    s.po_sh = d.po_sh;
-    return s;
-}
-
-bool wgmma_ok(const Desc &d, int nwg, int bn)
-{
-    const mlart_bmm_desc s = public_desc(d);
-    return mlart_bmm_wgmma_ok(&s, nwg, bn) != 0;
+    return mlart_bmm_wgmma_ok(pub, nwg, bn) != 0;
 }
 
 /* Warps splitting K for the stream kernels: 2 to 4 k-steps of 16 per warp
@@ -1046,7 +1020,7 @@ int warps_or_default(int ks, int want, int mt, int persistent)
  * "small" means no more 64-column tiles over all heads than SMs, where more
  * warps per block shorten the one round trip that dominates; with many
  * tiles, fewer warps leave room for more resident blocks. */
-void auto_config(const Desc &d, mlart_bmm_config *c)
+void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c)
 {
     const int sms = device_sms();
     const int ks = (int)(d.K / 16);
@@ -1084,7 +1058,7 @@ void auto_config(const Desc &d, mlart_bmm_config *c)
          * q_pe copy 17.1 against 17.7 at P192, but 16.0 against 14.7 at
          * P128, where the copy rides on a quarter of the blocks) */
         mlart_bmm_config wc = {MLART_BMM_WGMMA, 0, 1, 0, 128, 0};
-        if (wgmma_ok(d, wc.warps, wc.cols)) {
+        if (wgmma_ok(pub, wc.warps, wc.cols)) {
             *c = wc;
             return;
         }
@@ -1127,7 +1101,7 @@ void auto_config(const Desc &d, mlart_bmm_config *c)
         } else if (d.K <= 128 && rows <= 131072) {
             wc.warps = 1;
         }
-        if (wgmma_ok(d, wc.warps, wc.cols)) {
+        if (wgmma_ok(pub, wc.warps, wc.cols)) {
             *c = wc;
             return;
         }
@@ -1138,17 +1112,17 @@ void auto_config(const Desc &d, mlart_bmm_config *c)
     }
 }
 
-int pick_path(const Desc &d, const mlart_bmm_config *cfg)
+int pick_path(const Desc &d, const mlart_bmm_desc *pub, const mlart_bmm_config *cfg)
 {
     mlart_bmm_config ac;
     int path = cfg ? cfg->path : MLART_BMM_AUTO;
     if (path == MLART_BMM_AUTO) {
-        auto_config(d, &ac);
+        auto_config(d, pub, &ac);
         return ac.path;
     }
     if (path < MLART_BMM_GENERIC || path > MLART_BMM_WGMMA)
         return -1;
-    if (path == MLART_BMM_WGMMA && !wgmma_ok(d, cfg->warps, cfg->cols))
+    if (path == MLART_BMM_WGMMA && !wgmma_ok(pub, cfg->warps, cfg->cols))
         return -1;
     DirectShape ds;
     if (path == MLART_BMM_DIRECT && !resolve_direct(d, cfg, &ds))
@@ -1295,16 +1269,16 @@ cudaError_t launch_direct(const Desc &d, const DirectShape &s, cudaStream_t st)
     }
 }
 
-int run(const Desc &d, const mlart_bmm_config *cfg, cudaStream_t st)
+int run(const Desc &d, const mlart_bmm_desc *pub, const mlart_bmm_config *cfg, cudaStream_t st)
 {
     mlart_bmm_config ac;
     cudaError_t e;
     const int pdl = cfg && cfg->pdl;
     if (!cfg || cfg->path == MLART_BMM_AUTO) {
-        auto_config(d, &ac);
+        auto_config(d, pub, &ac);
         cfg = &ac;
     }
-    const int path = pick_path(d, cfg);
+    const int path = pick_path(d, pub, cfg);
     if (path < 0)
         return mlart_set_error(MLART_ENOTSUP, "bmm: forced path %d cannot serve K=%lld N=%lld with these alignments",
                                cfg ? cfg->path : 0, (long long)d.K, (long long)d.N);
@@ -1345,8 +1319,7 @@ int run(const Desc &d, const mlart_bmm_config *cfg, cudaStream_t st)
         if (e == cudaErrorInvalidConfiguration)
             return mlart_set_error(MLART_ENOTSUP, "bmm: %d warps x %d row tiles do not fit a block here", nw, mt);
     } else if (path == MLART_BMM_WGMMA) {
-        const mlart_bmm_desc s = public_desc(d);
-        e = (cudaError_t)mlart_bmm_wgmma_run(&s, cfg->mt, cfg->warps, cfg->cols, st);
+        e = (cudaError_t)mlart_bmm_wgmma_run(pub, cfg->mt, cfg->warps, cfg->cols, st);
     } else if (path == MLART_BMM_TILED) {
         const int bm = cfg && cfg->bm ? cfg->bm : (d.T <= 64 ? 64 : 128);
         if (bm != 64 && bm != 128)
@@ -1369,13 +1342,13 @@ int run(const Desc &d, const mlart_bmm_config *cfg, cudaStream_t st)
 extern "C" int mlart_bmm_cuda_path(const mlart_bmm_desc *s, const mlart_bmm_config *cfg)
 {
     Desc d = make_desc(s);
-    return pick_path(d, cfg);
+    return pick_path(d, s, cfg);
 }
 
 extern "C" int mlart_bmm_cuda_run(const mlart_bmm_desc *s, const mlart_bmm_config *cfg, void *stream)
 {
     Desc d = make_desc(s);
-    return run(d, cfg, (cudaStream_t)stream);
+    return run(d, s, cfg, (cudaStream_t)stream);
 }
 
 extern "C" int mlart_query_bmm_cuda(const mlart_tensor *a, const mlart_tensor *w, const mlart_tensor *out,

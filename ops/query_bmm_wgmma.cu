@@ -35,6 +35,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <atomic>
+
 #include "ops/bmm_cuda.h"
 
 namespace {
@@ -452,9 +454,37 @@ template <int KB, int NWG, int BN> cudaError_t launch(WParams &p, int splits, in
 
 } // namespace
 
+/* Compute capability major and multiprocessor count of the current device,
+ * queried once per device (relaxed atomics: racing first calls store the
+ * same values).  0 when the query fails. */
+constexpr int WG_MAX_DEV = 64;
+static std::atomic<int> g_major[WG_MAX_DEV], g_sms[WG_MAX_DEV];
+
+static void device_facts(int *major, int *sms)
+{
+    int dev = 0;
+    *major = *sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess)
+        return;
+    if (dev >= 0 && dev < WG_MAX_DEV && g_sms[dev].load(std::memory_order_relaxed) > 0) {
+        *major = g_major[dev].load(std::memory_order_relaxed);
+        *sms = g_sms[dev].load(std::memory_order_relaxed);
+        return;
+    }
+    if (cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        *major = *sms = 0;
+        return;
+    }
+    if (dev >= 0 && dev < WG_MAX_DEV) {
+        g_major[dev].store(*major, std::memory_order_relaxed);
+        g_sms[dev].store(*sms, std::memory_order_relaxed);
+    }
+}
+
 extern "C" int mlart_bmm_wgmma_ok(const mlart_bmm_desc *d, int nwg, int bn)
 {
-    int dev = 0, major = 0;
+    int major = 0, sms = 0;
     nwg = nwg ? nwg : 2;
     bn = bn ? bn : 256;
     if (nwg < 1 || nwg > 2 || (bn != 128 && bn != 256) || d->K < 64 || d->K > 192 || d->K % 64 != 0 || d->N < bn ||
@@ -467,23 +497,20 @@ extern "C" int mlart_bmm_wgmma_ok(const mlart_bmm_desc *d, int nwg, int bn)
     if (d->T > ((int64_t)1 << 40) || d->H * (d->N / bn) * ((d->T + WG_BM - 1) / WG_BM) >= ((int64_t)1 << 31))
         return 0;
     /* wgmma exists on sm_90a only */
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) !=
-                                                  cudaSuccess)
-        return 0;
+    device_facts(&major, &sms);
     return major == 9;
 }
 
 extern "C" int mlart_bmm_wgmma_run(const mlart_bmm_desc *d, int splits, int nwg, int bn, void *stream)
 {
     WParams p;
-    int dev = 0, sms = 0;
-    cudaError_t e;
+    int major = 0, sms = 0;
     const cudaStream_t st = (cudaStream_t)stream;
     nwg = nwg ? nwg : 2;
     bn = bn ? bn : 256;
-    if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
-        (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
-        return (int)e;
+    device_facts(&major, &sms);
+    if (sms < 1)
+        return (int)cudaErrorInvalidDevice;
     p.T = d->T;
     p.a = (const __nv_bfloat16 *)d->a;
     p.a_sh = d->a_sh;

@@ -177,7 +177,7 @@ START_TEST(guard_matrix)
             guard_shape(&x, &rng);
         }
     printf("guard pages, T=%lld, H in {1,8,11,16,32,64,128}, P in {128,192}, V in {128,256}: %d guarded runs "
-           "(q_nope view, w, out view, fused q/q_mqa; paths auto/stream/persistent stream/tiled 64 and 128/generic/direct x4/wgmma x3), 0 faults, "
+           "(q_nope view, w, out view, fused q/q_mqa; paths auto/stream/persistent stream/tiled 64 and 128/generic/direct x5 (one PDL launch)/wgmma x3), 0 faults, "
            "bits equal to ordinary allocations (granularity %zu, seed %#llx)\n",
            (long long)k_T[_i], g_runs, mlart_guard_granularity(), (unsigned long long)g_seed);
 }
