@@ -134,24 +134,6 @@ mlart_step make_step(const Ctx &c, int set, bool ref)
 
 constexpr int64_t kP = 128, kQin = kP + 64; /* the absorption's P and q row (q_nope, q_pe) */
 
-mlart_tensor view3(void *data, void *base, size_t extent, int64_t d0, int64_t d1, int64_t d2, int64_t s0,
-                   int64_t s1)
-{
-    mlart_tensor t;
-    memset(&t, 0, sizeof t);
-    t.data = data;
-    t.dtype = MLART_DTYPE_BF16;
-    t.ndim = 3;
-    t.shape[0] = d0;
-    t.shape[1] = d1;
-    t.shape[2] = d2;
-    t.stride[0] = s0;
-    t.stride[1] = s1;
-    t.stride[2] = 1;
-    t.base = base;
-    t.extent = extent;
-    return t;
-}
 
 /* The query absorption of a layer step writing set `set`'s q_mqa: q_nope
  * view x W_UK_T into columns 0..511, q_pe copied into 512..575 (the op
@@ -163,11 +145,11 @@ int enqueue_qbmm(void *ctx, int set, cudaStream_t stream)
     const int64_t T = c->T, H = c->g.heads;
     const size_t qin_b = (size_t)(T * H * kQin) * 2, w_b = (size_t)(H * kP * 512) * 2, q_b = (size_t)(T * H * 576) * 2;
     uint16_t *qin = (uint16_t *)s.qin, *q = (uint16_t *)s.q;
-    mlart_tensor a = view3(qin, qin, qin_b, H, T, kP, kQin, H * kQin);
-    mlart_tensor w = view3(s.wuk, s.wuk, w_b, H, kP, 512, kP * 512, 512);
-    mlart_tensor o = view3(q, q, q_b, H, T, 512, 576, H * 576);
-    mlart_tensor pi = view3(qin + kP, qin, qin_b, T, H, 64, H * kQin, kQin);
-    mlart_tensor po = view3(q + 512, q, q_b, T, H, 64, H * 576, 576);
+    mlart_tensor a = mlart_bench_view3(qin, qin, qin_b, H, T, kP, kQin, H * kQin);
+    mlart_tensor w = mlart_bench_view3(s.wuk, s.wuk, w_b, H, kP, 512, kP * 512, 512);
+    mlart_tensor o = mlart_bench_view3(q, q, q_b, H, T, 512, 576, H * 576);
+    mlart_tensor pi = mlart_bench_view3(qin + kP, qin, qin_b, T, H, 64, H * kQin, kQin);
+    mlart_tensor po = mlart_bench_view3(q + 512, q, q_b, T, H, 64, H * 576, 576);
     if (mlart_query_bmm_cuda(&a, &w, &o, &pi, &po, stream) != 0) {
         fprintf(stderr, "mlart-bench attn: query absorption: %s\n", mlart_last_error());
         return 1;

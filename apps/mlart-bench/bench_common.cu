@@ -243,3 +243,23 @@ extern "C" void mlart_bench_summary(const mlart_bench_opts *o, const char *table
         fflush(o->json);
     }
 }
+
+extern "C" mlart_tensor mlart_bench_view3(void *data, void *base, size_t extent, int64_t d0, int64_t d1,
+                                          int64_t d2, int64_t s0, int64_t s1)
+{
+    mlart_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.dtype = MLART_DTYPE_BF16;
+    t.ndim = 3;
+    t.shape[0] = d0;
+    t.shape[1] = d1;
+    t.shape[2] = d2;
+    t.stride[0] = s0;
+    t.stride[1] = s1;
+    t.stride[2] = 1;
+    t.base = base;
+    t.extent = extent;
+    t.device = 0;
+    return t;
+}

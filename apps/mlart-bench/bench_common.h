@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "mlart/mlart.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -51,6 +53,11 @@ int mlart_bench_copy_roofline(mlart_bench_opts *o);
 
 /* Fill n bf16 values at p with uniform [-1, 1) from a hash of seed and index. */
 int mlart_bench_fill_bf16(void *p, size_t n, uint64_t seed, cudaStream_t stream);
+
+/* A 3-d bf16 view on device 0: shape d0 x d1 x d2, strides s0, s1, 1
+ * (elements), inside the allocation [base, base + extent bytes). */
+mlart_tensor mlart_bench_view3(void *data, void *base, size_t extent, int64_t d0, int64_t d1, int64_t d2,
+                               int64_t s0, int64_t s1);
 
 /* 1 if `name` passes the --filter. */
 int mlart_bench_match(const mlart_bench_opts *o, const char *name);

@@ -93,41 +93,23 @@ size_t a_elems(const Ctx &c) { return (size_t)(c.T * c.H * as_of(c)); }
 size_t w_elems(const Ctx &c) { return (size_t)(c.H * c.K * c.N); }
 size_t c_elems(const Ctx &c) { return c.vup ? (size_t)(c.T * c.H * c.N) : (size_t)(c.T * c.H * (c.N + kR)); }
 
-mlart_tensor view3(void *data, void *base, size_t extent, int64_t d0, int64_t d1, int64_t d2, int64_t s0, int64_t s1)
-{
-    mlart_tensor t;
-    memset(&t, 0, sizeof t);
-    t.data = data;
-    t.dtype = MLART_DTYPE_BF16;
-    t.ndim = 3;
-    t.shape[0] = d0;
-    t.shape[1] = d1;
-    t.shape[2] = d2;
-    t.stride[0] = s0;
-    t.stride[1] = s1;
-    t.stride[2] = 1;
-    t.base = base;
-    t.extent = extent;
-    t.device = 0;
-    return t;
-}
 
 /* a [H,T,K], w [H,K,N], c [H,T,N] views of set s; pe_in/pe_out for query */
 void views(const Ctx &c, const Set &s, mlart_tensor *a, mlart_tensor *w, mlart_tensor *o, mlart_tensor *pi,
            mlart_tensor *po)
 {
     const size_t ab = a_elems(c) * 2, wb = w_elems(c) * 2, cb = c_elems(c) * 2;
-    *w = view3(s.w, s.w, wb, c.H, c.K, c.N, c.K * c.N, c.N);
+    *w = mlart_bench_view3(s.w, s.w, wb, c.H, c.K, c.N, c.K * c.N, c.N);
     if (c.vup) {
-        *a = view3(s.a, s.a, ab, c.H, c.T, c.K, c.T * c.K, c.K);
-        *o = view3(s.c, s.c, cb, c.H, c.T, c.N, c.N, c.H * c.N);
+        *a = mlart_bench_view3(s.a, s.a, ab, c.H, c.T, c.K, c.T * c.K, c.K);
+        *o = mlart_bench_view3(s.c, s.c, cb, c.H, c.T, c.N, c.N, c.H * c.N);
         return;
     }
     const int64_t AS = c.K + kR, CS = c.N + kR;
-    *a = view3(s.a, s.a, ab, c.H, c.T, c.K, AS, c.H * AS);
-    *o = view3(s.c, s.c, cb, c.H, c.T, c.N, CS, c.H * CS);
-    *pi = view3(s.a + c.K, s.a, ab, c.T, c.H, kR, c.H * AS, AS);
-    *po = view3(s.c + c.N, s.c, cb, c.T, c.H, kR, c.H * CS, CS);
+    *a = mlart_bench_view3(s.a, s.a, ab, c.H, c.T, c.K, AS, c.H * AS);
+    *o = mlart_bench_view3(s.c, s.c, cb, c.H, c.T, c.N, CS, c.H * CS);
+    *pi = mlart_bench_view3(s.a + c.K, s.a, ab, c.T, c.H, kR, c.H * AS, AS);
+    *po = mlart_bench_view3(s.c + c.N, s.c, cb, c.T, c.H, kR, c.H * CS, CS);
 }
 
 int run_ours(const Ctx &c, const Set &s, cudaStream_t st)
