@@ -90,6 +90,8 @@ fail:
 
 extern "C" int mlart_bench_sets(const mlart_bench_opts *o, size_t bytes_per_set, int min_sets)
 {
+    if (o->sets > 0)
+        return o->sets;
     size_t want = 3 * o->l2_bytes;
     size_t n = bytes_per_set ? (want + bytes_per_set - 1) / bytes_per_set : 1;
     if (n < (size_t)min_sets)

@@ -28,6 +28,7 @@ typedef struct mlart_bench_opts {
     int reps;           /* timed replays per measurement (median) */
     int warmup;         /* untimed replays first */
     int variants;       /* also time kernel variants (tuning tables) */
+    int sets;           /* > 0: rotate over exactly this many input sets (--sets) */
     int device;
     int sms;            /* multiprocessors */
     size_t l2_bytes;    /* L2 cache size */
@@ -44,7 +45,7 @@ typedef int (*mlart_bench_enqueue_fn)(void *ctx, int set, cudaStream_t stream);
 int mlart_bench_time(const mlart_bench_opts *o, mlart_bench_enqueue_fn fn, void *ctx, int nsets, double *us);
 
 /* Input sets to rotate so that nsets * bytes_per_set >= 3 * L2: at least
- * min_sets, at most 128. */
+ * min_sets, at most 128; opts->sets when that is set. */
 int mlart_bench_sets(const mlart_bench_opts *o, size_t bytes_per_set, int min_sets);
 
 /* Measure the device-to-device copy roofline (1 GiB cudaMemcpyAsync in a

@@ -1,7 +1,7 @@
 /* mlart-bench: benchmarks of the mlart ops and attention backends on one GPU.
  *
  *   mlart-bench [--filter STR] [--json FILE] [--reps N] [--warmup N]
- *               [--variants] [--device N]
+ *               [--variants] [--device N] [--sets N]
  *
  * Prints one fixed-width table per suite (units row under the header), a
  * summary line per table, and with --json the same rows as a JSON array.
@@ -18,12 +18,16 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: mlart-bench [--filter STR] [--json FILE] [--reps N] [--warmup N] [--variants] [--device N]\n"
+               "                   [--sets N]\n"
                "  --filter STR  only rows whose name contains STR (e.g. 'qbmm H128', 'v_up')\n"
                "  --json FILE   also write every row as JSON\n"
                "  --reps N      timed graph replays per measurement, median reported (default 25)\n"
                "  --warmup N    untimed replays first (default 3)\n"
                "  --variants    also time kernel variants (tuning tables)\n"
-               "  --device N    CUDA device (default 0)\n");
+               "  --device N    CUDA device (default 0)\n"
+               "  --sets N      rotate over exactly N input sets (1..128) instead of enough to exceed\n"
+               "                3x the L2 cache; small shapes then stay in L2 (for comparing with\n"
+               "                numbers measured that way, not for the tables in docs/PERF.md)\n");
 }
 
 int main(int argc, char **argv)
@@ -54,6 +58,13 @@ int main(int argc, char **argv)
             i++;
         } else if (!strcmp(a, "--device") && v) {
             o.device = atoi(v);
+            i++;
+        } else if (!strcmp(a, "--sets") && v) {
+            o.sets = atoi(v);
+            if (o.sets < 1 || o.sets > 128) {
+                fprintf(stderr, "mlart-bench: --sets must be 1..128\n");
+                return 2;
+            }
             i++;
         } else if (!strcmp(a, "--variants")) {
             o.variants = 1;
@@ -88,16 +99,23 @@ int main(int argc, char **argv)
            o.sms, o.l2_bytes >> 20, prop.major, prop.minor, drv, rt);
     for (int i = 0; i < argc; i++)
         printf(" %s", argv[i]);
-    printf("\n# timing: CUDA events around graph replays of a rotation of input sets larger than L2; median of %d\n",
-           o.reps);
+    if (o.sets)
+        printf("\n# timing: CUDA events around graph replays of a rotation of %d input sets (--sets: small "
+               "shapes stay in L2); median of %d\n",
+               o.sets, o.reps);
+    else
+        printf("\n# timing: CUDA events around graph replays of a rotation of input sets larger than L2; median of "
+               "%d\n",
+               o.reps);
     if (json_path) {
         o.json = fopen(json_path, "w");
         if (!o.json) {
             fprintf(stderr, "mlart-bench: cannot write %s\n", json_path);
             return 2;
         }
-        fprintf(o.json, "[\n  {\"date\": \"%s\", \"gpu\": \"%s\", \"sms\": %d, \"l2_bytes\": %zu, \"reps\": %d}", stamp,
-                o.gpu, o.sms, o.l2_bytes, o.reps);
+        fprintf(o.json,
+                "[\n  {\"date\": \"%s\", \"gpu\": \"%s\", \"sms\": %d, \"l2_bytes\": %zu, \"reps\": %d, \"sets\": %d}",
+                stamp, o.gpu, o.sms, o.l2_bytes, o.reps, o.sets);
     }
     if (mlart_bench_copy_roofline(&o)) {
         fprintf(stderr, "mlart-bench: copy roofline failed\n");
