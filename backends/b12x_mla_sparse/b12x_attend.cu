@@ -332,6 +332,33 @@ template <bool FP8, class S> struct Pipeline {
     }
 };
 
+/* The start both kernels share.  Programmatic dependent launch: the block
+ * may be resident before the previous kernel of the stream has finished.
+ * It resolves its slots and starts its first gathers meanwhile
+ * (load_query's comment says why that is safe), then waits for that
+ * kernel and its memory before it reads the query or writes anything, and
+ * lets the combine be scheduled (it waits for this whole grid the same
+ * way).  The wait and the trigger are no-ops for a plain launch.  Returns
+ * the block's pipeline with the first gathers in flight. */
+template <bool FP8, class S>
+__device__ __forceinline__ Pipeline<FP8, S> start_block(const AttendArgs &a, uint8_t *smem, uint32_t sbase,
+                                                        int32_t *s_slot, int t, int h0, int rows, int padded,
+                                                        int k0, int kend, int nblk)
+{
+    B12X_PROF_MAIN(0, prof_gt());
+    B12X_PROF_MAIN(6, clock64());
+    b12x::resolve_slots<NTHREADS>(a, t, k0, kend, nblk * BN, s_slot);
+    __syncthreads();
+    const Pipeline<FP8, S> pipe{a, smem, sbase, s_slot, nblk};
+    pipe.prefetch();
+    B12X_PROF_MAIN(1, clock64());
+    grid_dep_wait();
+    grid_dep_launch();
+    load_query(a, sbase, t, h0, rows, padded);
+    B12X_PROF_MAIN(2, clock64());
+    return pipe;
+}
+
 template <bool FP8, int RT>
 __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendArgs a)
 {
@@ -356,24 +383,8 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
     const uint32_t sbase = smem_u32(smem);
     int32_t *s_slot = reinterpret_cast<int32_t *>(smem + S::OFF_SLOT);
 
-    /* Programmatic dependent launch: this block may be resident before the
-     * previous kernel of the stream has finished.  It resolves its slots and
-     * starts its first gathers meanwhile (load_query's comment says why that
-     * is safe), then waits for that kernel and its memory before it reads
-     * the query or writes anything, and lets the combine be scheduled (it
-     * waits for this whole grid the same way).  The wait and the trigger are
-     * no-ops for a plain launch. */
-    B12X_PROF_MAIN(0, prof_gt());
-    B12X_PROF_MAIN(6, clock64());
-    b12x::resolve_slots<NTHREADS>(a, t, k0, kend, nblk * BN, s_slot);
-    __syncthreads();
-    const Pipeline<FP8, S> pipe{a, smem, sbase, s_slot, nblk};
-    pipe.prefetch();
-    B12X_PROF_MAIN(1, clock64());
-    grid_dep_wait();
-    grid_dep_launch();
-    load_query(a, sbase, t, h0, rows, RT * 16);
-    B12X_PROF_MAIN(2, clock64());
+    const Pipeline<FP8, S> pipe =
+        start_block<FP8, S>(a, smem, sbase, s_slot, t, h0, rows, RT * 16, k0, kend, nblk);
 
     const int pair = warp >> 1, ch = warp & 1;
     /* gi: the pair's group within its row tile, g: its slot half */
@@ -648,17 +659,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_small_kernel(const AttendArg
     float *s_part = reinterpret_cast<float *>(smem + S::OFF_S);
     float *s_stat = reinterpret_cast<float *>(smem + S::OFF_STAT);
 
-    B12X_PROF_MAIN(0, prof_gt());
-    B12X_PROF_MAIN(6, clock64());
-    b12x::resolve_slots<NTHREADS>(a, t, k0, kend, nblk * BN, s_slot);
-    __syncthreads();
-    const Pipeline<FP8, S> pipe{a, smem, sbase, s_slot, nblk};
-    pipe.prefetch();
-    B12X_PROF_MAIN(1, clock64());
-    grid_dep_wait();
-    grid_dep_launch();
-    load_query(a, sbase, t, h0, rows, 16);
-    B12X_PROF_MAIN(2, clock64());
+    const Pipeline<FP8, S> pipe = start_block<FP8, S>(a, smem, sbase, s_slot, t, h0, rows, 16, k0, kend, nblk);
 
     /* This warp's k16 steps of the 576 dims: 5 for warps 0-3, 4 for 4-7. */
     const int ks0 = warp < 4 ? 5 * warp : 20 + 4 * (warp - 4);
