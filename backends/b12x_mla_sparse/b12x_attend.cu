@@ -171,7 +171,7 @@ __device__ __forceinline__ void pair_sync(int p)
 
 using b12x::bf16_hi;
 using b12x::bf16_lo;
-using b12x::e4m3x2_to_bf16x2;
+using b12x::e4m3x16_to_bf16;
 using b12x::pack_bf16;
 
 /* Byte offset of 16-byte piece c of row r in a swizzled 1152-byte-row
@@ -219,14 +219,7 @@ __device__ __forceinline__ void convert_fp8(const uint8_t *raw, uint32_t dst)
             const uint4 v = *reinterpret_cast<const uint4 *>(rrow + c * 16);
             const float sc = *reinterpret_cast<const float *>(rrow + KV_L + 4 * (c >> 3));
             uint4 lo, hi;
-            lo.x = e4m3x2_to_bf16x2(v.x & 0xffff, sc);
-            lo.y = e4m3x2_to_bf16x2(v.x >> 16, sc);
-            lo.z = e4m3x2_to_bf16x2(v.y & 0xffff, sc);
-            lo.w = e4m3x2_to_bf16x2(v.y >> 16, sc);
-            hi.x = e4m3x2_to_bf16x2(v.z & 0xffff, sc);
-            hi.y = e4m3x2_to_bf16x2(v.z >> 16, sc);
-            hi.z = e4m3x2_to_bf16x2(v.w & 0xffff, sc);
-            hi.w = e4m3x2_to_bf16x2(v.w >> 16, sc);
+            e4m3x16_to_bf16(v, sc, lo, hi);
             st_shared16(dst + sw_off(r, 2 * c), lo);
             st_shared16(dst + sw_off(r, 2 * c + 1), hi);
         } else {

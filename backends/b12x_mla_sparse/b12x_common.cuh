@@ -143,6 +143,20 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two, float scale)
     return pack_bf16(f.x * scale, f.y * scale);
 }
 
+/* 16 e4m3 values (one 16-byte piece of a record) times their tile's
+ * scale as 16 bf16 (two 16-byte pieces, low values first). */
+__device__ __forceinline__ void e4m3x16_to_bf16(uint4 x, float scale, uint4 &lo, uint4 &hi)
+{
+    lo.x = e4m3x2_to_bf16x2(x.x & 0xffff, scale);
+    lo.y = e4m3x2_to_bf16x2(x.x >> 16, scale);
+    lo.z = e4m3x2_to_bf16x2(x.y & 0xffff, scale);
+    lo.w = e4m3x2_to_bf16x2(x.y >> 16, scale);
+    hi.x = e4m3x2_to_bf16x2(x.z & 0xffff, scale);
+    hi.y = e4m3x2_to_bf16x2(x.z >> 16, scale);
+    hi.z = e4m3x2_to_bf16x2(x.w & 0xffff, scale);
+    hi.w = e4m3x2_to_bf16x2(x.w >> 16, scale);
+}
+
 /* Physical slot of every index of a chunk (s_slot[k] for index k0 + k, k <
  * n), -1 where it selects nothing, by the NT threads of the block.
  * Anything out of range reads as empty; the host validates when asked.

@@ -280,7 +280,7 @@ __device__ __forceinline__ void wgmma_ss_n256(float (&d)[128], uint64_t da, uint
 
 using b12x::bf16_hi;
 using b12x::bf16_lo;
-using b12x::e4m3x2_to_bf16x2;
+using b12x::e4m3x16_to_bf16;
 using b12x::pack_bf16;
 
 /* 2^x on the special-function unit (subnormal results flush to 0, far
@@ -601,14 +601,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_wgmma_kernel(const WgArgs a)
                 uint4 x = v[i], lo, hi;
                 if (!ok)
                     x = make_uint4(0, 0, 0, 0);
-                lo.x = e4m3x2_to_bf16x2(x.x & 0xffff, f);
-                lo.y = e4m3x2_to_bf16x2(x.x >> 16, f);
-                lo.z = e4m3x2_to_bf16x2(x.y & 0xffff, f);
-                lo.w = e4m3x2_to_bf16x2(x.y >> 16, f);
-                hi.x = e4m3x2_to_bf16x2(x.z & 0xffff, f);
-                hi.y = e4m3x2_to_bf16x2(x.z >> 16, f);
-                hi.z = e4m3x2_to_bf16x2(x.w & 0xffff, f);
-                hi.w = e4m3x2_to_bf16x2(x.w >> 16, f);
+                e4m3x16_to_bf16(x, f, lo, hi);
                 st_shared16(dst + tile_off(lane, 2 * c, BN), lo);
                 st_shared16(dst + tile_off(lane, 2 * c + 1, BN), hi);
             }

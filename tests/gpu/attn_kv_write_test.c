@@ -2,11 +2,15 @@
  * with per-tile magnitudes over many binades, an all-zero tile, tiles whose
  * amax sits exactly on 448 * 2^k, tiny (e4m3 subnormal) values, skipped (-1)
  * and repeated slots (the later row wins); then the reference records of
- * tests/data (kv_latent.bin -> kv_fp8.bin).  Both formats. */
+ * tests/data (kv_latent.bin -> kv_fp8.bin).  Both formats.  Also the
+ * attention kernels' dequantisation of those records (e4m3 x tile scale ->
+ * bf16 on the device) against the host numerics, for every e4m3 value. */
 #include <check.h>
 #include <cuda_runtime.h>
 
 #include "attn_util.h"
+#include "fp8_probe.h"
+#include "ops/numerics.h"
 #include "ops/ops.h"
 
 static uint64_t g_seed;
@@ -204,6 +208,44 @@ START_TEST(test_bad_input)
 }
 END_TEST
 
+/* Every e4m3 byte but the two NaN codes (0x7f, 0xff, never written by the
+ * quantiser), times power-of-two scales from 2^-100 to 2^100 (every tile
+ * scale whose products stay normal bf16), through the kernels'
+ * dequantisation on the device: bit for bit the host's e4m3 value times
+ * the scale rounded to bf16 (exact: at most 4 significant bits). */
+START_TEST(test_dequant_exact)
+{
+    static const int ks[] = {-100, -64, -20, -9, -7, -1, 0, 1, 3, 7, 8, 9, 20, 64, 100};
+    const int nk = (int)(sizeof ks / sizeof ks[0]);
+    const int n = 16 * nk; /* 16 pieces of 16 bytes = all 256 bytes per scale */
+    uint8_t *pieces = malloc((size_t)n * 16);
+    float *scales = malloc((size_t)n * sizeof(float));
+    uint16_t *out = malloc((size_t)n * 16 * sizeof(uint16_t));
+    int checked = 0;
+    for (int k = 0; k < nk; k++)
+        for (int p = 0; p < 16; p++) {
+            for (int b = 0; b < 16; b++)
+                pieces[(k * 16 + p) * 16 + b] = (uint8_t)(p * 16 + b);
+            scales[k * 16 + p] = ldexpf(1.0f, ks[k]);
+        }
+    ck_assert_int_eq(fp8_probe_dequant(pieces, scales, n, out), 0);
+    for (int i = 0; i < n * 16; i++) {
+        const uint8_t b = pieces[i];
+        if ((b & 0x7f) == 0x7f)
+            continue;
+        const float want = mlart_e4m3_to_f32(b) * scales[i / 16];
+        const uint16_t wb = mlart_f32_to_bf16(want);
+        ck_assert_msg(out[i] == wb, "e4m3 0x%02x x 2^%d: device bf16 0x%04x, host 0x%04x (%g)", b,
+                      ks[i / 256], out[i], wb, (double)want);
+        checked++;
+    }
+    printf("fp8 dequant: %d values (254 e4m3 codes x %d scales) exact on the device\n", checked, nk);
+    free(pieces);
+    free(scales);
+    free(out);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s;
@@ -223,6 +265,7 @@ int main(void)
     tcase_add_loop_test(tc, test_random_rows, 0, 2);
     tcase_add_loop_test(tc, test_reference_records, 0, 2);
     tcase_add_test(tc, test_bad_input);
+    tcase_add_test(tc, test_dequant_exact);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_FORK);

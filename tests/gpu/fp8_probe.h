@@ -1,0 +1,22 @@
+/* The b12x kernels' fp8_ds_mla dequantisation (e4m3 x tile scale -> bf16,
+ * b12x_common.cuh) run on the device for the GPU tests, so they can check
+ * it value by value against the host numerics (ops/numerics.h). */
+#ifndef MLART_TESTS_FP8_PROBE_H
+#define MLART_TESTS_FP8_PROBE_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* n pieces of 16 e4m3 bytes (host memory, 16 * n bytes), piece i times
+ * scales[i] -> out[16 * i .. 16 * i + 15] (bf16 bits, host memory).
+ * Returns a cudaError_t (0 on success). */
+int fp8_probe_dequant(const uint8_t *pieces, const float *scales, int n, uint16_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
