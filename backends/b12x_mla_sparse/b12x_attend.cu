@@ -53,7 +53,6 @@ constexpr int KV_D = B12X_KV_LORA + B12X_ROPE;  /* 576 */
 constexpr int ROW_BYTES = KV_D * 2;              /* one bf16 row in shared memory */
 constexpr int ROW_CHUNKS = ROW_BYTES / 16;       /* 72 pieces of 16 bytes */
 constexpr int FP8_BYTES = KV_L + 4 * (KV_L / 128) + 2 * B12X_ROPE; /* 656 */
-constexpr int FP8_CHUNKS = FP8_BYTES / 16;       /* 41 */
 constexpr int BN = 32;                           /* slots per pipeline block */
 constexpr int NTHREADS = 256;
 constexpr int HEAD_TILE = 64;
@@ -72,6 +71,13 @@ static_assert(FP8_BYTES % 16 == 0, "fp8 records must be whole 16-byte pieces");
 constexpr int PROF_BLOCKS = 4096;
 __device__ unsigned long long b12x_prof_main[PROF_BLOCKS][8];
 __device__ unsigned long long b12x_prof_cb[PROF_BLOCKS][2];
+/* Loop phases of the small-head kernel, SM cycles summed over the blocks
+ * of 32 slots, as thread 0 sees them: [0] the step's wait for its data and
+ * the block barrier, [1] the fp8 conversion of the next block, [2] the
+ * next gather's issue, [3] the scores, [4] the barrier, softmax and
+ * barrier, [5] P.V. */
+constexpr int PROF_LOOP = 6;
+__device__ unsigned long long b12x_prof_loop[PROF_BLOCKS][PROF_LOOP];
 int prof_main_blocks, prof_cb_blocks; /* of the last launch */
 __device__ __forceinline__ unsigned long long prof_gt()
 {
@@ -91,7 +97,15 @@ __device__ __forceinline__ unsigned long long prof_gt()
         if (threadIdx.x == 0 && B12X_PROF_BLK() < PROF_BLOCKS)                \
             b12x_prof_cb[B12X_PROF_BLK()][k] = prof_gt();                     \
     } while (0)
+/* Add the cycles since the last tick to loop phase k (thread 0). */
+#define B12X_PROF_TICK(acc, tick, k)                                          \
+    do {                                                                      \
+        const unsigned long long now_ = clock64();                            \
+        (acc)[k] += now_ - (tick);                                            \
+        (tick) = now_;                                                        \
+    } while (0)
 #else
+#define B12X_PROF_TICK(acc, tick, k) ((void)0)
 #define B12X_PROF_MAIN(k, v) ((void)0)
 #define B12X_PROF_CB(k) ((void)0)
 #endif
@@ -183,51 +197,69 @@ __device__ __forceinline__ uint32_t sw_off(int r, int c)
     return (uint32_t)(r * ROW_BYTES + ((c ^ (r & 7)) << 4));
 }
 
-/* Gather the 32 rows of one pipeline block (slots[0..31]) into a stage:
- * bf16 rows swizzled (sw_off), fp8 records as they are; empty slots are
- * zero-filled without reading. */
+/* Gather the 32 rows of one pipeline block (slots[0..31]) into a stage
+ * with 16-byte cp.async pieces, empty slots zero-filled without reading.
+ * Thread = (row tid / 8, q = tid % 8): pieces q, q + 8, .. of its row, so
+ * a thread reads its slot once and eight lanes copy 128 contiguous bytes.
+ * bf16 rows are swizzled (sw_off: piece q + 8i lands at 128 i + 16 (q ^
+ * (row & 7)) of its row), fp8 records stored as they are (41 pieces). */
 __device__ __forceinline__ void gather_bf16(const AttendArgs &a, const int32_t *slots, uint32_t st)
 {
+    static_assert(NTHREADS == 8 * BN && ROW_CHUNKS % 8 == 0, "eight threads per row");
+    const int r = threadIdx.x >> 3, q = threadIdx.x & 7;
+    const int slot = slots[r];
+    const uint8_t *src = a.kv + (slot >= 0 ? (int64_t)slot * a.kv_row + q * 16 : 0);
+    const uint32_t dst = st + sw_off(r, q);
+    const int n = slot >= 0 ? 16 : 0;
 #pragma unroll
-    for (int i = 0; i < BN * ROW_CHUNKS / NTHREADS; i++) {
-        const int u = threadIdx.x + i * NTHREADS;
-        const int r = u / ROW_CHUNKS, c = u - r * ROW_CHUNKS;
-        const int slot = slots[r];
-        const uint8_t *src = a.kv + (slot >= 0 ? slot * a.kv_row + c * 16 : 0);
-        cp_async16(st + sw_off(r, c), src, slot >= 0 ? 16 : 0);
-    }
+    for (int i = 0; i < ROW_CHUNKS / 8; i++)
+        cp_async16(dst + 128 * i, src + (slot >= 0 ? 128 * i : 0), n);
 }
 
 __device__ __forceinline__ void gather_fp8(const AttendArgs &a, const int32_t *slots, uint32_t st)
 {
-    for (int u = threadIdx.x; u < BN * FP8_CHUNKS; u += NTHREADS) {
-        const int r = u / FP8_CHUNKS, c = u - r * FP8_CHUNKS;
-        const int slot = slots[r];
-        const uint8_t *src = a.kv + (slot >= 0 ? slot * a.kv_row + c * 16 : 0);
-        cp_async16(st + r * FP8_BYTES + c * 16, src, slot >= 0 ? 16 : 0);
-    }
+    constexpr int PIECES = FP8_BYTES / 16; /* 41 */
+    static_assert(NTHREADS == 8 * BN && PIECES > 40 && PIECES <= 48, "eight threads per row, 5-6 pieces each");
+    const int r = threadIdx.x >> 3, q = threadIdx.x & 7;
+    const int slot = slots[r];
+    const uint8_t *src = a.kv + (slot >= 0 ? (int64_t)slot * a.kv_row + q * 16 : 0);
+    const uint32_t dst = st + r * FP8_BYTES + q * 16;
+    const int n = slot >= 0 ? 16 : 0;
+#pragma unroll
+    for (int i = 0; i < 6; i++)
+        if (q + 8 * i < PIECES)
+            cp_async16(dst + 128 * i, src + (slot >= 0 ? 128 * i : 0), n);
 }
 
-/* fp8 block: raw records -> swizzled bf16 rows.  Per row: 32 pieces of 16
- * e4m3 values (each becomes two bf16 pieces) and 8 rope pieces. */
+/* fp8 block: raw records -> swizzled bf16 rows.  Thread = (row lane, warp
+ * w of 8): e4m3 pieces w, w + 8, w + 16, w + 24 (16 values each, scale
+ * tile i for piece w + 8i; each becomes two bf16 pieces) and rope piece w.
+ * All loads first, so the conversion is not bound by their latency.  A
+ * warp's 32 rows (656 bytes apart) make its reads conflict-free, and the
+ * swizzle its writes.  Empty rows are zero-filled records (scale 0). */
 __device__ __forceinline__ void convert_fp8(const uint8_t *raw, uint32_t dst)
 {
-    for (int u = threadIdx.x; u < BN * 40; u += NTHREADS) {
-        const int r = u / 40, c = u - r * 40;
-        const uint8_t *rrow = raw + r * FP8_BYTES;
-        if (c < 32) {
-            const uint4 v = *reinterpret_cast<const uint4 *>(rrow + c * 16);
-            const float sc = *reinterpret_cast<const float *>(rrow + KV_L + 4 * (c >> 3));
-            uint4 lo, hi;
-            e4m3x16_to_bf16(v, sc, lo, hi);
-            st_shared16(dst + sw_off(r, 2 * c), lo);
-            st_shared16(dst + sw_off(r, 2 * c + 1), hi);
-        } else {
-            const int cc = c - 32;
-            const uint4 v = *reinterpret_cast<const uint4 *>(rrow + KV_L + 16 + cc * 16);
-            st_shared16(dst + sw_off(r, 64 + cc), v);
-        }
+    static_assert(NTHREADS == 8 * BN && KV_L / 16 == 4 * 8 && B12X_ROPE * 2 / 16 == 8,
+                  "one thread per (row, warp)");
+    const int r = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const uint8_t *rrow = raw + r * FP8_BYTES;
+    uint4 v[4];
+    float sc[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        v[i] = *reinterpret_cast<const uint4 *>(rrow + (w + 8 * i) * 16);
+        sc[i] = *reinterpret_cast<const float *>(rrow + KV_L + 4 * i);
     }
+    const uint4 rp = *reinterpret_cast<const uint4 *>(rrow + KV_L + 16 + w * 16);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int c = w + 8 * i;
+        uint4 lo, hi;
+        e4m3x16_to_bf16(v[i], sc[i], lo, hi);
+        st_shared16(dst + sw_off(r, 2 * c), lo);
+        st_shared16(dst + sw_off(r, 2 * c + 1), hi);
+    }
+    st_shared16(dst + sw_off(r, 64 + w), rp);
 }
 
 /* The start both kernels share, in two halves around the dependency wait.
@@ -267,6 +299,9 @@ template <bool FP8, class S> struct Pipeline {
     uint32_t sbase;
     const int32_t *s_slot;
     int nblk;
+#ifdef B12X_PROFILE
+    mutable unsigned long long pacc[6] = {0, 0, 0, 0, 0, 0}, ptick = 0;
+#endif
 
     /* Gather block j (one commit group, empty past the end). */
     __device__ __forceinline__ void issue(int j) const
@@ -309,9 +344,12 @@ template <bool FP8, class S> struct Pipeline {
         if constexpr (FP8) {
             cp_async_wait<S::RAW_STAGES - 2>();
             __syncthreads();
+            B12X_PROF_TICK(pacc, ptick, 0);
             if (j + 1 < nblk)
                 convert(j + 1);
+            B12X_PROF_TICK(pacc, ptick, 1);
             issue(j + S::RAW_STAGES);
+            B12X_PROF_TICK(pacc, ptick, 2);
             return sbase + S::OFF_KV + (j % 2) * S::KV_STAGE;
         } else {
             if (j == 0)
@@ -319,7 +357,9 @@ template <bool FP8, class S> struct Pipeline {
             else
                 cp_async_wait<S::KV_STAGES - 2>();
             __syncthreads();
+            B12X_PROF_TICK(pacc, ptick, 0);
             issue(j + S::KV_STAGES - 1);
+            B12X_PROF_TICK(pacc, ptick, 2);
             return sbase + S::OFF_KV + (j % S::KV_STAGES) * S::KV_STAGE;
         }
     }
@@ -668,6 +708,9 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_small_kernel(const AttendArg
     float m_run = -INFINITY, l_run = 0.0f;
 
     pipe.start();
+#ifdef B12X_PROFILE
+    pipe.ptick = clock64();
+#endif
     for (int j = 0; j < nblk; j++) {
         const uint32_t kvb = pipe.step(j);
         if (j == 0) {
@@ -709,6 +752,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_small_kernel(const AttendArg
                     make_float2(sacc[nt][2], sacc[nt][3]);
             }
         }
+        B12X_PROF_TICK(pipe.pacc, pipe.ptick, 3);
         __syncthreads();
 
         /* Softmax: row srow, slots sc2 and sc2 + 1. */
@@ -742,6 +786,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_small_kernel(const AttendArg
                 s_stat[srow] = alpha;
         }
         __syncthreads();
+        B12X_PROF_TICK(pipe.pacc, pipe.ptick, 4);
 
         /* O[16 x 64] (this warp's columns) = alpha * O + P[16 x 32] . V[32 x 64]. */
         {
@@ -769,7 +814,13 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_small_kernel(const AttendArg
                 }
             }
         }
+        B12X_PROF_TICK(pipe.pacc, pipe.ptick, 5);
     }
+#ifdef B12X_PROFILE
+    if (tid == 0 && B12X_PROF_BLK() < PROF_BLOCKS)
+        for (int k = 0; k < PROF_LOOP; k++)
+            b12x_prof_loop[B12X_PROF_BLK()][k] = pipe.pacc[k];
+#endif
 
     cp_async_wait<0>();
     if ((tid & 15) == 0) {
@@ -1197,11 +1248,12 @@ static double prof_pick(double *v, int n, double q)
  * clock), median / max over blocks. */
 extern "C" void b12x_profile_dump(FILE *f, const char *label)
 {
-    static unsigned long long m[PROF_BLOCKS][8], c[PROF_BLOCKS][2];
+    static unsigned long long m[PROF_BLOCKS][8], c[PROF_BLOCKS][2], lp[PROF_BLOCKS][PROF_LOOP];
     int clk_khz = 0;
     if (cudaDeviceSynchronize() != cudaSuccess ||
         cudaMemcpyFromSymbol(m, b12x_prof_main, sizeof m) != cudaSuccess ||
-        cudaMemcpyFromSymbol(c, b12x_prof_cb, sizeof c) != cudaSuccess)
+        cudaMemcpyFromSymbol(c, b12x_prof_cb, sizeof c) != cudaSuccess ||
+        cudaMemcpyFromSymbol(lp, b12x_prof_loop, sizeof lp) != cudaSuccess)
         return;
     cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, 0);
     const double cyc_us = 1e3 / (clk_khz > 0 ? clk_khz : 1980000);
@@ -1236,6 +1288,15 @@ extern "C" void b12x_profile_dump(FILE *f, const char *label)
                 prof_pick(ce, nc, 1.0), prof_pick(cx, nc, 0.5), prof_pick(cx, nc, 1.0));
     }
     fprintf(f, " (us, median/max)\n");
+    /* small-head kernel only (the others leave these zero or stale) */
+    static const char *lnames[] = {"wait", "convert", "issue", "scores", "softmax", "pv"};
+    fprintf(f, "# profile %s: small-kernel loop, us summed over a block's steps (median over blocks):", label);
+    for (int k = 0; k < PROF_LOOP; k++) {
+        for (int b = 0; b < nm; b++)
+            v[0][b] = (double)lp[b][k] * cyc_us;
+        fprintf(f, " %s %.2f", lnames[k], prof_pick(v[0], nm, 0.5));
+    }
+    fprintf(f, "\n");
 }
 #endif
 
