@@ -646,11 +646,15 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
 
 /* <= 16 heads (one 16-row tile): all eight warps on one block of 32 slots
  * at a time, so the per-block math is short and the fp32 state small.
- *   scores: warp w takes 4-5 of the 36 k16 steps of the 576 dims for all 32
- *           slots, its query fragments held in registers from the start;
- *           the eight partial 16 x 32 score tiles meet in shared memory;
- *   softmax: a half-warp per head row (2 slots a lane), running max and sum
- *           in registers, bf16 probabilities into a 16 x 32 tile;
+ *   scores: warp w takes 16 of the 32 slots (w % 2) over 9 of the 36 k16
+ *           steps of the 576 dims (w / 2), its query fragments held in
+ *           registers from the start; the four partial 16 x 32 score
+ *           tiles meet in shared memory;
+ *   softmax: a half-warp per head row (2 slots a lane), running max and
+ *           sum in registers, bf16 probabilities into a 16 x 32 tile; the
+ *           maximum is lazy (taken only when a score passes the running
+ *           one by 2^8) and each lane keeps its own part of the sum, so
+ *           most blocks need no shuffle;
  *   P.V:    warp w owns output columns [64w, 64w + 64), a 16 x 64 fp32
  *           accumulator (32 registers).
  * Three block barriers per block of slots.  The output (or fp32 partial) is
@@ -694,16 +698,17 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_small_kernel(const AttendArg
 
     const Pipeline<FP8, S> pipe = start_block<FP8, S>(a, smem, sbase, s_slot, t, h0, rows, 16, k0, kend, nblk);
 
-    /* This warp's k16 steps of the 576 dims: 5 for warps 0-3, 4 for 4-7. */
-    const int ks0 = warp < 4 ? 5 * warp : 20 + 4 * (warp - 4);
-    const int nks = warp < 4 ? 5 : 4;
+    /* This warp's share of the scores: slots [16 sg, 16 sg + 16) over the
+     * nine k16 steps [9 kq, 9 kq + 9) of the 576 dims. */
+    const int sg = warp & 1, kq = warp >> 1, ks0 = 9 * kq;
     const int r4 = lane >> 2, q4 = lane & 3, sw = lane & 7;
-    uint32_t qa[5][4];
+    uint32_t qa[9][4];
     float o[8][4];
 #pragma unroll
     for (int i = 0; i < 8; i++)
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-    /* Softmax state of row srow (the same in the 16 lanes of a half-warp). */
+    /* Softmax state of row srow: the running maximum (the same in the 16
+     * lanes of a half-warp) and this lane's part of the row sum. */
     const int srow = tid >> 4, sc2 = (tid & 15) * 2;
     float m_run = -INFINITY, l_run = 0.0f;
 
@@ -717,39 +722,43 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_small_kernel(const AttendArg
             /* the query landed with the first group */
             const uint32_t qrow = sbase + (lane & 15) * ROW_BYTES;
 #pragma unroll
-            for (int s = 0; s < 5; s++)
-                if (s < nks)
-                    ldsm_x4(qa[s], qrow + (((2 * (ks0 + s) + (lane >> 4)) ^ sw) << 4));
+            for (int s = 0; s < 9; s++)
+                ldsm_x4(qa[s], qrow + (((2 * (ks0 + s) + (lane >> 4)) ^ sw) << 4));
             B12X_PROF_MAIN(3, clock64());
         }
 
-        /* Partial scores over this warp's dims: 16 rows x 32 slots. */
-        float sacc[4][4];
+        /* Partial scores over this warp's dims: 16 rows x 16 slots, two
+         * accumulators per n-tile (even and odd k-steps) so the chains of
+         * dependent mma are short. */
+        float sacc[2][2][4];
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
-            sacc[nt][0] = sacc[nt][1] = sacc[nt][2] = sacc[nt][3] = 0.0f;
+        for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-        for (int s = 0; s < 5; s++) {
-            if (s < nks) {
+            for (int e = 0; e < 2; e++)
+                sacc[nt][e][0] = sacc[nt][e][1] = sacc[nt][e][2] = sacc[nt][e][3] = 0.0f;
+        {
+            const uint32_t krow = kvb + (16 * sg + (lane & 7) + ((lane >> 4) << 3)) * ROW_BYTES;
+#pragma unroll
+            for (int s = 0; s < 9; s++) {
                 const int piece = 2 * (ks0 + s) + ((lane >> 3) & 1);
-#pragma unroll
-                for (int np = 0; np < 2; np++) {
-                    const int slot = 16 * np + (lane & 7) + ((lane >> 4) << 3);
-                    uint32_t b[4];
-                    ldsm_x4(b, kvb + slot * ROW_BYTES + ((piece ^ sw) << 4));
-                    mma_bf16(sacc[2 * np], qa[s], b[0], b[1]);
-                    mma_bf16(sacc[2 * np + 1], qa[s], b[2], b[3]);
-                }
+                uint32_t b[4];
+                ldsm_x4(b, krow + ((piece ^ sw) << 4));
+                mma_bf16(sacc[0][s & 1], qa[s], b[0], b[1]);
+                mma_bf16(sacc[1][s & 1], qa[s], b[2], b[3]);
             }
         }
         {
-            float *sp = s_part + warp * 16 * S::S_LD;
+            float *sp = s_part + kq * 16 * S::S_LD + 16 * sg;
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
+            for (int nt = 0; nt < 2; nt++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    sacc[nt][0][i] += sacc[nt][1][i];
                 const int c = nt * 8 + 2 * q4;
-                *reinterpret_cast<float2 *>(sp + r4 * S::S_LD + c) = make_float2(sacc[nt][0], sacc[nt][1]);
+                *reinterpret_cast<float2 *>(sp + r4 * S::S_LD + c) =
+                    make_float2(sacc[nt][0][0], sacc[nt][0][1]);
                 *reinterpret_cast<float2 *>(sp + (r4 + 8) * S::S_LD + c) =
-                    make_float2(sacc[nt][2], sacc[nt][3]);
+                    make_float2(sacc[nt][0][2], sacc[nt][0][3]);
             }
         }
         B12X_PROF_TICK(pipe.pacc, pipe.ptick, 3);
@@ -759,27 +768,31 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_small_kernel(const AttendArg
         {
             float v0 = 0.0f, v1 = 0.0f;
 #pragma unroll
-            for (int w = 0; w < 8; w++) {
+            for (int w = 0; w < 4; w++) {
                 const float2 p = *reinterpret_cast<const float2 *>(s_part + (w * 16 + srow) * S::S_LD + sc2);
                 v0 += p.x;
                 v1 += p.y;
             }
             v0 = s_slot[j * BN + sc2] >= 0 ? v0 * a.scale_log2 : -INFINITY;
             v1 = s_slot[j * BN + sc2 + 1] >= 0 ? v1 * a.scale_log2 : -INFINITY;
-            float mx = fmaxf(v0, v1);
+            /* Lazy maximum: the row keeps its running maximum until a
+             * score passes it by more than 2^8 (then the whole warp takes
+             * the row maxima), so the probabilities stay <= 256 and most
+             * blocks need no reduction; each lane sums its own
+             * probabilities, reduced once after the loop. */
+            float alpha = 1.0f;
+            if (__any_sync(0xffffffffu, fmaxf(v0, v1) > m_run + 8.0f)) {
+                float mx = fmaxf(v0, v1);
 #pragma unroll
-            for (int d = 8; d >= 1; d >>= 1)
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
-            const float mnew = fmaxf(m_run, mx);
-            const float base = mnew == -INFINITY ? 0.0f : mnew;
-            const float alpha = exp2f(m_run - base);
-            m_run = mnew;
+                for (int d = 8; d >= 1; d >>= 1)
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+                const float mnew = fmaxf(m_run, mx);
+                alpha = exp2f(m_run - (mnew == -INFINITY ? 0.0f : mnew));
+                m_run = mnew;
+            }
+            const float base = m_run == -INFINITY ? 0.0f : m_run;
             const uint32_t p = pack_bf16(exp2f(v0 - base), exp2f(v1 - base));
-            float rs = bf16_lo(p) + bf16_hi(p);
-#pragma unroll
-            for (int d = 8; d >= 1; d >>= 1)
-                rs += __shfl_xor_sync(0xffffffffu, rs, d);
-            l_run = l_run * alpha + rs;
+            l_run = l_run * alpha + (bf16_lo(p) + bf16_hi(p));
             *reinterpret_cast<uint32_t *>(smem + S::OFF_P + srow * 64 +
                                           (((sc2 >> 3) ^ ((srow >> 1) & 3)) << 4) + (sc2 & 7) * 2) = p;
             if ((tid & 15) == 0)
@@ -823,6 +836,9 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_small_kernel(const AttendArg
 #endif
 
     cp_async_wait<0>();
+#pragma unroll
+    for (int d = 8; d >= 1; d >>= 1) /* the row sum over its 16 lanes */
+        l_run += __shfl_xor_sync(0xffffffffu, l_run, d);
     if ((tid & 15) == 0) {
         s_stat[16 + srow] = m_run;
         s_stat[32 + srow] = l_run;
