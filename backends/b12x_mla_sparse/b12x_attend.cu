@@ -76,7 +76,7 @@ __device__ unsigned long long b12x_prof_cb[PROF_BLOCKS][2];
  * the block barrier, [1] the fp8 conversion of the next block, [2] the
  * next gather's issue, [3] the scores, [4] the barrier, softmax and
  * barrier, [5] P.V. */
-constexpr int PROF_LOOP = 6;
+constexpr int PROF_LOOP = 8;
 __device__ unsigned long long b12x_prof_loop[PROF_BLOCKS][PROF_LOOP];
 int prof_main_blocks, prof_cb_blocks; /* of the last launch */
 __device__ __forceinline__ unsigned long long prof_gt()
@@ -203,10 +203,10 @@ __device__ __forceinline__ uint32_t sw_off(int r, int c)
  * a thread reads its slot once and eight lanes copy 128 contiguous bytes.
  * bf16 rows are swizzled (sw_off: piece q + 8i lands at 128 i + 16 (q ^
  * (row & 7)) of its row), fp8 records stored as they are (41 pieces). */
-__device__ __forceinline__ void gather_bf16(const AttendArgs &a, const int32_t *slots, uint32_t st)
+__device__ __forceinline__ void gather_bf16(const AttendArgs &a, const int32_t *slots, uint32_t st, int pt)
 {
     static_assert(NTHREADS == 8 * BN && ROW_CHUNKS % 8 == 0, "eight threads per row");
-    const int r = threadIdx.x >> 3, q = threadIdx.x & 7;
+    const int r = pt >> 3, q = pt & 7;
     const int slot = slots[r];
     const uint8_t *src = a.kv + (slot >= 0 ? (int64_t)slot * a.kv_row + q * 16 : 0);
     const uint32_t dst = st + sw_off(r, q);
@@ -216,11 +216,11 @@ __device__ __forceinline__ void gather_bf16(const AttendArgs &a, const int32_t *
         cp_async16(dst + 128 * i, src + (slot >= 0 ? 128 * i : 0), n);
 }
 
-__device__ __forceinline__ void gather_fp8(const AttendArgs &a, const int32_t *slots, uint32_t st)
+__device__ __forceinline__ void gather_fp8(const AttendArgs &a, const int32_t *slots, uint32_t st, int pt)
 {
     constexpr int PIECES = FP8_BYTES / 16; /* 41 */
     static_assert(NTHREADS == 8 * BN && PIECES > 40 && PIECES <= 48, "eight threads per row, 5-6 pieces each");
-    const int r = threadIdx.x >> 3, q = threadIdx.x & 7;
+    const int r = pt >> 3, q = pt & 7;
     const int slot = slots[r];
     const uint8_t *src = a.kv + (slot >= 0 ? (int64_t)slot * a.kv_row + q * 16 : 0);
     const uint32_t dst = st + r * FP8_BYTES + q * 16;
@@ -237,11 +237,11 @@ __device__ __forceinline__ void gather_fp8(const AttendArgs &a, const int32_t *s
  * All loads first, so the conversion is not bound by their latency.  A
  * warp's 32 rows (656 bytes apart) make its reads conflict-free, and the
  * swizzle its writes.  Empty rows are zero-filled records (scale 0). */
-__device__ __forceinline__ void convert_fp8(const uint8_t *raw, uint32_t dst)
+__device__ __forceinline__ void convert_fp8(const uint8_t *raw, uint32_t dst, int pt)
 {
     static_assert(NTHREADS == 8 * BN && KV_L / 16 == 4 * 8 && B12X_ROPE * 2 / 16 == 8,
                   "one thread per (row, warp)");
-    const int r = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int r = pt & 31, w = pt >> 5;
     const uint8_t *rrow = raw + r * FP8_BYTES;
     uint4 v[4];
     float sc[4];
@@ -308,16 +308,18 @@ template <bool FP8, class S> struct Pipeline {
     {
         if (j < nblk) {
             if constexpr (!FP8)
-                gather_bf16(a, s_slot + j * BN, sbase + S::OFF_KV + (j % S::KV_STAGES) * S::KV_STAGE);
+                gather_bf16(a, s_slot + j * BN, sbase + S::OFF_KV + (j % S::KV_STAGES) * S::KV_STAGE, threadIdx.x);
             else
-                gather_fp8(a, s_slot + j * BN, sbase + S::OFF_RAW + (j % S::RAW_STAGES) * S::RAW_STAGE);
+                gather_fp8(a, s_slot + j * BN, sbase + S::OFF_RAW + (j % S::RAW_STAGES) * S::RAW_STAGE,
+                           threadIdx.x);
         }
         cp_async_commit();
     }
     /* fp8 block j: raw stage j % NR -> bf16 stage j % 2. */
     __device__ __forceinline__ void convert(int j) const
     {
-        convert_fp8(smem + S::OFF_RAW + (j % S::RAW_STAGES) * S::RAW_STAGE, sbase + S::OFF_KV + (j % 2) * S::KV_STAGE);
+        convert_fp8(smem + S::OFF_RAW + (j % S::RAW_STAGES) * S::RAW_STAGE, sbase + S::OFF_KV + (j % 2) * S::KV_STAGE,
+                    threadIdx.x);
     }
     /* Before the dependency wait: the first blocks' gathers. */
     __device__ __forceinline__ void prefetch() const
@@ -678,8 +680,40 @@ template <bool FP8> struct SmallSmem {
     static_assert(bytes(B12X_MAX_TOPK) <= 232448, "over the sm_90 shared memory per block");
 };
 
+/* The small-head kernel runs 16 warps: 8 math warps (threads 0-255) and 8
+ * load warps (256-511) that gather, and for fp8 convert, the blocks ahead
+ * of the math; they hand the stages over by named barriers (bar.arrive on
+ * one side, bar.sync on the other, 512 threads each):
+ *   SB_FULL + s   block in stage s ready           load -> math
+ *   SB_EMPTY + s  math done with stage s            math -> load
+ * A side arrives on stage s again only after it has waited for the other
+ * side's arrival on it, so no barrier sees two phases at once.  SB_MATH
+ * and SB_LOAD are the barriers of each side alone (256 threads). */
+constexpr int SMALL_THREADS = 2 * NTHREADS;
+enum { SB_MATH = 1, SB_LOAD = 2, SB_FULL = 3, SB_EMPTY = 7 }; /* FULL/EMPTY + stage, stage < 4 */
+
+__device__ __forceinline__ void bar_sync(int id, int n)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+__device__ __forceinline__ void bar_arrive(int id, int n)
+{
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+__device__ __forceinline__ void math_sync()
+{
+    bar_sync(SB_MATH, NTHREADS);
+}
+
+__device__ __forceinline__ void load_sync()
+{
+    bar_sync(SB_LOAD, NTHREADS);
+}
+
 template <bool FP8>
-__global__ void __launch_bounds__(NTHREADS, 1) b12x_small_kernel(const AttendArgs a)
+__global__ void __launch_bounds__(SMALL_THREADS, 1) b12x_small_kernel(const AttendArgs a)
 {
     using S = SmallSmem<FP8>;
     extern __shared__ __align__(128) uint8_t smem[];
@@ -696,7 +730,99 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_small_kernel(const AttendArg
     float *s_part = reinterpret_cast<float *>(smem + S::OFF_S);
     float *s_stat = reinterpret_cast<float *>(smem + S::OFF_STAT);
 
-    const Pipeline<FP8, S> pipe = start_block<FP8, S>(a, smem, sbase, s_slot, t, h0, rows, 16, k0, kend, nblk);
+    constexpr int NS = S::KV_STAGES;
+#ifdef B12X_PROFILE
+    unsigned long long pacc[PROF_LOOP] = {}, ptick = 0;
+#endif
+
+    /* Every thread resolves the chunk's slots (before the dependency wait:
+     * load_query's comment says why that is safe). */
+    B12X_PROF_MAIN(0, prof_gt());
+    B12X_PROF_MAIN(6, clock64());
+    b12x::resolve_slots<SMALL_THREADS>(a, t, k0, kend, nblk * BN, s_slot);
+    __syncthreads();
+    B12X_PROF_MAIN(1, clock64());
+
+    if (tid >= NTHREADS) {
+        /* Load warps: the gathers (and fp8 conversions) ahead of the math.
+         * They never wait for the previous kernel: they read only what
+         * the stream contract lets a block read early and write only
+         * shared memory. */
+        const int pt = tid - NTHREADS;
+#ifdef B12X_PROFILE
+        ptick = clock64();
+#endif
+        if constexpr (FP8) {
+            /* raw block j in raw stage j % NR (NR - 1 blocks ahead of the
+             * conversion), converted into stage j % NS */
+            constexpr int NR = S::RAW_STAGES;
+            auto issue = [&](int j) {
+                if (j < nblk)
+                    gather_fp8(a, s_slot + j * BN, sbase + S::OFF_RAW + (j % NR) * S::RAW_STAGE, pt);
+                cp_async_commit();
+            };
+#pragma unroll
+            for (int i = 0; i < NR; i++)
+                issue(i);
+            for (int j = 0; j < nblk; j++) {
+                if (j == 0)
+                    cp_async_wait<NR - 1>();
+                else
+                    cp_async_wait<NR - 2>();
+                load_sync(); /* block j landed for all; block j - 1 converted by all */
+                B12X_PROF_TICK(pacc, ptick, 6);
+                if (j >= 1)
+                    issue(j - 1 + NR); /* into block j - 1's raw stage */
+                B12X_PROF_TICK(pacc, ptick, 2);
+                if (j >= NS)
+                    bar_sync(SB_EMPTY + j % NS, SMALL_THREADS); /* block j - NS done */
+                B12X_PROF_TICK(pacc, ptick, 7);
+                convert_fp8(smem + S::OFF_RAW + (j % NR) * S::RAW_STAGE, sbase + S::OFF_KV + (j % NS) * S::KV_STAGE,
+                            pt);
+                bar_arrive(SB_FULL + j % NS, SMALL_THREADS);
+                B12X_PROF_TICK(pacc, ptick, 1);
+            }
+        } else {
+            /* block j in stage j % NS, NS - 1 blocks ahead of the math */
+            auto issue = [&](int j) {
+                if (j < nblk)
+                    gather_bf16(a, s_slot + j * BN, sbase + S::OFF_KV + (j % NS) * S::KV_STAGE, pt);
+                cp_async_commit();
+            };
+#pragma unroll
+            for (int i = 0; i < NS; i++)
+                issue(i);
+            for (int j = 0; j < nblk; j++) {
+                if (j == 0)
+                    cp_async_wait<NS - 1>();
+                else
+                    cp_async_wait<NS - 2>();
+                load_sync(); /* block j landed for all */
+                bar_arrive(SB_FULL + j % NS, SMALL_THREADS);
+                B12X_PROF_TICK(pacc, ptick, 6);
+                if (j >= 1 && j - 1 + NS < nblk)
+                    bar_sync(SB_EMPTY + (j - 1) % NS, SMALL_THREADS); /* block j - 1 done */
+                B12X_PROF_TICK(pacc, ptick, 7);
+                if (j >= 1)
+                    issue(j - 1 + NS); /* into block j - 1's stage (empty past the end) */
+                B12X_PROF_TICK(pacc, ptick, 2);
+            }
+        }
+#ifdef B12X_PROFILE
+        if (pt == 0 && B12X_PROF_BLK() < PROF_BLOCKS)
+            for (int k = 1; k < PROF_LOOP; k++)
+                if (k == 1 || k == 2 || k >= 6)
+                    b12x_prof_loop[B12X_PROF_BLK()][k] = pacc[k];
+#endif
+        return;
+    }
+
+    /* Math warps: the query after the dependency wait, then the blocks as
+     * the load warps hand them over. */
+    grid_dep_wait();
+    grid_dep_launch();
+    load_query(a, sbase, t, h0, rows, 16);
+    B12X_PROF_MAIN(2, clock64());
 
     /* This warp's share of the scores: slots [16 sg, 16 sg + 16) over the
      * nine k16 steps [9 kq, 9 kq + 9) of the 576 dims. */
@@ -712,14 +838,16 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_small_kernel(const AttendArg
     const int srow = tid >> 4, sc2 = (tid & 15) * 2;
     float m_run = -INFINITY, l_run = 0.0f;
 
-    pipe.start();
+    cp_async_wait<0>();
+    math_sync(); /* the query, from every math thread's copies */
 #ifdef B12X_PROFILE
-    pipe.ptick = clock64();
+    ptick = clock64();
 #endif
     for (int j = 0; j < nblk; j++) {
-        const uint32_t kvb = pipe.step(j);
+        bar_sync(SB_FULL + j % NS, SMALL_THREADS);
+        B12X_PROF_TICK(pacc, ptick, 0);
+        const uint32_t kvb = sbase + S::OFF_KV + (j % NS) * S::KV_STAGE;
         if (j == 0) {
-            /* the query landed with the first group */
             const uint32_t qrow = sbase + (lane & 15) * ROW_BYTES;
 #pragma unroll
             for (int s = 0; s < 9; s++)
@@ -761,8 +889,8 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_small_kernel(const AttendArg
                     make_float2(sacc[nt][0][2], sacc[nt][0][3]);
             }
         }
-        B12X_PROF_TICK(pipe.pacc, pipe.ptick, 3);
-        __syncthreads();
+        B12X_PROF_TICK(pacc, ptick, 3);
+        math_sync();
 
         /* Softmax: row srow, slots sc2 and sc2 + 1. */
         {
@@ -798,8 +926,8 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_small_kernel(const AttendArg
             if ((tid & 15) == 0)
                 s_stat[srow] = alpha;
         }
-        __syncthreads();
-        B12X_PROF_TICK(pipe.pacc, pipe.ptick, 4);
+        math_sync();
+        B12X_PROF_TICK(pacc, ptick, 4);
 
         /* O[16 x 64] (this warp's columns) = alpha * O + P[16 x 32] . V[32 x 64]. */
         {
@@ -827,15 +955,17 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_small_kernel(const AttendArg
                 }
             }
         }
-        B12X_PROF_TICK(pipe.pacc, pipe.ptick, 5);
+        if (j + NS < nblk)
+            bar_arrive(SB_EMPTY + j % NS, SMALL_THREADS); /* the load warps reuse the stage */
+        B12X_PROF_TICK(pacc, ptick, 5);
     }
 #ifdef B12X_PROFILE
     if (tid == 0 && B12X_PROF_BLK() < PROF_BLOCKS)
-        for (int k = 0; k < PROF_LOOP; k++)
-            b12x_prof_loop[B12X_PROF_BLK()][k] = pipe.pacc[k];
+        for (int k = 0; k < 6; k++)
+            if (k == 0 || k >= 3)
+                b12x_prof_loop[B12X_PROF_BLK()][k] = pacc[k];
 #endif
 
-    cp_async_wait<0>();
 #pragma unroll
     for (int d = 8; d >= 1; d >>= 1) /* the row sum over its 16 lanes */
         l_run += __shfl_xor_sync(0xffffffffu, l_run, d);
@@ -843,7 +973,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_small_kernel(const AttendArg
         s_stat[16 + srow] = m_run;
         s_stat[32 + srow] = l_run;
     }
-    __syncthreads();
+    math_sync(); /* also: every warp is done with the last block's stage */
     B12X_PROF_MAIN(4, clock64());
 
     /* Normalise, stage the 16 x 512 tile in the (idle) KV stages, then
@@ -861,7 +991,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_small_kernel(const AttendArg
             *reinterpret_cast<uint32_t *>(st + (r4 + 8) * S::O_LD + col0 + nt * 8) =
                 pack_bf16(o[nt][2] * inv1, o[nt][3] * inv1);
         }
-        __syncthreads();
+        math_sync();
         for (int u = tid; u < rows * (KV_L / 4); u += NTHREADS) {
             const int r = u / (KV_L / 4), c = (u - r * (KV_L / 4)) * 4;
             *reinterpret_cast<uint2 *>(a.out + (int64_t)(h0 + r) * a.o_sh + (int64_t)t * a.o_st + c) =
@@ -876,7 +1006,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_small_kernel(const AttendArg
             *reinterpret_cast<float2 *>(st + (r4 + 8) * S::O_LD + col0 + nt * 8) =
                 make_float2(o[nt][2] * inv1, o[nt][3] * inv1);
         }
-        __syncthreads();
+        math_sync();
         const int64_t row0 = ((int64_t)split * a.T + t) * a.H + h0;
         for (int u = tid; u < rows * (KV_L / 4); u += NTHREADS) {
             const int r = u / (KV_L / 4), c = (u - r * (KV_L / 4)) * 4;
@@ -1219,15 +1349,18 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
             continue;
         }
         attend_kernel_fn fn;
+        int threads = NTHREADS;
         if (rt == 1) {
-            /* one row tile: all eight warps on each block (b12x_small_kernel) */
+            /* one row tile: eight math warps on each block, eight load
+             * warps ahead of them (b12x_small_kernel) */
             fn = fp8 ? b12x_small_kernel<true> : b12x_small_kernel<false>;
             smem = fp8 ? SmallSmem<true>::bytes(chunk) : SmallSmem<false>::bytes(chunk);
+            threads = SMALL_THREADS;
         } else {
             fn = pick_kernel(fp8, rt, chunk, &smem);
         }
         a.tile_base = part == 0 ? 0 : full;
-        e = launch(fn, dim3((unsigned)T, (unsigned)tiles, (unsigned)sp.splits), NTHREADS, smem, st,
+        e = launch(fn, dim3((unsigned)T, (unsigned)tiles, (unsigned)sp.splits), threads, smem, st,
                    pdl, a);
     }
     if (sp.splits > 1 && (parts & 2) && e == cudaSuccess) {
@@ -1305,7 +1438,7 @@ extern "C" void b12x_profile_dump(FILE *f, const char *label)
     }
     fprintf(f, " (us, median/max)\n");
     /* small-head kernel only (the others leave these zero or stale) */
-    static const char *lnames[] = {"wait", "convert", "issue", "scores", "softmax", "pv"};
+    static const char *lnames[] = {"wait", "convert", "issue", "scores", "softmax", "pv", "load-wait", "load-empty"};
     fprintf(f, "# profile %s: small-kernel loop, us summed over a block's steps (median over blocks):", label);
     for (int k = 0; k < PROF_LOOP; k++) {
         for (int b = 0; b < nm; b++)
