@@ -443,7 +443,7 @@ int enqueue_variant(void *ctx, int set, cudaStream_t stream)
  * a small-T call goes.  Per shape: the call as shipped; without
  * programmatic dependent launch; the main kernel alone; each combine alone
  * (whole-row and quarter-row blocks, on the partials the main kernel left
- * in the workspace); forced split counts.  16 heads T = 1..64, 64 heads
+ * in the workspace); forced split counts (4..64).  16 heads T = 1..64, 64 heads
  * T = 1..4.  Rows
  * that produce the output are checked against the reference like the main
  * table (err, NMSE <= 1e-4). */
@@ -459,7 +459,8 @@ int bench_attn_variants(const mlart_bench_opts *o)
     static const V vars[] = {
         {"auto", {0, 0, 0, 1}},     {"nopdl", {0, 0, 0, 0}},        {"main", {0, 1, 0, 1}},
         {"comb-row", {0, 2, 1, 1}}, {"comb-quarter", {0, 2, 2, 1}}, {"s16", {16, 0, 0, 1}},
-        {"s32", {32, 0, 0, 1}},     {"s64", {64, 0, 0, 1}},
+        {"s32", {32, 0, 0, 1}},     {"s64", {64, 0, 0, 1}},         {"s8", {8, 0, 0, 1}},
+        {"s4", {4, 0, 0, 1}},
     };
     static const int Ts[] = {1, 2, 4, 8, 16, 32, 64};
     static const int Hs[] = {16, 64};

@@ -671,7 +671,7 @@ template <bool FP8> struct SmallSmem {
     static constexpr int OFF_KV = Q_BYTES;
     static constexpr int OFF_RAW = OFF_KV + KV_STAGES * KV_STAGE;
     static constexpr int OFF_S = OFF_RAW + (FP8 ? RAW_STAGES * RAW_STAGE : 0);
-    static constexpr int OFF_P = OFF_S + 8 * 16 * S_LD * 4;
+    static constexpr int OFF_P = OFF_S + 4 * 16 * S_LD * 4; /* four partial score tiles */
     static constexpr int OFF_STAT = OFF_P + 16 * BN * 2; /* alpha, m, l per row */
     static constexpr int OFF_SLOT = OFF_STAT + 3 * 16 * 4;
     static constexpr int O_LD = KV_L + 8; /* staged output row, in elements */
