@@ -17,9 +17,10 @@
  * output columns (an fp32 16x256 accumulator, 128 registers).  The pair
  * exchanges row maxima and the bf16 probabilities through shared memory.
  * With 17-32 heads two pairs share the rows and split the slots, merged at
- * the end.  One tile of <= 16 heads runs b12x_small_kernel instead: all
- * eight warps on each block of slots (the dims of the scores split between
- * them, then the output columns).
+ * the end.  One tile of <= 16 heads runs b12x_small_kernel instead: eight
+ * math warps on each block of slots (the scores split between them by
+ * slots and dims, then the output columns) and eight load warps that
+ * gather and convert the next blocks meanwhile.
  *
  * Splits write fp32 partial outputs and natural-log LSEs to the workspace;
  * a small kernel combines them (LSE-weighted), blocks of one (token, head)
@@ -646,8 +647,9 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
     B12X_PROF_MAIN(7, prof_gt());
 }
 
-/* <= 16 heads (one 16-row tile): all eight warps on one block of 32 slots
- * at a time, so the per-block math is short and the fp32 state small.
+/* <= 16 heads (one 16-row tile): the eight math warps on one block of 32
+ * slots at a time, so the per-block math is short and the fp32 state
+ * small (the load warps: above b12x_small_kernel).
  *   scores: warp w takes 16 of the 32 slots (w % 2) over 9 of the 36 k16
  *           steps of the 576 dims (w / 2), its query fragments held in
  *           registers from the start; the four partial 16 x 32 score
@@ -659,8 +661,9 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
  *           most blocks need no shuffle;
  *   P.V:    warp w owns output columns [64w, 64w + 64), a 16 x 64 fp32
  *           accumulator (32 registers).
- * Three block barriers per block of slots.  The output (or fp32 partial) is
- * staged in shared memory and written with wide coalesced stores. */
+ * Two math-warp barriers and one hand-over per block of slots.  The output
+ * (or fp32 partial) is staged in shared memory and written with wide
+ * coalesced stores. */
 template <bool FP8> struct SmallSmem {
     static constexpr int KV_STAGES = FP8 ? 2 : 4; /* bf16: gathered; fp8: converted */
     static constexpr int RAW_STAGES = FP8 ? 5 : 1; /* 1: unused */
