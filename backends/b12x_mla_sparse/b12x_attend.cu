@@ -979,9 +979,8 @@ __global__ void __launch_bounds__(SMALL_THREADS, 1) b12x_small_kernel(const Atte
     math_sync(); /* also: every warp is done with the last block's stage */
     B12X_PROF_MAIN(4, clock64());
 
-    /* Normalise, stage the 16 x 512 tile in the (idle) KV stages, then
-     * write whole rows: the bf16 output 8 bytes, the fp32 partial 16 bytes a
-     * lane. */
+    /* Normalise; the bf16 output is staged in the (idle) KV stages and
+     * written as whole rows, 8 bytes a lane. */
     const float l0 = s_stat[32 + r4], l1 = s_stat[32 + r4 + 8];
     const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
     const int col0 = 64 * warp + 2 * q4;
@@ -1001,20 +1000,16 @@ __global__ void __launch_bounds__(SMALL_THREADS, 1) b12x_small_kernel(const Atte
                 *reinterpret_cast<const uint2 *>(st + r * S::O_LD + c);
         }
     } else {
-        float *st = reinterpret_cast<float *>(smem + S::OFF_KV);
+        /* fp32 partial straight from the accumulators: four lanes write 32
+         * contiguous bytes of a row, whole sectors, no staging */
+        const int64_t row0 = ((int64_t)split * a.T + t) * a.H + h0;
+        float *p0 = a.ws_o + (row0 + r4) * KV_L + col0, *p1 = p0 + 8 * KV_L;
 #pragma unroll
         for (int nt = 0; nt < 8; nt++) {
-            *reinterpret_cast<float2 *>(st + r4 * S::O_LD + col0 + nt * 8) =
-                make_float2(o[nt][0] * inv0, o[nt][1] * inv0);
-            *reinterpret_cast<float2 *>(st + (r4 + 8) * S::O_LD + col0 + nt * 8) =
-                make_float2(o[nt][2] * inv1, o[nt][3] * inv1);
-        }
-        math_sync();
-        const int64_t row0 = ((int64_t)split * a.T + t) * a.H + h0;
-        for (int u = tid; u < rows * (KV_L / 4); u += NTHREADS) {
-            const int r = u / (KV_L / 4), c = (u - r * (KV_L / 4)) * 4;
-            *reinterpret_cast<float4 *>(a.ws_o + (row0 + r) * KV_L + c) =
-                *reinterpret_cast<const float4 *>(st + r * S::O_LD + c);
+            if (r4 < rows)
+                *reinterpret_cast<float2 *>(p0 + nt * 8) = make_float2(o[nt][0] * inv0, o[nt][1] * inv0);
+            if (r4 + 8 < rows)
+                *reinterpret_cast<float2 *>(p1 + nt * 8) = make_float2(o[nt][2] * inv1, o[nt][3] * inv1);
         }
     }
     if (tid < rows) {
