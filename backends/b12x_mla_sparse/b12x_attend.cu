@@ -755,54 +755,42 @@ __global__ void __launch_bounds__(SMALL_THREADS, 1) b12x_small_kernel(const Atte
 #ifdef B12X_PROFILE
         ptick = clock64();
 #endif
-        if constexpr (FP8) {
-            /* raw block j in raw stage j % NR (NR - 1 blocks ahead of the
-             * conversion), converted into stage j % NS */
-            constexpr int NR = S::RAW_STAGES;
-            auto issue = [&](int j) {
-                if (j < nblk)
-                    gather_fp8(a, s_slot + j * BN, sbase + S::OFF_RAW + (j % NR) * S::RAW_STAGE, pt);
-                cp_async_commit();
-            };
-#pragma unroll
-            for (int i = 0; i < NR; i++)
-                issue(i);
-            for (int j = 0; j < nblk; j++) {
-                if (j == 0)
-                    cp_async_wait<NR - 1>();
+        /* fp8: raw block j in raw stage j % NR, NR - 1 blocks ahead of the
+         * conversion into stage j % NS; bf16: block j in stage j % NS,
+         * NS - 1 blocks ahead of the math.  One commit group a block. */
+        constexpr int N = FP8 ? S::RAW_STAGES : NS;
+        auto issue = [&](int j) {
+            if (j < nblk) {
+                if constexpr (FP8)
+                    gather_fp8(a, s_slot + j * BN, sbase + S::OFF_RAW + (j % N) * S::RAW_STAGE, pt);
                 else
-                    cp_async_wait<NR - 2>();
-                load_sync(); /* block j landed for all; block j - 1 converted by all */
-                B12X_PROF_TICK(pacc, ptick, 6);
+                    gather_bf16(a, s_slot + j * BN, sbase + S::OFF_KV + (j % N) * S::KV_STAGE, pt);
+            }
+            cp_async_commit();
+        };
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            issue(i);
+        for (int j = 0; j < nblk; j++) {
+            if (j == 0)
+                cp_async_wait<N - 1>();
+            else
+                cp_async_wait<N - 2>();
+            load_sync(); /* block j landed for all (fp8: and block j - 1 converted by all) */
+            B12X_PROF_TICK(pacc, ptick, 6);
+            if constexpr (FP8) {
                 if (j >= 1)
-                    issue(j - 1 + NR); /* into block j - 1's raw stage */
+                    issue(j - 1 + N); /* into block j - 1's raw stage */
                 B12X_PROF_TICK(pacc, ptick, 2);
                 if (j >= NS)
                     bar_sync(SB_EMPTY + j % NS, SMALL_THREADS); /* block j - NS done */
                 B12X_PROF_TICK(pacc, ptick, 7);
-                convert_fp8(smem + S::OFF_RAW + (j % NR) * S::RAW_STAGE, sbase + S::OFF_KV + (j % NS) * S::KV_STAGE,
+                convert_fp8(smem + S::OFF_RAW + (j % N) * S::RAW_STAGE, sbase + S::OFF_KV + (j % NS) * S::KV_STAGE,
                             pt);
                 bar_arrive(SB_FULL + j % NS, SMALL_THREADS);
                 B12X_PROF_TICK(pacc, ptick, 1);
-            }
-        } else {
-            /* block j in stage j % NS, NS - 1 blocks ahead of the math */
-            auto issue = [&](int j) {
-                if (j < nblk)
-                    gather_bf16(a, s_slot + j * BN, sbase + S::OFF_KV + (j % NS) * S::KV_STAGE, pt);
-                cp_async_commit();
-            };
-#pragma unroll
-            for (int i = 0; i < NS; i++)
-                issue(i);
-            for (int j = 0; j < nblk; j++) {
-                if (j == 0)
-                    cp_async_wait<NS - 1>();
-                else
-                    cp_async_wait<NS - 2>();
-                load_sync(); /* block j landed for all */
+            } else {
                 bar_arrive(SB_FULL + j % NS, SMALL_THREADS);
-                B12X_PROF_TICK(pacc, ptick, 6);
                 if (j >= 1 && j - 1 + NS < nblk)
                     bar_sync(SB_EMPTY + (j - 1) % NS, SMALL_THREADS); /* block j - 1 done */
                 B12X_PROF_TICK(pacc, ptick, 7);
