@@ -56,7 +56,7 @@ static void b12x_open(b12x_run *r, const attn_host *h, attn_dev *d, int plan_tok
     if (ws > d->ws_bytes) {
         cudaFree(d->ws);
         d->ws = NULL;
-        ATTN_CUDA(cudaMalloc(&d->ws, ws));
+        GPU_CUDA(cudaMalloc(&d->ws, ws));
         d->ws_bytes = ws;
     }
 }
@@ -67,8 +67,8 @@ static void b12x_attend_sync(b12x_run *r, const attn_host *h, attn_dev *d, cudaS
     attn_poison(d, h);
     int rc = r->vt->attend(r->state, &s, st);
     ck_assert_msg(rc == 0, "attend: %s", attn_last_msg);
-    ATTN_CUDA(cudaStreamSynchronize(st));
-    ATTN_CUDA(cudaGetLastError());
+    GPU_CUDA(cudaStreamSynchronize(st));
+    GPU_CUDA(cudaGetLastError());
 }
 
 static void ref_attend_sync(const attn_host *h, attn_dev *d, cudaStream_t st)
@@ -77,8 +77,8 @@ static void ref_attend_sync(const attn_host *h, attn_dev *d, cudaStream_t st)
     attn_poison(d, h);
     ck_assert_msg(mlart_reference_attend_cuda(&s, st) == 0, "reference attend: %s",
                   mlart_last_error());
-    ATTN_CUDA(cudaStreamSynchronize(st));
-    ATTN_CUDA(cudaGetLastError());
+    GPU_CUDA(cudaStreamSynchronize(st));
+    GPU_CUDA(cudaGetLastError());
 }
 
 static void cpu_attend(const attn_host *h, attn_result *r)
@@ -141,8 +141,8 @@ static void cache_open(shared_cache *c, mlart_kv_format fmt, uint64_t *rng)
 {
     const size_t bytes = (fmt == MLART_KV_FP8_DS_MLA ? 656 : 1152) * (size_t)ATTN_NUM_SLOTS;
     c->host = attn_cache_make(fmt, rng);
-    ATTN_CUDA(cudaMalloc(&c->dev, bytes));
-    ATTN_CUDA(cudaMemcpy(c->dev, c->host, bytes, cudaMemcpyHostToDevice));
+    GPU_CUDA(cudaMalloc(&c->dev, bytes));
+    GPU_CUDA(cudaMemcpy(c->dev, c->host, bytes, cudaMemcpyHostToDevice));
 }
 
 static void cache_close(shared_cache *c)
@@ -160,7 +160,7 @@ START_TEST(test_sweep)
     uint64_t rng = g_seed ^ (uint64_t)(_i + 1) * 0x9E3779B97F4A7C15ull;
     shared_cache c;
     cudaStream_t st;
-    ATTN_CUDA(cudaStreamCreate(&st));
+    GPU_CUDA(cudaStreamCreate(&st));
     cache_open(&c, g_fmts[_i], &rng);
     for (int it = 0; it < 5; it++)
         for (int ih = 0; ih < 5; ih++) {
@@ -182,7 +182,7 @@ START_TEST(test_awkward)
     uint64_t rng = g_seed ^ (uint64_t)(_i + 11) * 0x9E3779B97F4A7C15ull;
     shared_cache c;
     cudaStream_t st;
-    ATTN_CUDA(cudaStreamCreate(&st));
+    GPU_CUDA(cudaStreamCreate(&st));
     cache_open(&c, g_fmts[_i], &rng);
     const attn_shape shapes[] = {
         {5, 20, 100, g_fmts[_i], 1, 1, 0, 0.0417f},   /* topk % 32 != 0, 20 heads */
@@ -217,7 +217,7 @@ START_TEST(test_wgmma)
     shared_cache c;
     cudaStream_t st;
     setenv("MLART_B12X_WGMMA", modes[_i / 2], 1);
-    ATTN_CUDA(cudaStreamCreate(&st));
+    GPU_CUDA(cudaStreamCreate(&st));
     cache_open(&c, fmt, &rng);
     const attn_shape shapes[] = {
         {1, 64, 2048, fmt, 1, 0, 0, 0.0417f},   /* split + combine */
@@ -249,7 +249,7 @@ START_TEST(test_graph)
     uint64_t rng = g_seed ^ (uint64_t)(_i + 21) * 0x9E3779B97F4A7C15ull;
     shared_cache c;
     cudaStream_t st;
-    ATTN_CUDA(cudaStreamCreate(&st));
+    GPU_CUDA(cudaStreamCreate(&st));
     cache_open(&c, g_fmts[_i], &rng);
     const attn_shape shapes[] = {
         {3, 16, 2048, g_fmts[_i], 1, 1, 0, 0.0417f},   /* split + combine */
@@ -273,14 +273,14 @@ START_TEST(test_graph)
         attn_fetch(&eager, &d, &h);
 
         mlart_step s = attn_dev_step(&h, &d);
-        ATTN_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        GPU_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
         int rc = run.vt->attend(run.state, &s, st);
-        ATTN_CUDA(cudaStreamEndCapture(st, &graph));
+        GPU_CUDA(cudaStreamEndCapture(st, &graph));
         ck_assert_msg(rc == 0, "attend under capture: %s", attn_last_msg);
-        ATTN_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+        GPU_CUDA(cudaGraphInstantiate(&exec, graph, 0));
         attn_poison(&d, &h);
-        ATTN_CUDA(cudaGraphLaunch(exec, st));
-        ATTN_CUDA(cudaStreamSynchronize(st));
+        GPU_CUDA(cudaGraphLaunch(exec, st));
+        GPU_CUDA(cudaStreamSynchronize(st));
         attn_fetch(&replay, &d, &h);
         ck_assert_msg(memcmp(eager.out, replay.out, n * 512 * 2) == 0, "replay output != eager");
         ck_assert_msg(memcmp(eager.lse, replay.lse, n * 4) == 0, "replay lse != eager");
@@ -288,13 +288,13 @@ START_TEST(test_graph)
 
         /* New indices and query in the same buffers; replay, compare. */
         attn_host_make(&h2, sh, c.host, &rng);
-        ATTN_CUDA(cudaMemcpy(d.idx, h2.idx, (size_t)sh->T * sh->topk * 4, cudaMemcpyHostToDevice));
-        ATTN_CUDA(cudaMemcpy(d.q, h2.q, n * 576 * 2, cudaMemcpyHostToDevice));
+        GPU_CUDA(cudaMemcpy(d.idx, h2.idx, (size_t)sh->T * sh->topk * 4, cudaMemcpyHostToDevice));
+        GPU_CUDA(cudaMemcpy(d.q, h2.q, n * 576 * 2, cudaMemcpyHostToDevice));
         memcpy(h.idx, h2.idx, (size_t)sh->T * sh->topk * 4);
         memcpy(h.q, h2.q, n * 576 * 2);
         attn_poison(&d, &h);
-        ATTN_CUDA(cudaGraphLaunch(exec, st));
-        ATTN_CUDA(cudaStreamSynchronize(st));
+        GPU_CUDA(cudaGraphLaunch(exec, st));
+        GPU_CUDA(cudaStreamSynchronize(st));
         attn_fetch(&replay, &d, &h);
         ck_assert_msg(memcmp(eager.out, replay.out, n * 512 * 2) != 0,
                       "replay with new indices gave the old output");
@@ -340,8 +340,8 @@ START_TEST(test_pdl_order)
     shared_cache c;
     cudaStream_t st, ns;
     int early[2];
-    ATTN_CUDA(cudaStreamCreate(&st));                                  /* setup and expected results */
-    ATTN_CUDA(cudaStreamCreateWithFlags(&ns, cudaStreamNonBlocking)); /* the launches under test */
+    GPU_CUDA(cudaStreamCreate(&st));                                  /* setup and expected results */
+    GPU_CUDA(cudaStreamCreateWithFlags(&ns, cudaStreamNonBlocking)); /* the launches under test */
     for (int gr = 0; gr < 2; gr++) {
         early[gr] = pdl_control(ns, gr);
         ck_assert_msg(early[gr] >= 0, "control (%s): CUDA error", gr ? "graph" : "eager");
@@ -368,37 +368,37 @@ START_TEST(test_pdl_order)
         attn_host_make(&h, sh, c.host, &rng);
         attn_host_make(&h2, sh, c.host, &rng); /* its query is the new one */
         attn_dev_upload(&d, &h, c.dev);
-        ATTN_CUDA(cudaMalloc(&qnew, qb));
-        ATTN_CUDA(cudaMemcpy(qnew, h2.q, qb, cudaMemcpyHostToDevice));
+        GPU_CUDA(cudaMalloc(&qnew, qb));
+        GPU_CUDA(cudaMemcpy(qnew, h2.q, qb, cudaMemcpyHostToDevice));
         b12x_open(&run, &h, &d, sh->T);
 
         /* expected: the new query, nothing before the call */
-        ATTN_CUDA(cudaMemcpy(d.q, h2.q, qb, cudaMemcpyHostToDevice));
+        GPU_CUDA(cudaMemcpy(d.q, h2.q, qb, cudaMemcpyHostToDevice));
         b12x_attend_sync(&run, &h, &d, st);
         attn_fetch(&want, &d, &h);
-        ATTN_CUDA(cudaDeviceSynchronize());
+        GPU_CUDA(cudaDeviceSynchronize());
 
         /* eager, then a graph of the same two launches replayed twice */
         mlart_step s = attn_dev_step(&h, &d);
         for (int r = 0; r < 3; r++) {
             if (r == 1) {
-                ATTN_CUDA(cudaStreamBeginCapture(ns, cudaStreamCaptureModeThreadLocal));
-                ATTN_CUDA((cudaError_t)pdl_late_copy(d.q, qnew, qb, 200, ns));
+                GPU_CUDA(cudaStreamBeginCapture(ns, cudaStreamCaptureModeThreadLocal));
+                GPU_CUDA((cudaError_t)pdl_late_copy(d.q, qnew, qb, 200, ns));
                 const int rc = run.vt->attend(run.state, &s, ns);
-                ATTN_CUDA(cudaStreamEndCapture(ns, &graph));
+                GPU_CUDA(cudaStreamEndCapture(ns, &graph));
                 ck_assert_msg(rc == 0, "attend under capture: %s", attn_last_msg);
-                ATTN_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+                GPU_CUDA(cudaGraphInstantiate(&exec, graph, 0));
             }
-            ATTN_CUDA(cudaMemcpyAsync(d.q, h.q, qb, cudaMemcpyHostToDevice, ns));
-            ATTN_CUDA(cudaMemsetAsync(d.out, 0xff, n * 512 * 2, ns));
-            ATTN_CUDA(cudaMemsetAsync(d.lse, 0xff, n * 4, ns));
+            GPU_CUDA(cudaMemcpyAsync(d.q, h.q, qb, cudaMemcpyHostToDevice, ns));
+            GPU_CUDA(cudaMemsetAsync(d.out, 0xff, n * 512 * 2, ns));
+            GPU_CUDA(cudaMemsetAsync(d.lse, 0xff, n * 4, ns));
             if (r == 0) {
-                ATTN_CUDA((cudaError_t)pdl_late_copy(d.q, qnew, qb, 200, ns));
+                GPU_CUDA((cudaError_t)pdl_late_copy(d.q, qnew, qb, 200, ns));
                 ck_assert_msg(run.vt->attend(run.state, &s, ns) == 0, "attend: %s", attn_last_msg);
             } else {
-                ATTN_CUDA(cudaGraphLaunch(exec, ns));
+                GPU_CUDA(cudaGraphLaunch(exec, ns));
             }
-            ATTN_CUDA(cudaStreamSynchronize(ns));
+            GPU_CUDA(cudaStreamSynchronize(ns));
             attn_fetch(&got, &d, &h);
             ck_assert_msg(memcmp(want.out, got.out, n * 512 * 2) == 0 && memcmp(want.lse, got.lse, n * 4) == 0,
                           "%s after a late writer: T=%d H=%d read the old query", r ? "graph" : "eager", sh->T,
@@ -478,8 +478,8 @@ START_TEST(test_bad_input)
     s = attn_dev_step(&h, &d);
     s.T = 0;
     ck_assert_int_eq(run.vt->attend(run.state, &s, 0), 0);
-    ATTN_CUDA(cudaDeviceSynchronize());
-    ATTN_CUDA(cudaMemcpy(&probe, d.out, 2, cudaMemcpyDeviceToHost));
+    GPU_CUDA(cudaDeviceSynchronize());
+    GPU_CUDA(cudaMemcpy(&probe, d.out, 2, cudaMemcpyDeviceToHost));
     ck_assert_msg(probe == 0xffff, "a refused call wrote its output");
     printf("bad input: wrong geometry/heads/device, missing or short workspace, misaligned "
            "q_mqa, wrong cache rows refused; nothing written\n");
@@ -494,16 +494,9 @@ END_TEST
 int main(void)
 {
     Suite *s;
-    SRunner *sr;
     TCase *tc;
-    int failed;
-    if (attn_gpu_count() < 1) {
-        printf("attn_backend_gpu: no CUDA device, skipped\n");
+    if (gpu_test_begin("attn_backend_gpu", &g_seed))
         return 77;
-    }
-    g_seed = attn_seed();
-    printf("attn_backend_gpu: seed 0x%llx (set MLART_SEED to repeat)\n",
-           (unsigned long long)g_seed);
     s = suite_create("attn_backend_gpu");
     tc = tcase_create("b12x");
     tcase_set_timeout(tc, 240);
@@ -517,10 +510,5 @@ int main(void)
     tcase_set_timeout(tc, 240);
     tcase_add_loop_test(tc, test_wgmma, 0, 6);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return gpu_test_run(s, CK_FORK);
 }

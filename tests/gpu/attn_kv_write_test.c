@@ -61,13 +61,13 @@ static void compare_write(const mlart_geometry *g, const uint16_t *lat, const in
     uint8_t *host = malloc(cache_bytes), *back = malloc(cache_bytes);
     void *dcache, *dlat, *dslots;
     for (size_t i = 0; i < cache_bytes; i++)
-        host[i] = (uint8_t)attn_rand(rng);
-    ATTN_CUDA(cudaMalloc(&dcache, cache_bytes));
-    ATTN_CUDA(cudaMalloc(&dlat, (size_t)N * 576 * 2));
-    ATTN_CUDA(cudaMalloc(&dslots, (size_t)N * 4));
-    ATTN_CUDA(cudaMemcpy(dcache, host, cache_bytes, cudaMemcpyHostToDevice));
-    ATTN_CUDA(cudaMemcpy(dlat, lat, (size_t)N * 576 * 2, cudaMemcpyHostToDevice));
-    ATTN_CUDA(cudaMemcpy(dslots, slots, (size_t)N * 4, cudaMemcpyHostToDevice));
+        host[i] = (uint8_t)gpu_rand(rng);
+    GPU_CUDA(cudaMalloc(&dcache, cache_bytes));
+    GPU_CUDA(cudaMalloc(&dlat, (size_t)N * 576 * 2));
+    GPU_CUDA(cudaMalloc(&dslots, (size_t)N * 4));
+    GPU_CUDA(cudaMemcpy(dcache, host, cache_bytes, cudaMemcpyHostToDevice));
+    GPU_CUDA(cudaMemcpy(dlat, lat, (size_t)N * 576 * 2, cudaMemcpyHostToDevice));
+    GPU_CUDA(cudaMemcpy(dslots, slots, (size_t)N * 4, cudaMemcpyHostToDevice));
 
     mlart_tensor hc = attn_t(host, MLART_DTYPE_U8, -1, 2, num_slots, (int64_t)rb, 0);
     mlart_tensor hl = attn_t((void *)lat, MLART_DTYPE_BF16, -1, 2, N, 576, 0);
@@ -77,8 +77,8 @@ static void compare_write(const mlart_geometry *g, const uint16_t *lat, const in
     mlart_tensor ds = attn_t(dslots, MLART_DTYPE_I32, 0, 1, N, 0, 0);
     ck_assert_msg(mlart_kv_write_cpu(g, &hc, &hl, &hs) == 0, "cpu: %s", mlart_last_error());
     ck_assert_msg(mlart_kv_write_cuda(g, &dc, &dl, &ds, NULL) == 0, "cuda: %s", mlart_last_error());
-    ATTN_CUDA(cudaDeviceSynchronize());
-    ATTN_CUDA(cudaMemcpy(back, dcache, cache_bytes, cudaMemcpyDeviceToHost));
+    GPU_CUDA(cudaDeviceSynchronize());
+    GPU_CUDA(cudaMemcpy(back, dcache, cache_bytes, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < cache_bytes; i++)
         ck_assert_msg(host[i] == back[i], "%s: cache byte %zu (slot %zu, offset %zu): cpu 0x%02x, cuda 0x%02x",
                       mlart_kv_format_name(g->kv_format), i, i / rb, i % rb, host[i], back[i]);
@@ -101,8 +101,8 @@ START_TEST(test_random_rows)
         uint16_t *row = lat + n * 576;
         for (int t = 0; t < 5; t++) {
             const int lo = t * 128, hi = t < 4 ? lo + 128 : 576;
-            const int kind = (int)(attn_rand(&rng) % 8);
-            const float mag = ldexpf(1.0f, (int)(attn_rand(&rng) % 40) - 20);
+            const int kind = (int)(gpu_rand(&rng) % 8);
+            const float mag = ldexpf(1.0f, (int)(gpu_rand(&rng) % 40) - 20);
             for (int i = lo; i < hi; i++) {
                 float v = mag * attn_uniform(&rng);
                 if (kind == 0)
@@ -117,9 +117,9 @@ START_TEST(test_random_rows)
         if (n == 0)
             for (int i = 0; i < 576; i++)
                 row[i] = 0; /* one all-zero row */
-        const int r = (int)(attn_rand(&rng) % 20);
-        slots[n] = r == 0 ? -1 : r == 1 && n > 0 ? slots[attn_rand(&rng) % (uint64_t)n]
-                                                 : (int32_t)(attn_rand(&rng) % (uint64_t)num_slots);
+        const int r = (int)(gpu_rand(&rng) % 20);
+        slots[n] = r == 0 ? -1 : r == 1 && n > 0 ? slots[gpu_rand(&rng) % (uint64_t)n]
+                                                 : (int32_t)(gpu_rand(&rng) % (uint64_t)num_slots);
     }
     compare_write(&g, lat, slots, N, num_slots, &rng);
     printf("kv_write %s: %lld random rows (zero tiles, pow2-boundary amax, subnormals, -1 and "
@@ -150,18 +150,18 @@ START_TEST(test_reference_records)
     uint8_t *back = malloc(rec_len);
     for (int64_t n = 0; n < N; n++)
         slots[n] = (int32_t)n;
-    ATTN_CUDA(cudaMalloc(&dcache, rec_len));
-    ATTN_CUDA(cudaMalloc(&dlat, lat_len));
-    ATTN_CUDA(cudaMalloc(&dslots, (size_t)N * 4));
-    ATTN_CUDA(cudaMemset(dcache, 0xa5, rec_len));
-    ATTN_CUDA(cudaMemcpy(dlat, lat, lat_len, cudaMemcpyHostToDevice));
-    ATTN_CUDA(cudaMemcpy(dslots, slots, (size_t)N * 4, cudaMemcpyHostToDevice));
+    GPU_CUDA(cudaMalloc(&dcache, rec_len));
+    GPU_CUDA(cudaMalloc(&dlat, lat_len));
+    GPU_CUDA(cudaMalloc(&dslots, (size_t)N * 4));
+    GPU_CUDA(cudaMemset(dcache, 0xa5, rec_len));
+    GPU_CUDA(cudaMemcpy(dlat, lat, lat_len, cudaMemcpyHostToDevice));
+    GPU_CUDA(cudaMemcpy(dslots, slots, (size_t)N * 4, cudaMemcpyHostToDevice));
     mlart_tensor dc = attn_t(dcache, MLART_DTYPE_U8, 0, 2, N, 656, 0);
     mlart_tensor dl = attn_t(dlat, MLART_DTYPE_BF16, 0, 2, N, 576, 0);
     mlart_tensor ds = attn_t(dslots, MLART_DTYPE_I32, 0, 1, N, 0, 0);
     ck_assert_msg(mlart_kv_write_cuda(&g, &dc, &dl, &ds, NULL) == 0, "%s", mlart_last_error());
-    ATTN_CUDA(cudaDeviceSynchronize());
-    ATTN_CUDA(cudaMemcpy(back, dcache, rec_len, cudaMemcpyDeviceToHost));
+    GPU_CUDA(cudaDeviceSynchronize());
+    GPU_CUDA(cudaMemcpy(back, dcache, rec_len, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < rec_len; i++)
         ck_assert_msg(back[i] == rec[i], "%s: record %zu byte %zu: 0x%02x, want 0x%02x", cases[_i],
                       i / 656, i % 656, back[i], rec[i]);
@@ -184,9 +184,9 @@ START_TEST(test_bad_input)
     uint16_t lat[576] = {0};
     int32_t slot = 0;
     void *dcache, *dlat, *dslots;
-    ATTN_CUDA(cudaMalloc(&dcache, 1152));
-    ATTN_CUDA(cudaMalloc(&dlat, sizeof lat));
-    ATTN_CUDA(cudaMalloc(&dslots, 4));
+    GPU_CUDA(cudaMalloc(&dcache, 1152));
+    GPU_CUDA(cudaMalloc(&dlat, sizeof lat));
+    GPU_CUDA(cudaMalloc(&dslots, 4));
     mlart_tensor hc = attn_t(host, MLART_DTYPE_U8, -1, 2, 1, 656, 0);
     mlart_tensor hl = attn_t(lat, MLART_DTYPE_BF16, -1, 2, 1, 576, 0);
     mlart_tensor hs = attn_t(&slot, MLART_DTYPE_I32, -1, 1, 1, 0, 0);
@@ -249,16 +249,9 @@ END_TEST
 int main(void)
 {
     Suite *s;
-    SRunner *sr;
     TCase *tc;
-    int failed;
-    if (attn_gpu_count() < 1) {
-        printf("attn_kv_write_gpu: no CUDA device, skipped\n");
+    if (gpu_test_begin("attn_kv_write_gpu", &g_seed))
         return 77;
-    }
-    g_seed = attn_seed();
-    printf("attn_kv_write_gpu: seed 0x%llx (set MLART_SEED to repeat)\n",
-           (unsigned long long)g_seed);
     s = suite_create("attn_kv_write_gpu");
     tc = tcase_create("kv_write");
     tcase_set_timeout(tc, 120);
@@ -267,10 +260,5 @@ int main(void)
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_dequant_exact);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return gpu_test_run(s, CK_FORK);
 }

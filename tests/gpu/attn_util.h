@@ -11,58 +11,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
+#include "gpu_test_util.h"
 #include "mlart/backend.h"
 #include "ops/numerics.h"
-
-#define ATTN_CUDA(stmt)                                                                            \
-    do {                                                                                           \
-        cudaError_t e_ = (stmt);                                                                   \
-        ck_assert_msg(e_ == cudaSuccess, "%s: %s", #stmt, cudaGetErrorString(e_));                 \
-    } while (0)
-
-/* Device count asked in a child: a process that has initialised CUDA
- * cannot use it in the children that Check forks. */
-static inline int attn_gpu_count(void)
-{
-    int status = 0;
-    pid_t pid = fork();
-    if (pid == 0) {
-        int n = 0;
-        if (cudaGetDeviceCount(&n) != cudaSuccess)
-            n = 0;
-        _exit(n > 100 ? 100 : n);
-    }
-    if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status))
-        return 0;
-    return WEXITSTATUS(status);
-}
-
-static inline uint64_t attn_seed(void)
-{
-    const char *s = getenv("MLART_SEED");
-    if (s && *s)
-        return strtoull(s, NULL, 0);
-    return (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid();
-}
-
-static inline uint64_t attn_rand(uint64_t *s)
-{
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    *s = x;
-    return x;
-}
 
 /* uniform in [-1, 1) */
 static inline float attn_uniform(uint64_t *s)
 {
-    return (float)((double)(attn_rand(s) >> 11) / 4503599627370496.0 - 1.0);
+    return (float)((double)(gpu_rand(s) >> 11) / 4503599627370496.0 - 1.0);
 }
 
 /* Error callback of mlart_backend_init for tests: keeps the last message. */
@@ -125,7 +82,7 @@ static inline void attn_fill_row(uint16_t *row, int64_t n, uint64_t *rng)
 {
     for (int t = 0; t < 5; t++) {
         int lo = t * 128, hi = t < 4 ? lo + 128 : 576;
-        float mag = ldexpf(1.0f, (int)(attn_rand(rng) % 8) - 4);
+        float mag = ldexpf(1.0f, (int)(gpu_rand(rng) % 8) - 4);
         for (int i = lo; i < hi; i++)
             row[i] = mlart_f32_to_bf16(n % 97 == 7 && t == 3 ? 0.0f : mag * attn_uniform(rng));
     }
@@ -176,9 +133,9 @@ static inline void attn_host_make(attn_host *h, const attn_shape *sh, const uint
     /* Requests: lengths from 0 to topk + 300, several shorter than topk. */
     int maxlen = 1;
     for (int b = 0; b < h->B; b++) {
-        int len = (int)(attn_rand(rng) % (uint64_t)(topk + 300));
+        int len = (int)(gpu_rand(rng) % (uint64_t)(topk + 300));
         if (b % 4 == 1)
-            len = (int)(attn_rand(rng) % 100); /* much shorter than topk */
+            len = (int)(gpu_rand(rng) % 100); /* much shorter than topk */
         if (b % 11 == 5)
             len = 0;
         h->seq[b] = len;
@@ -188,29 +145,29 @@ static inline void attn_host_make(attn_host *h, const attn_shape *sh, const uint
     h->max_blocks = (maxlen + page - 1) / page;
     h->bt = malloc(sizeof(int32_t) * (size_t)h->B * h->max_blocks);
     for (int64_t i = 0; i < (int64_t)h->B * h->max_blocks; i++)
-        h->bt[i] = (int32_t)(attn_rand(rng) % ATTN_PHYS_BLOCKS);
+        h->bt[i] = (int32_t)(gpu_rand(rng) % ATTN_PHYS_BLOCKS);
     for (int t = 0; t < T; t++)
         h->req[t] = t / sh->tokens_per_req;
     for (int t = 0; t < T; t++) {
         int32_t *row = h->idx + (size_t)t * topk;
         const int len = h->seq[h->req[t]];
         for (int k = 0; k < topk; k++) {
-            int r = (int)(attn_rand(rng) % 100), v;
+            int r = (int)(gpu_rand(rng) % 100), v;
             if (len == 0 || r < 10) {
                 v = -1;
             } else if (r < 16 && k > 0) {
-                v = row[attn_rand(rng) % (uint64_t)k]; /* duplicate of an earlier entry */
+                v = row[gpu_rand(rng) % (uint64_t)k]; /* duplicate of an earlier entry */
             } else if (r < 26) {
                 static const int edge[] = {0, 63, 64, 127, 128, 191, 192};
-                v = edge[attn_rand(rng) % 7];
+                v = edge[gpu_rand(rng) % 7];
                 if (r < 18)
                     v = len - 1;
                 if (v >= len)
                     v = len - 1;
             } else if (sh->out_of_range && r < 32) {
-                v = r < 29 ? len + (int)(attn_rand(rng) % 70) : -2 - (int)(attn_rand(rng) % 5);
+                v = r < 29 ? len + (int)(gpu_rand(rng) % 70) : -2 - (int)(gpu_rand(rng) % 5);
             } else {
-                v = (int)(attn_rand(rng) % (uint64_t)len);
+                v = (int)(gpu_rand(rng) % (uint64_t)len);
             }
             row[k] = v;
         }
@@ -232,19 +189,19 @@ static inline void attn_dev_upload(attn_dev *d, const attn_host *h, void *kv_dev
 {
     const size_t T = (size_t)h->sh.T, H = (size_t)h->sh.H, topk = (size_t)h->sh.topk;
     memset(d, 0, sizeof *d);
-    ATTN_CUDA(cudaMalloc(&d->q, T * H * 576 * 2));
+    GPU_CUDA(cudaMalloc(&d->q, T * H * 576 * 2));
     d->kv = kv_dev;
-    ATTN_CUDA(cudaMalloc(&d->idx, T * topk * 4));
-    ATTN_CUDA(cudaMalloc(&d->req, T * 4));
-    ATTN_CUDA(cudaMalloc(&d->seq, (size_t)h->B * 4));
-    ATTN_CUDA(cudaMalloc(&d->bt, (size_t)h->B * h->max_blocks * 4));
-    ATTN_CUDA(cudaMalloc(&d->out, H * T * 512 * 2));
-    ATTN_CUDA(cudaMalloc(&d->lse, H * T * 4));
-    ATTN_CUDA(cudaMemcpy(d->q, h->q, T * H * 576 * 2, cudaMemcpyHostToDevice));
-    ATTN_CUDA(cudaMemcpy(d->idx, h->idx, T * topk * 4, cudaMemcpyHostToDevice));
-    ATTN_CUDA(cudaMemcpy(d->req, h->req, T * 4, cudaMemcpyHostToDevice));
-    ATTN_CUDA(cudaMemcpy(d->seq, h->seq, (size_t)h->B * 4, cudaMemcpyHostToDevice));
-    ATTN_CUDA(cudaMemcpy(d->bt, h->bt, (size_t)h->B * h->max_blocks * 4, cudaMemcpyHostToDevice));
+    GPU_CUDA(cudaMalloc(&d->idx, T * topk * 4));
+    GPU_CUDA(cudaMalloc(&d->req, T * 4));
+    GPU_CUDA(cudaMalloc(&d->seq, (size_t)h->B * 4));
+    GPU_CUDA(cudaMalloc(&d->bt, (size_t)h->B * h->max_blocks * 4));
+    GPU_CUDA(cudaMalloc(&d->out, H * T * 512 * 2));
+    GPU_CUDA(cudaMalloc(&d->lse, H * T * 4));
+    GPU_CUDA(cudaMemcpy(d->q, h->q, T * H * 576 * 2, cudaMemcpyHostToDevice));
+    GPU_CUDA(cudaMemcpy(d->idx, h->idx, T * topk * 4, cudaMemcpyHostToDevice));
+    GPU_CUDA(cudaMemcpy(d->req, h->req, T * 4, cudaMemcpyHostToDevice));
+    GPU_CUDA(cudaMemcpy(d->seq, h->seq, (size_t)h->B * 4, cudaMemcpyHostToDevice));
+    GPU_CUDA(cudaMemcpy(d->bt, h->bt, (size_t)h->B * h->max_blocks * 4, cudaMemcpyHostToDevice));
 }
 
 static inline void attn_dev_free(attn_dev *d)
@@ -303,8 +260,8 @@ static inline mlart_step attn_dev_step(const attn_host *h, attn_dev *d)
 static inline void attn_poison(attn_dev *d, const attn_host *h)
 {
     const size_t n = (size_t)h->sh.H * h->sh.T;
-    ATTN_CUDA(cudaMemset(d->out, 0xff, n * 512 * 2));
-    ATTN_CUDA(cudaMemset(d->lse, 0xff, n * 4));
+    GPU_CUDA(cudaMemset(d->out, 0xff, n * 512 * 2));
+    GPU_CUDA(cudaMemset(d->lse, 0xff, n * 4));
 }
 
 /* Results on the host. */
@@ -318,8 +275,8 @@ static inline void attn_fetch(attn_result *r, const attn_dev *d, const attn_host
     const size_t n = (size_t)h->sh.H * h->sh.T;
     r->out = malloc(n * 512 * 2);
     r->lse = malloc(n * 4);
-    ATTN_CUDA(cudaMemcpy(r->out, d->out, n * 512 * 2, cudaMemcpyDeviceToHost));
-    ATTN_CUDA(cudaMemcpy(r->lse, d->lse, n * 4, cudaMemcpyDeviceToHost));
+    GPU_CUDA(cudaMemcpy(r->out, d->out, n * 512 * 2, cudaMemcpyDeviceToHost));
+    GPU_CUDA(cudaMemcpy(r->lse, d->lse, n * 4, cudaMemcpyDeviceToHost));
 }
 
 static inline void attn_result_free(attn_result *r)

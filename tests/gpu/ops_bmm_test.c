@@ -74,9 +74,9 @@ static void poison_device(uint16_t *dbuf, size_t nc)
     uint16_t sent[SENT];
     for (int i = 0; i < SENT; i++)
         sent[i] = SENT_BITS;
-    OPS_CUDA(cudaMemset(dbuf, 0xFF, (nc + 2 * SENT) * 2));
-    OPS_CUDA(cudaMemcpy(dbuf, sent, sizeof sent, cudaMemcpyHostToDevice));
-    OPS_CUDA(cudaMemcpy(dbuf + SENT + nc, sent, sizeof sent, cudaMemcpyHostToDevice));
+    GPU_CUDA(cudaMemset(dbuf, 0xFF, (nc + 2 * SENT) * 2));
+    GPU_CUDA(cudaMemcpy(dbuf, sent, sizeof sent, cudaMemcpyHostToDevice));
+    GPU_CUDA(cudaMemcpy(dbuf + SENT + nc, sent, sizeof sent, cudaMemcpyHostToDevice));
 }
 
 /* Every output element written and not NaN, every other element of the
@@ -126,8 +126,8 @@ static void check_vs_ref(const ops_case *c, const uint16_t *ha, const uint16_t *
             h = (i & 1) ? c->H - 1 : 0;
             t = (i & 2) ? c->T - 1 : 0;
         } else {
-            h = (int64_t)(ops_rand(rng) % (uint64_t)c->H);
-            t = (int64_t)(ops_rand(rng) % (uint64_t)c->T);
+            h = (int64_t)(gpu_rand(rng) % (uint64_t)c->H);
+            t = (int64_t)(gpu_rand(rng) % (uint64_t)c->T);
         }
         ops_ref_row(c, ha, hw, h, t, ref, mag);
         const int64_t off = SENT + (t * c->H + h) * ops_cs(c);
@@ -168,18 +168,18 @@ static void run_case(const ops_case *c, const mlart_bmm_config *cfg, uint64_t *r
     ck_assert(ha && hw && hc);
     ops_fill_bf16(ha, na, rng);
     ops_fill_bf16(hw, nw, rng);
-    OPS_CUDA(cudaMalloc((void **)&da, na * 2));
-    OPS_CUDA(cudaMalloc((void **)&dw, nw * 2));
-    OPS_CUDA(cudaMalloc((void **)&dc, (nc + 2 * SENT) * 2));
-    OPS_CUDA(cudaMemcpy(da, ha, na * 2, cudaMemcpyHostToDevice));
-    OPS_CUDA(cudaMemcpy(dw, hw, nw * 2, cudaMemcpyHostToDevice));
+    GPU_CUDA(cudaMalloc((void **)&da, na * 2));
+    GPU_CUDA(cudaMalloc((void **)&dw, nw * 2));
+    GPU_CUDA(cudaMalloc((void **)&dc, (nc + 2 * SENT) * 2));
+    GPU_CUDA(cudaMemcpy(da, ha, na * 2, cudaMemcpyHostToDevice));
+    GPU_CUDA(cudaMemcpy(dw, hw, nw * 2, cudaMemcpyHostToDevice));
     poison_device(dc, nc);
     v = ops_make_views(c, 0, da, na * 2, dw, nw * 2, dc + SENT, nc * 2);
     rc = run_op(c, &v, cfg, 0);
     ck_assert_msg(rc == 0, "%s: rc %d: %s", tag, rc, mlart_last_error());
-    OPS_CUDA(cudaGetLastError());
-    OPS_CUDA(cudaDeviceSynchronize());
-    OPS_CUDA(cudaMemcpy(hc, dc, (nc + 2 * SENT) * 2, cudaMemcpyDeviceToHost));
+    GPU_CUDA(cudaGetLastError());
+    GPU_CUDA(cudaDeviceSynchronize());
+    GPU_CUDA(cudaMemcpy(hc, dc, (nc + 2 * SENT) * 2, cudaMemcpyDeviceToHost));
     check_untouched(c, ha, hc, tag);
 
     if (twin && c->H * c->T * c->K * c->N <= TWIN_MACS) {
@@ -436,30 +436,30 @@ START_TEST(graph_replay)
                 ck_assert(ha && hw && h1 && h2);
                 ops_fill_bf16(ha, na, &rng);
                 ops_fill_bf16(hw, nw, &rng);
-                OPS_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-                OPS_CUDA(cudaMalloc((void **)&da, na * 2));
-                OPS_CUDA(cudaMalloc((void **)&dw, nw * 2));
-                OPS_CUDA(cudaMalloc((void **)&d1, nc * 2));
-                OPS_CUDA(cudaMalloc((void **)&d2, nc * 2));
-                OPS_CUDA(cudaMemcpy(da, ha, na * 2, cudaMemcpyHostToDevice));
-                OPS_CUDA(cudaMemcpy(dw, hw, nw * 2, cudaMemcpyHostToDevice));
-                OPS_CUDA(cudaMemset(d1, 0xFF, nc * 2));
-                OPS_CUDA(cudaMemset(d2, 0xFF, nc * 2));
+                GPU_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+                GPU_CUDA(cudaMalloc((void **)&da, na * 2));
+                GPU_CUDA(cudaMalloc((void **)&dw, nw * 2));
+                GPU_CUDA(cudaMalloc((void **)&d1, nc * 2));
+                GPU_CUDA(cudaMalloc((void **)&d2, nc * 2));
+                GPU_CUDA(cudaMemcpy(da, ha, na * 2, cudaMemcpyHostToDevice));
+                GPU_CUDA(cudaMemcpy(dw, hw, nw * 2, cudaMemcpyHostToDevice));
+                GPU_CUDA(cudaMemset(d1, 0xFF, nc * 2));
+                GPU_CUDA(cudaMemset(d2, 0xFF, nc * 2));
                 v = ops_make_views(&c, 0, da, na * 2, dw, nw * 2, d1, nc * 2);
                 ck_assert_int_eq(run_op(&c, &v, gen ? &gcfg : NULL, st), 0);
-                OPS_CUDA(cudaStreamSynchronize(st));
+                GPU_CUDA(cudaStreamSynchronize(st));
                 v = ops_make_views(&c, 0, da, na * 2, dw, nw * 2, d2, nc * 2);
-                OPS_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+                GPU_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
                 ck_assert_int_eq(run_op(&c, &v, gen ? &gcfg : NULL, st), 0);
-                OPS_CUDA(cudaStreamEndCapture(st, &g));
-                OPS_CUDA(cudaGraphInstantiate(&ge, g, 0));
+                GPU_CUDA(cudaStreamEndCapture(st, &g));
+                GPU_CUDA(cudaGraphInstantiate(&ge, g, 0));
                 for (int r = 0; r < 3; r++) {
-                    OPS_CUDA(cudaMemsetAsync(d2, 0xFF, nc * 2, st));
-                    OPS_CUDA(cudaGraphLaunch(ge, st));
+                    GPU_CUDA(cudaMemsetAsync(d2, 0xFF, nc * 2, st));
+                    GPU_CUDA(cudaGraphLaunch(ge, st));
                 }
-                OPS_CUDA(cudaStreamSynchronize(st));
-                OPS_CUDA(cudaMemcpy(h1, d1, nc * 2, cudaMemcpyDeviceToHost));
-                OPS_CUDA(cudaMemcpy(h2, d2, nc * 2, cudaMemcpyDeviceToHost));
+                GPU_CUDA(cudaStreamSynchronize(st));
+                GPU_CUDA(cudaMemcpy(h1, d1, nc * 2, cudaMemcpyDeviceToHost));
+                GPU_CUDA(cudaMemcpy(h2, d2, nc * 2, cudaMemcpyDeviceToHost));
                 ck_assert_msg(memcmp(h1, h2, nc * 2) == 0, "graph replay differs from eager: op %d T %lld gen %d", op,
                               (long long)c.T, gen);
                 for (size_t i = 0; i < nc; i++) {
@@ -500,7 +500,7 @@ START_TEST(pdl_order)
     static const int64_t Ts[] = {1, 4, 16, 64};
     int cases = 0, early[2];
     cudaStream_t st;
-    OPS_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    GPU_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     for (int gr = 0; gr < 2; gr++) {
         early[gr] = pdl_control(st, gr);
         ck_assert_msg(early[gr] >= 0, "control (%s): CUDA error", gr ? "graph" : "eager");
@@ -524,12 +524,12 @@ START_TEST(pdl_order)
                 ops_fill_bf16(ha0, na, &rng);
                 ops_fill_bf16(ha1, na, &rng);
                 ops_fill_bf16(hw, nw, &rng);
-                OPS_CUDA(cudaMalloc((void **)&da, na * 2));
-                OPS_CUDA(cudaMalloc((void **)&dnew, na * 2));
-                OPS_CUDA(cudaMalloc((void **)&dw, nw * 2));
-                OPS_CUDA(cudaMalloc((void **)&dc, nc * 2));
-                OPS_CUDA(cudaMemcpyAsync(dnew, ha1, na * 2, cudaMemcpyHostToDevice, st));
-                OPS_CUDA(cudaMemcpyAsync(dw, hw, nw * 2, cudaMemcpyHostToDevice, st));
+                GPU_CUDA(cudaMalloc((void **)&da, na * 2));
+                GPU_CUDA(cudaMalloc((void **)&dnew, na * 2));
+                GPU_CUDA(cudaMalloc((void **)&dw, nw * 2));
+                GPU_CUDA(cudaMalloc((void **)&dc, nc * 2));
+                GPU_CUDA(cudaMemcpyAsync(dnew, ha1, na * 2, cudaMemcpyHostToDevice, st));
+                GPU_CUDA(cudaMemcpyAsync(dw, hw, nw * 2, cudaMemcpyHostToDevice, st));
                 v = ops_make_views(&c, 0, da, na * 2, dw, nw * 2, dc, nc * 2);
                 desc_from_views(&c, &v, &d);
                 ck_assert_msg(mlart_bmm_cuda_path(&d, NULL) == MLART_BMM_DIRECT,
@@ -537,35 +537,35 @@ START_TEST(pdl_order)
                               (long long)c.T);
 
                 /* expected: the op on the new query, nothing before it */
-                OPS_CUDA(cudaMemcpyAsync(da, ha1, na * 2, cudaMemcpyHostToDevice, st));
-                OPS_CUDA(cudaMemsetAsync(dc, 0xFF, nc * 2, st));
+                GPU_CUDA(cudaMemcpyAsync(da, ha1, na * 2, cudaMemcpyHostToDevice, st));
+                GPU_CUDA(cudaMemsetAsync(dc, 0xFF, nc * 2, st));
                 ck_assert_int_eq(mlart_bmm_cuda_run(&d, &cfg, st), 0);
-                OPS_CUDA(cudaMemcpyAsync(hx, dc, nc * 2, cudaMemcpyDeviceToHost, st));
-                OPS_CUDA(cudaStreamSynchronize(st));
+                GPU_CUDA(cudaMemcpyAsync(hx, dc, nc * 2, cudaMemcpyDeviceToHost, st));
+                GPU_CUDA(cudaStreamSynchronize(st));
 
                 /* eager: late writer, then the op */
-                OPS_CUDA(cudaMemcpyAsync(da, ha0, na * 2, cudaMemcpyHostToDevice, st));
-                OPS_CUDA(cudaMemsetAsync(dc, 0xFF, nc * 2, st));
-                OPS_CUDA((cudaError_t)pdl_late_copy(da, dnew, na * 2, 200, st));
+                GPU_CUDA(cudaMemcpyAsync(da, ha0, na * 2, cudaMemcpyHostToDevice, st));
+                GPU_CUDA(cudaMemsetAsync(dc, 0xFF, nc * 2, st));
+                GPU_CUDA((cudaError_t)pdl_late_copy(da, dnew, na * 2, 200, st));
                 ck_assert_int_eq(mlart_bmm_cuda_run(&d, &cfg, st), 0);
-                OPS_CUDA(cudaMemcpyAsync(hy, dc, nc * 2, cudaMemcpyDeviceToHost, st));
-                OPS_CUDA(cudaStreamSynchronize(st));
+                GPU_CUDA(cudaMemcpyAsync(hy, dc, nc * 2, cudaMemcpyDeviceToHost, st));
+                GPU_CUDA(cudaStreamSynchronize(st));
                 ck_assert_msg(memcmp(hx, hy, nc * 2) == 0,
                               "eager after a late writer: T %lld P %lld pdl %d read the old query", (long long)c.T,
                               (long long)c.K, pdl);
 
                 /* the same two launches captured in a graph, replayed twice */
-                OPS_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-                OPS_CUDA((cudaError_t)pdl_late_copy(da, dnew, na * 2, 200, st));
+                GPU_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+                GPU_CUDA((cudaError_t)pdl_late_copy(da, dnew, na * 2, 200, st));
                 ck_assert_int_eq(mlart_bmm_cuda_run(&d, &cfg, st), 0);
-                OPS_CUDA(cudaStreamEndCapture(st, &g));
-                OPS_CUDA(cudaGraphInstantiate(&ge, g, 0));
+                GPU_CUDA(cudaStreamEndCapture(st, &g));
+                GPU_CUDA(cudaGraphInstantiate(&ge, g, 0));
                 for (int r = 0; r < 2; r++) {
-                    OPS_CUDA(cudaMemcpyAsync(da, ha0, na * 2, cudaMemcpyHostToDevice, st));
-                    OPS_CUDA(cudaMemsetAsync(dc, 0xFF, nc * 2, st));
-                    OPS_CUDA(cudaGraphLaunch(ge, st));
-                    OPS_CUDA(cudaMemcpyAsync(hy, dc, nc * 2, cudaMemcpyDeviceToHost, st));
-                    OPS_CUDA(cudaStreamSynchronize(st));
+                    GPU_CUDA(cudaMemcpyAsync(da, ha0, na * 2, cudaMemcpyHostToDevice, st));
+                    GPU_CUDA(cudaMemsetAsync(dc, 0xFF, nc * 2, st));
+                    GPU_CUDA(cudaGraphLaunch(ge, st));
+                    GPU_CUDA(cudaMemcpyAsync(hy, dc, nc * 2, cudaMemcpyDeviceToHost, st));
+                    GPU_CUDA(cudaStreamSynchronize(st));
                     ck_assert_msg(memcmp(hx, hy, nc * 2) == 0,
                                   "graph after a late writer: T %lld P %lld pdl %d read the old query",
                                   (long long)c.T, (long long)c.K, pdl);
@@ -597,9 +597,9 @@ START_TEST(bad_input)
     const size_t na = ops_a_elems(&c), nw = ops_w_elems(&c), nc = ops_c_elems(&c);
     uint16_t *da, *dw, *dc;
     ops_views v, bad;
-    OPS_CUDA(cudaMalloc((void **)&da, na * 2));
-    OPS_CUDA(cudaMalloc((void **)&dw, nw * 2));
-    OPS_CUDA(cudaMalloc((void **)&dc, nc * 2));
+    GPU_CUDA(cudaMalloc((void **)&da, na * 2));
+    GPU_CUDA(cudaMalloc((void **)&dw, nw * 2));
+    GPU_CUDA(cudaMalloc((void **)&dc, nc * 2));
     v = ops_make_views(&c, 0, da, na * 2, dw, nw * 2, dc, nc * 2);
 
     bad = v; /* host tensors handed to the CUDA entry */
@@ -623,7 +623,7 @@ START_TEST(bad_input)
     bad.w.dtype = MLART_DTYPE_F32;
     ck_assert_int_eq(mlart_v_up_bmm_cuda(&bad.a, &bad.w, &bad.c, 0), MLART_EDTYPE);
     ck_assert_int_eq(mlart_v_up_bmm_cuda(NULL, &v.w, &v.c, 0), MLART_EINVAL);
-    OPS_CUDA(cudaDeviceSynchronize());
+    GPU_CUDA(cudaDeviceSynchronize());
     cudaFree(da);
     cudaFree(dw);
     cudaFree(dc);
@@ -635,14 +635,8 @@ int main(void)
 {
     Suite *s;
     TCase *tc;
-    SRunner *sr;
-    int failed;
-    if (ops_gpu_count() < 1) {
-        printf("no CUDA device: skipped\n");
+    if (gpu_test_begin("ops_bmm_gpu", &g_seed))
         return 77;
-    }
-    g_seed = ops_seed();
-    printf("ops_bmm_gpu: seed %#llx (rerun with MLART_SEED)\n", (unsigned long long)g_seed);
     s = suite_create("ops_bmm_gpu");
     tc = tcase_create("bmm");
     tcase_set_timeout(tc, 240);
@@ -654,10 +648,5 @@ int main(void)
     tcase_add_loop_test(tc, vup_matrix, 0, (int)(sizeof k_T / sizeof k_T[0]));
     tcase_add_loop_test(tc, wgmma_matrix, 0, (int)(sizeof k_wT / sizeof k_wT[0]));
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_FORK); /* each test in its own process and CUDA context */
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return gpu_test_run(s, CK_FORK);
 }

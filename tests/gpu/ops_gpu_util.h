@@ -1,6 +1,6 @@
-/* Shared by the ops GPU tests: device presence without touching CUDA in the
- * calling process, seeded random bf16 data, and the layouts of the query
- * absorption and V up-projection test cases with their fp64 reference. */
+/* Shared by the ops GPU tests (with gpu_test_util.h): seeded random bf16
+ * data, and the layouts of the query absorption and V up-projection test
+ * cases with their fp64 reference. */
 #ifndef MLART_TESTS_GPU_OPS_GPU_UTIL_H
 #define MLART_TESTS_GPU_OPS_GPU_UTIL_H
 
@@ -10,53 +10,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
+#include "gpu_test_util.h"
 #include "mlart/mlart.h"
 #include "ops/numerics.h"
-
-/* Number of CUDA devices, asked in a child process: a process that has
- * initialised CUDA cannot use it in the children that Check forks. */
-static inline int ops_gpu_count(void)
-{
-    int status = 0;
-    pid_t pid = fork();
-    if (pid == 0) {
-        int n = 0;
-        if (cudaGetDeviceCount(&n) != cudaSuccess)
-            n = 0;
-        _exit(n > 100 ? 100 : n);
-    }
-    if (pid < 0 || waitpid(pid, &status, 0) < 0 || !WIFEXITED(status))
-        return 0;
-    return WEXITSTATUS(status);
-}
-
-/* Seed from MLART_SEED or the clock; printed by the caller. */
-static inline uint64_t ops_seed(void)
-{
-    const char *s = getenv("MLART_SEED");
-    if (s && *s)
-        return strtoull(s, NULL, 0);
-    return (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid();
-}
-
-static inline uint64_t ops_rand(uint64_t *s)
-{
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    *s = x;
-    return x;
-}
 
 /* uniform in [-1, 1), rounded to bf16 */
 static inline uint16_t ops_rand_bf16(uint64_t *s)
 {
-    double u = (double)(ops_rand(s) >> 11) / 9007199254740992.0;
+    double u = (double)(gpu_rand(s) >> 11) / 9007199254740992.0;
     return mlart_f32_to_bf16((float)(2.0 * u - 1.0));
 }
 
@@ -72,12 +34,6 @@ static inline void ops_fill_bf16(uint16_t *p, size_t n, uint64_t *s)
     do {                                                                                           \
         if (!(cond))                                                                               \
             ck_abort_msg(__VA_ARGS__);                                                             \
-    } while (0)
-
-#define OPS_CUDA(stmt)                                                                             \
-    do {                                                                                           \
-        cudaError_t e_ = (stmt);                                                                   \
-        ck_assert_msg(e_ == cudaSuccess, "%s: %s", #stmt, cudaGetErrorString(e_));                 \
     } while (0)
 
 /* One test case of either op, in the layouts the runtime uses.

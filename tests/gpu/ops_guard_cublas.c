@@ -211,23 +211,12 @@ int main(void)
 {
     Suite *s;
     TCase *tc;
-    SRunner *sr;
-    int failed;
-    if (ops_gpu_count() < 1) {
-        printf("no CUDA device: skipped\n");
+    if (gpu_test_begin("ops_guard_cublas", &g_seed))
         return 77;
-    }
-    g_seed = ops_seed();
-    printf("ops_guard_cublas: seed %#llx\n", (unsigned long long)g_seed);
     s = suite_create("ops_guard_cublas");
     tc = tcase_create("cublas");
     tcase_set_timeout(tc, 500);
     tcase_add_test(tc, cublas_probes);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK); /* this process forks its own CUDA children */
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return gpu_test_run(s, CK_NOFORK); /* this process forks its own CUDA children */
 }

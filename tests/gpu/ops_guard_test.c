@@ -73,12 +73,12 @@ static void run_into(const ops_case *c, const mlart_bmm_config *cfg, uint16_t *a
     ops_views v = ops_make_views(c, 0, a, a_bytes, w, ops_w_elems(c) * 2, cbuf, c_bytes);
     int rc;
     cudaError_t e;
-    OPS_CUDA(cudaMemset(cbuf, 0xFF, c_bytes));
+    GPU_CUDA(cudaMemset(cbuf, 0xFF, c_bytes));
     rc = launch(c, &v, cfg);
     ck_assert_msg(rc == 0, "%s: rc %d: %s", tag, rc, mlart_last_error());
     e = cudaDeviceSynchronize();
     ck_assert_msg(e == cudaSuccess, "%s: FAULT: %s", tag, cudaGetErrorString(e));
-    OPS_CUDA(cudaMemcpy(host_out, cbuf, c_bytes, cudaMemcpyDeviceToHost));
+    GPU_CUDA(cudaMemcpy(host_out, cbuf, c_bytes, cudaMemcpyDeviceToHost));
 }
 
 static int g_runs;
@@ -105,11 +105,11 @@ static void guard_shape(const ops_case *c0, uint64_t *rng)
     ck_assert(ha && hw && o1 && o2);
     ops_fill_bf16(ha, na, rng);
     ops_fill_bf16(hw, nw, rng);
-    OPS_CUDA(cudaMalloc((void **)&da, na * 2));
-    OPS_CUDA(cudaMalloc((void **)&dw, nw * 2));
-    OPS_CUDA(cudaMalloc((void **)&dc, nc * 2));
-    OPS_CUDA(cudaMemcpy(da, ha, na * 2, cudaMemcpyHostToDevice));
-    OPS_CUDA(cudaMemcpy(dw, hw, nw * 2, cudaMemcpyHostToDevice));
+    GPU_CUDA(cudaMalloc((void **)&da, na * 2));
+    GPU_CUDA(cudaMalloc((void **)&dw, nw * 2));
+    GPU_CUDA(cudaMalloc((void **)&dc, nc * 2));
+    GPU_CUDA(cudaMemcpy(da, ha, na * 2, cudaMemcpyHostToDevice));
+    GPU_CUDA(cudaMemcpy(dw, hw, nw * 2, cudaMemcpyHostToDevice));
     for (int pl = 0; pl < PL_COUNT; pl++) {
         ops_case c = *c0;
         if (pl == PL_FUSED && c.vup)
@@ -129,12 +129,12 @@ static void guard_shape(const ops_case *c0, uint64_t *rng)
                 ck_assert_msg(mlart_guard_alloc(&ga, bytes, 0) == 0, "%s", mlart_guard_error());
                 pa = ga.ptr;
                 a_bytes = bytes;
-                OPS_CUDA(cudaMemcpy(pa, ha, bytes, cudaMemcpyHostToDevice));
+                GPU_CUDA(cudaMemcpy(pa, ha, bytes, cudaMemcpyHostToDevice));
             }
             if (pl == PL_W) {
                 ck_assert_msg(mlart_guard_alloc(&gw, nw * 2, 0) == 0, "%s", mlart_guard_error());
                 pw = gw.ptr;
-                OPS_CUDA(cudaMemcpy(pw, hw, nw * 2, cudaMemcpyHostToDevice));
+                GPU_CUDA(cudaMemcpy(pw, hw, nw * 2, cudaMemcpyHostToDevice));
             }
             if (pl == PL_C || pl == PL_FUSED) {
                 size_t bytes = pl == PL_C ? span_c(&c) : nc * 2;
@@ -199,10 +199,10 @@ START_TEST(guard_catches_overread)
     ck_assert_msg(mlart_guard_init(0) == 0, "%s", mlart_guard_error());
     ck_assert_msg(mlart_guard_alloc(&gw, nw * 2 - 16, 0) == 0, "%s", mlart_guard_error());
     pw = gw.ptr;
-    OPS_CUDA(cudaMalloc((void **)&da, na * 2));
-    OPS_CUDA(cudaMalloc((void **)&dc, nc * 2));
-    OPS_CUDA(cudaMemset(da, 0, na * 2));
-    OPS_CUDA(cudaMemset(pw, 0, nw * 2 - 16));
+    GPU_CUDA(cudaMalloc((void **)&da, na * 2));
+    GPU_CUDA(cudaMalloc((void **)&dc, nc * 2));
+    GPU_CUDA(cudaMemset(da, 0, na * 2));
+    GPU_CUDA(cudaMemset(pw, 0, nw * 2 - 16));
     v = ops_make_views(&c, 0, da, na * 2, pw, nw * 2, dc, nc * 2);
     rc = mlart_query_bmm_cuda(&v.a, &v.w, &v.c, NULL, NULL, 0);
     ck_assert_msg(rc == 0, "launch refused: %s", mlart_last_error());
@@ -216,24 +216,13 @@ int main(void)
 {
     Suite *s;
     TCase *tc;
-    SRunner *sr;
-    int failed;
-    if (ops_gpu_count() < 1) {
-        printf("no CUDA device: skipped\n");
+    if (gpu_test_begin("ops_guard_gpu", &g_seed))
         return 77;
-    }
-    g_seed = ops_seed();
-    printf("ops_guard_gpu: seed %#llx (rerun with MLART_SEED)\n", (unsigned long long)g_seed);
     s = suite_create("ops_guard_gpu");
     tc = tcase_create("guard");
     tcase_set_timeout(tc, 600); /* T = 8192: 1.2 GB outputs, every path, four placements */
     tcase_add_test(tc, guard_catches_overread);
     tcase_add_loop_test(tc, guard_matrix, 0, (int)(sizeof k_T / sizeof k_T[0]));
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_FORK);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return gpu_test_run(s, CK_FORK);
 }
