@@ -73,10 +73,11 @@ constexpr int PROF_BLOCKS = 4096;
 __device__ unsigned long long b12x_prof_main[PROF_BLOCKS][8];
 __device__ unsigned long long b12x_prof_cb[PROF_BLOCKS][2];
 /* Loop phases of the small-head kernel, SM cycles summed over the blocks
- * of 32 slots, as thread 0 sees them: [0] the step's wait for its data and
- * the block barrier, [1] the fp8 conversion of the next block, [2] the
- * next gather's issue, [3] the scores, [4] the barrier, softmax and
- * barrier, [5] P.V. */
+ * of 32 slots: as the first math thread sees them, [0] the wait for a
+ * stage, [3] the scores, [4] the barrier, softmax and barrier, [5] P.V;
+ * as the first load thread sees them, [1] the fp8 conversion, [2] the
+ * gather issue, [6] the wait for its data, [7] the wait for a free
+ * stage. */
 constexpr int PROF_LOOP = 8;
 __device__ unsigned long long b12x_prof_loop[PROF_BLOCKS][PROF_LOOP];
 int prof_main_blocks, prof_cb_blocks; /* of the last launch */
@@ -263,9 +264,10 @@ __device__ __forceinline__ void convert_fp8(const uint8_t *raw, uint32_t dst, in
     st_shared16(dst + sw_off(r, 64 + w), rp);
 }
 
-/* The start both kernels share, in two halves around the dependency wait.
- * Before it (slots_and_prefetch): the chunk's physical slots and the
- * gathers of the pipeline's first blocks.  These read only the indices,
+/* The start of the mma.sync kernels, in two halves around the dependency
+ * wait.  Before it: the chunk's physical slots and the gathers of the
+ * first blocks (start_block; in the small-head kernel its load warps, which
+ * go on gathering without waiting).  These read only the indices,
  * the request's block table and length and the cache, which the stream's
  * previous kernel does not write (the stream contract, docs/attention.md:
  * in a layer step that kernel is the query absorption); the loads go
@@ -287,8 +289,9 @@ __device__ __forceinline__ void load_query(const AttendArgs &a, uint32_t sbase, 
     cp_async_commit();
 }
 
-/* The gather pipeline both kernels share, over a shared-memory map S (one
- * commit group per issue, the query's group before them):
+/* The general kernel's gather pipeline, over a shared-memory map S (one
+ * commit group per issue; the query's group comes after the prefetched
+ * blocks' and before the rest):
  *   bf16: NS stages; block j+NS-1 is issued once block j has landed and
  *         every warp is past step j-1, whose stage it reuses.
  *   fp8: NR raw stages and two converted ones; at step j block j+1 is
@@ -300,9 +303,6 @@ template <bool FP8, class S> struct Pipeline {
     uint32_t sbase;
     const int32_t *s_slot;
     int nblk;
-#ifdef B12X_PROFILE
-    mutable unsigned long long pacc[6] = {0, 0, 0, 0, 0, 0}, ptick = 0;
-#endif
 
     /* Gather block j (one commit group, empty past the end). */
     __device__ __forceinline__ void issue(int j) const
@@ -347,12 +347,9 @@ template <bool FP8, class S> struct Pipeline {
         if constexpr (FP8) {
             cp_async_wait<S::RAW_STAGES - 2>();
             __syncthreads();
-            B12X_PROF_TICK(pacc, ptick, 0);
             if (j + 1 < nblk)
                 convert(j + 1);
-            B12X_PROF_TICK(pacc, ptick, 1);
             issue(j + S::RAW_STAGES);
-            B12X_PROF_TICK(pacc, ptick, 2);
             return sbase + S::OFF_KV + (j % 2) * S::KV_STAGE;
         } else {
             if (j == 0)
@@ -360,15 +357,13 @@ template <bool FP8, class S> struct Pipeline {
             else
                 cp_async_wait<S::KV_STAGES - 2>();
             __syncthreads();
-            B12X_PROF_TICK(pacc, ptick, 0);
             issue(j + S::KV_STAGES - 1);
-            B12X_PROF_TICK(pacc, ptick, 2);
             return sbase + S::OFF_KV + (j % S::KV_STAGES) * S::KV_STAGE;
         }
     }
 };
 
-/* The start both kernels share.  Programmatic dependent launch: the block
+/* The general kernel's start.  Programmatic dependent launch: the block
  * may be resident before the previous kernel of the stream has finished.
  * It resolves its slots and starts its first gathers meanwhile
  * (load_query's comment says why that is safe), then waits for that
@@ -661,9 +656,9 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
  *           most blocks need no shuffle;
  *   P.V:    warp w owns output columns [64w, 64w + 64), a 16 x 64 fp32
  *           accumulator (32 registers).
- * Two math-warp barriers and one hand-over per block of slots.  The output
- * (or fp32 partial) is staged in shared memory and written with wide
- * coalesced stores. */
+ * Two math-warp barriers and one hand-over per block of slots.  The bf16
+ * output is staged in shared memory and written with wide coalesced
+ * stores; the fp32 partial goes straight from the accumulators. */
 template <bool FP8> struct SmallSmem {
     static constexpr int KV_STAGES = FP8 ? 2 : 4; /* bf16: gathered; fp8: converted */
     static constexpr int RAW_STAGES = FP8 ? 5 : 1; /* 1: unused */
