@@ -105,35 +105,43 @@ static int check_same_device(const char *op, const mlart_tensor *const *ts, cons
     return 0;
 }
 
+/* A batched product x [H,T,K] . w [H,K,N] -> out [H,T,N] (the names and
+ * dims as the op's messages call them): operands, shapes that agree, one
+ * device, an output that neither aliases itself nor overlaps an input. */
+static int check_bmm(const char *op, const char *const name[3], const char *const dims[3],
+                     const mlart_tensor *x, const mlart_tensor *w, const mlart_tensor *out)
+{
+    const mlart_tensor *ts[3] = {x, w, out};
+    char label[3][32], shp[3][64];
+    for (int i = 0; i < 3; i++) {
+        snprintf(label[i], sizeof label[i], "%s %s", name[i], dims[i]);
+        MLART_CHECK(check_operand(op, label[i], ts[i], 3, MLART_DTYPE_BF16, 1));
+    }
+    if (x->shape[0] != w->shape[0] || x->shape[0] != out->shape[0] || x->shape[1] != out->shape[1] ||
+        x->shape[2] != w->shape[1] || w->shape[2] != out->shape[2]) {
+        for (int i = 0; i < 3; i++)
+            shape_str(ts[i], shp[i], sizeof shp[i]);
+        return mlart_set_error(MLART_ESHAPE, "%s: shapes disagree: %s %s, %s %s, %s %s (want %s, %s, %s)",
+                               op, name[0], shp[0], name[1], shp[1], name[2], shp[2], label[0], label[1],
+                               label[2]);
+    }
+    MLART_CHECK(check_same_device(op, ts, name, 3));
+    MLART_CHECK(check_no_self_alias(op, name[2], out));
+    MLART_CHECK(check_no_overlap(op, name[2], out, name[0], x));
+    MLART_CHECK(check_no_overlap(op, name[2], out, name[1], w));
+    return 0;
+}
+
 int mlart_query_bmm_check(const mlart_tensor *a, const mlart_tensor *w, const mlart_tensor *out,
                           const mlart_tensor *pe_in, const mlart_tensor *pe_out)
 {
     static const char op[] = "query_bmm";
+    static const char *const name[3] = {"a", "w", "out"}, *const dims[3] = {"[H,T,P]", "[H,P,L]", "[H,T,L]"};
     char sa[64], sw[64], so[64];
-    MLART_CHECK(check_operand(op, "a [H,T,P]", a, 3, MLART_DTYPE_BF16, 1));
-    MLART_CHECK(check_operand(op, "w [H,P,L]", w, 3, MLART_DTYPE_BF16, 1));
-    MLART_CHECK(check_operand(op, "out [H,T,L]", out, 3, MLART_DTYPE_BF16, 1));
-    if (a->shape[0] != w->shape[0] || a->shape[0] != out->shape[0] || a->shape[1] != out->shape[1] ||
-        a->shape[2] != w->shape[1] || w->shape[2] != out->shape[2]) {
-        shape_str(a, sa, sizeof sa);
-        shape_str(w, sw, sizeof sw);
-        shape_str(out, so, sizeof so);
-        return mlart_set_error(MLART_ESHAPE,
-                               "%s: shapes disagree: a %s, w %s, out %s (want a [H,T,P], w [H,P,L], "
-                               "out [H,T,L])",
-                               op, sa, sw, so);
-    }
+    MLART_CHECK(check_bmm(op, name, dims, a, w, out));
     if ((pe_in == NULL) != (pe_out == NULL))
         return mlart_set_error(MLART_EINVAL, "%s: pe_in and pe_out must both be given or both be NULL",
                                op);
-    {
-        const mlart_tensor *ts[3] = {a, w, out};
-        const char *names[3] = {"a", "w", "out"};
-        MLART_CHECK(check_same_device(op, ts, names, 3));
-    }
-    MLART_CHECK(check_no_self_alias(op, "out", out));
-    MLART_CHECK(check_no_overlap(op, "out", out, "a", a));
-    MLART_CHECK(check_no_overlap(op, "out", out, "w", w));
     if (pe_in) {
         MLART_CHECK(check_operand(op, "pe_in [T,H,R]", pe_in, 3, MLART_DTYPE_BF16, 1));
         MLART_CHECK(check_operand(op, "pe_out [T,H,R]", pe_out, 3, MLART_DTYPE_BF16, 1));
@@ -164,30 +172,8 @@ int mlart_query_bmm_check(const mlart_tensor *a, const mlart_tensor *w, const ml
 
 int mlart_v_up_bmm_check(const mlart_tensor *x, const mlart_tensor *w, const mlart_tensor *o)
 {
-    static const char op[] = "v_up_bmm";
-    char sx[64], sw[64], so[64];
-    MLART_CHECK(check_operand(op, "x [H,T,L]", x, 3, MLART_DTYPE_BF16, 1));
-    MLART_CHECK(check_operand(op, "w [H,L,V]", w, 3, MLART_DTYPE_BF16, 1));
-    MLART_CHECK(check_operand(op, "o [H,T,V]", o, 3, MLART_DTYPE_BF16, 1));
-    if (x->shape[0] != w->shape[0] || x->shape[0] != o->shape[0] || x->shape[1] != o->shape[1] ||
-        x->shape[2] != w->shape[1] || w->shape[2] != o->shape[2]) {
-        shape_str(x, sx, sizeof sx);
-        shape_str(w, sw, sizeof sw);
-        shape_str(o, so, sizeof so);
-        return mlart_set_error(MLART_ESHAPE,
-                               "%s: shapes disagree: x %s, w %s, o %s (want x [H,T,L], w [H,L,V], "
-                               "o [H,T,V])",
-                               op, sx, sw, so);
-    }
-    {
-        const mlart_tensor *ts[3] = {x, w, o};
-        const char *names[3] = {"x", "w", "o"};
-        MLART_CHECK(check_same_device(op, ts, names, 3));
-    }
-    MLART_CHECK(check_no_self_alias(op, "o", o));
-    MLART_CHECK(check_no_overlap(op, "o", o, "x", x));
-    MLART_CHECK(check_no_overlap(op, "o", o, "w", w));
-    return 0;
+    static const char *const name[3] = {"x", "w", "o"}, *const dims[3] = {"[H,T,L]", "[H,L,V]", "[H,T,V]"};
+    return check_bmm("v_up_bmm", name, dims, x, w, o);
 }
 
 int mlart_kv_write_check(const mlart_geometry *g, const mlart_tensor *cache,
