@@ -54,7 +54,7 @@ constexpr int KV_D = B12X_KV_LORA + B12X_ROPE;  /* 576 */
 constexpr int ROW_BYTES = KV_D * 2;              /* one bf16 row in shared memory */
 constexpr int ROW_CHUNKS = ROW_BYTES / 16;       /* 72 pieces of 16 bytes */
 constexpr int FP8_BYTES = KV_L + 4 * (KV_L / 128) + 2 * B12X_ROPE; /* 656 */
-constexpr int BN = 32;                           /* slots per pipeline block */
+constexpr int BN = b12x::BLOCK_SLOTS;            /* slots per pipeline block */
 constexpr int NTHREADS = 256;
 constexpr int HEAD_TILE = 64;
 constexpr int MAX_SPLITS = 64;
@@ -404,13 +404,9 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
     extern __shared__ __align__(128) uint8_t smem[];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int t = blockIdx.x;
-    const int h0 = (a.tile_base + (int)blockIdx.y) * HEAD_TILE;
-    const int rows = min(HEAD_TILE, a.H - h0);
-    const int split = blockIdx.z;
-    const int k0 = split * a.blocks_per_split * BN;
-    const int kend = min(a.topk, k0 + a.blocks_per_split * BN);
-    const int nblk = (kend - k0 + BN - 1) / BN;
+    const b12x::Chunk ck = b12x::chunk_of(a, HEAD_TILE, HEAD_TILE);
+    const int t = ck.t, h0 = ck.h0, rows = ck.rows, split = ck.split;
+    const int k0 = ck.k0, kend = ck.kend, nblk = ck.nblk;
     const uint32_t sbase = smem_u32(smem);
     int32_t *s_slot = reinterpret_cast<int32_t *>(smem + S::OFF_SLOT);
 
@@ -716,13 +712,9 @@ __global__ void __launch_bounds__(SMALL_THREADS, 1) b12x_small_kernel(const Atte
     using S = SmallSmem<FP8>;
     extern __shared__ __align__(128) uint8_t smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int t = blockIdx.x;
-    const int h0 = (a.tile_base + (int)blockIdx.y) * HEAD_TILE;
-    const int rows = min(16, a.H - h0);
-    const int split = blockIdx.z;
-    const int k0 = split * a.blocks_per_split * BN;
-    const int kend = min(a.topk, k0 + a.blocks_per_split * BN);
-    const int nblk = (kend - k0 + BN - 1) / BN;
+    const b12x::Chunk ck = b12x::chunk_of(a, HEAD_TILE, 16);
+    const int t = ck.t, h0 = ck.h0, rows = ck.rows, split = ck.split;
+    const int k0 = ck.k0, kend = ck.kend, nblk = ck.nblk;
     const uint32_t sbase = smem_u32(smem);
     int32_t *s_slot = reinterpret_cast<int32_t *>(smem + S::OFF_SLOT);
     float *s_part = reinterpret_cast<float *>(smem + S::OFF_S);

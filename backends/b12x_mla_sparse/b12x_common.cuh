@@ -44,6 +44,30 @@ struct AttendArgs {
     float scale_log2;     /* softmax scale * log2(e) */
 };
 
+/* Slots per pipeline block, in every kernel: the split model, the chunks
+ * and the partials count in these blocks. */
+constexpr int BLOCK_SLOTS = 32;
+
+/* What one thread block owns: token t, head rows [h0, h0 + rows) of its
+ * tile (tiles of `tile` heads from a.tile_base, at most max_rows rows),
+ * and chunk `split` of the top-k list, indices [k0, kend) in nblk blocks. */
+struct Chunk {
+    int t, h0, rows, split, k0, kend, nblk;
+};
+
+__device__ __forceinline__ Chunk chunk_of(const AttendArgs &a, int tile, int max_rows)
+{
+    Chunk c;
+    c.t = blockIdx.x;
+    c.h0 = (a.tile_base + (int)blockIdx.y) * tile;
+    c.rows = min(max_rows, a.H - c.h0);
+    c.split = blockIdx.z;
+    c.k0 = c.split * a.blocks_per_split * BLOCK_SLOTS;
+    c.kend = min(a.topk, c.k0 + a.blocks_per_split * BLOCK_SLOTS);
+    c.nblk = (c.kend - c.k0 + BLOCK_SLOTS - 1) / BLOCK_SLOTS;
+    return c;
+}
+
 /* Every field that comes from the step; the caller sets the split, the
  * tile base and the workspace pointers. */
 inline void args_from_step(AttendArgs *a, const mlart_step *s)

@@ -57,7 +57,7 @@ constexpr int KV_D = B12X_KV_LORA + B12X_ROPE;  /* 576 */
 constexpr int ROW_BYTES = KV_D * 2;              /* 1152: one bf16 row */
 constexpr int ROW_CHUNKS = ROW_BYTES / 16;       /* 72 pieces of 16 bytes */
 constexpr int FP8_BYTES = KV_L + 4 * (KV_L / 128) + 2 * B12X_ROPE; /* 656 */
-constexpr int BN = 32;                           /* slots per block (as the mma.sync kernel) */
+constexpr int BN = b12x::BLOCK_SLOTS;            /* slots per block (as the mma.sync kernel) */
 constexpr int HT = 64;                           /* heads per tile = wgmma M */
 constexpr int NTHREADS = 256;
 constexpr int KSTEPS = KV_D / 16;                /* 36 k-steps of Q K^T */
@@ -333,13 +333,9 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_wgmma_kernel(const WgArgs a)
     const int tid = threadIdx.x, wg = tid >> 7, wt = tid & 127, lane = tid & 31;
     const int wr = (wt >> 5) * 16 + (lane >> 2); /* first of this thread's two head rows */
     const int q4 = lane & 3;
-    const int t = blockIdx.x;
-    const int h0 = (a.tile_base + (int)blockIdx.y) * HT;
-    const int rows = min(HT, a.H - h0);
-    const int split = blockIdx.z;
-    const int k0 = split * a.blocks_per_split * BN;
-    const int kend = min(a.topk, k0 + a.blocks_per_split * BN);
-    const int nblk = (kend - k0 + BN - 1) / BN;
+    const b12x::Chunk ck = b12x::chunk_of(a, HT, HT);
+    const int t = ck.t, h0 = ck.h0, rows = ck.rows, split = ck.split;
+    const int k0 = ck.k0, kend = ck.kend, nblk = ck.nblk;
     int32_t *const s_slot = reinterpret_cast<int32_t *>(smem + S::OFF_SLOT);
     float *const s_alpha = reinterpret_cast<float *>(smem + S::OFF_ALPHA);
     float *const s_inv = reinterpret_cast<float *>(smem + S::OFF_INV);
