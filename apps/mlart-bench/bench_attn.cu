@@ -443,8 +443,9 @@ int enqueue_variant(void *ctx, int set, cudaStream_t stream)
  * a small-T call goes.  Per shape: the call as shipped; without
  * programmatic dependent launch; the main kernel alone; each combine alone
  * (whole-row and quarter-row blocks, on the partials the main kernel left
- * in the workspace); forced split counts (4..64).  16 heads T = 1..64, 64 heads
- * T = 1..4.  Rows
+ * in the workspace); forced split counts (4..64); the combine capped at two
+ * blocks a multiprocessor or not.  16 heads T = 1..200, 64 and 128 heads
+ * T = 1..16 and two larger T each.  Rows
  * that produce the output are checked against the reference like the main
  * table (err, NMSE <= 1e-4). */
 int bench_attn_variants(const mlart_bench_opts *o)
@@ -460,10 +461,16 @@ int bench_attn_variants(const mlart_bench_opts *o)
         {"auto", {0, 0, 0, 1}},     {"nopdl", {0, 0, 0, 0}},        {"main", {0, 1, 0, 1}},
         {"comb-row", {0, 2, 1, 1}}, {"comb-quarter", {0, 2, 2, 1}}, {"s16", {16, 0, 0, 1}},
         {"s32", {32, 0, 0, 1}},     {"s64", {64, 0, 0, 1}},         {"s8", {8, 0, 0, 1}},
-        {"s4", {4, 0, 0, 1}},
+        {"s4", {4, 0, 0, 1}},       {"s3", {3, 0, 0, 1}},           {"s2", {2, 0, 0, 1}},
+        {"s1", {1, 0, 0, 1}},       {"s5", {5, 0, 0, 1}},           {"cb-spread", {0, 0, 0, 1, 1}},
+        {"cb-packed", {0, 0, 0, 1, -1}},
     };
-    static const int Ts[] = {1, 2, 4, 8, 16, 32, 64};
-    static const int Hs[] = {16, 64};
+    /* token counts per head count (index m of Hs), 0-terminated */
+    static const int Ts[3][11] = {{1, 2, 4, 8, 16, 32, 64, 75, 100, 200, 0},
+                                  {1, 2, 4, 8, 16, 48, 96, 0},
+                                  {1, 2, 4, 8, 16, 24, 47, 0}};
+    const int max_t = 200;
+    static const int Hs[] = {16, 64, 128};
     static const mlart_kv_format fmts[] = {MLART_KV_BF16, MLART_KV_FP8_DS_MLA};
     int wrong = 0;
     mlart_bench_opts ref_opts = *o;
@@ -476,7 +483,7 @@ int bench_attn_variants(const mlart_bench_opts *o)
         if (!kv)
             return -1;
         const size_t row_bytes = fmts[f] == MLART_KV_BF16 ? 1152 : 656;
-        for (int m = 0; m < 2; m++) {
+        for (int m = 0; m < 3; m++) {
             Ctx *c = (Ctx *)calloc(1, sizeof(Ctx));
             mlart_backend_init init;
             c->g = g0;
@@ -484,7 +491,7 @@ int bench_attn_variants(const mlart_bench_opts *o)
             c->kv = kv;
             c->vt = mlart_backend_b12x_mla_sparse_vtable();
             backend_init(o, c, &init);
-            c->ws_bytes = (size_t)64 * kMaxT * Hs[m] * 513 * 4;
+            c->ws_bytes = (size_t)64 * max_t * Hs[m] * (512 * 2 + 4); /* 64 splits */
             if (c->vt->create(&init, &c->state) || cudaMalloc(&c->ws, c->ws_bytes) != cudaSuccess) {
                 if (c->state)
                     c->vt->destroy(c->state);
@@ -492,8 +499,8 @@ int bench_attn_variants(const mlart_bench_opts *o)
                 cudaFree(kv);
                 return -1;
             }
-            for (int it = 0; it < (Hs[m] <= 16 ? 7 : 3); it++) {
-                c->T = Ts[it];
+            for (int it = 0; Ts[m][it]; it++) {
+                c->T = Ts[m][it];
                 char base[64];
                 snprintf(base, sizeof base, "attn H%d %s T%d", Hs[m], fmts[f] == MLART_KV_BF16 ? "bf16" : "fp8",
                          c->T);

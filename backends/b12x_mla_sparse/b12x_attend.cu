@@ -189,6 +189,7 @@ using b12x::bf16_hi;
 using b12x::bf16_lo;
 using b12x::e4m3x16_to_bf16;
 using b12x::pack_bf16;
+using b12x::store_partial16;
 
 /* Byte offset of 16-byte piece c of row r in a swizzled 1152-byte-row
  * matrix: the XOR spreads the 8 rows an ldmatrix phase reads over all 32
@@ -624,11 +625,11 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
                     a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = lse[i];
             } else {
                 const int64_t row = ((int64_t)split * a.T + t) * a.H + h;
-                float *orow = a.ws_o + row * KV_L + ch * 256 + 2 * q4;
+                __nv_bfloat16 *orow = a.ws_o + row * KV_L + ch * 256;
 #pragma unroll
-                for (int nt = 0; nt < 32; nt++)
-                    *reinterpret_cast<float2 *>(orow + nt * 8) =
-                        make_float2(o[nt][2 * i] * inv[i], o[nt][2 * i + 1] * inv[i]);
+                for (int k = 0; k < 16; k++)
+                    store_partial16(orow + 16 * k, q4, o[2 * k][2 * i] * inv[i], o[2 * k][2 * i + 1] * inv[i],
+                                    o[2 * k + 1][2 * i] * inv[i], o[2 * k + 1][2 * i + 1] * inv[i]);
                 if (ch == 0 && q4 == 0)
                     a.ws_lse[row] = lse[i];
             }
@@ -975,16 +976,18 @@ __global__ void __launch_bounds__(SMALL_THREADS, 1) b12x_small_kernel(const Atte
                 *reinterpret_cast<const uint2 *>(st + r * S::O_LD + c);
         }
     } else {
-        /* fp32 partial straight from the accumulators: four lanes write 32
-         * contiguous bytes of a row, whole sectors, no staging */
+        /* bf16 partial straight from the accumulators (store_partial16:
+         * four lanes write a whole sector of a row), no staging */
         const int64_t row0 = ((int64_t)split * a.T + t) * a.H + h0;
-        float *p0 = a.ws_o + (row0 + r4) * KV_L + col0, *p1 = p0 + 8 * KV_L;
+        __nv_bfloat16 *p0 = a.ws_o + (row0 + r4) * KV_L + 64 * warp, *p1 = p0 + 8 * KV_L;
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
+        for (int k = 0; k < 4; k++) {
             if (r4 < rows)
-                *reinterpret_cast<float2 *>(p0 + nt * 8) = make_float2(o[nt][0] * inv0, o[nt][1] * inv0);
+                store_partial16(p0 + 16 * k, q4, o[2 * k][0] * inv0, o[2 * k][1] * inv0, o[2 * k + 1][0] * inv0,
+                                o[2 * k + 1][1] * inv0);
             if (r4 + 8 < rows)
-                *reinterpret_cast<float2 *>(p1 + nt * 8) = make_float2(o[nt][2] * inv1, o[nt][3] * inv1);
+                store_partial16(p1 + 16 * k, q4, o[2 * k][2] * inv1, o[2 * k][3] * inv1, o[2 * k + 1][2] * inv1,
+                                o[2 * k + 1][3] * inv1);
         }
     }
     if (tid < rows) {
@@ -1029,16 +1032,16 @@ __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const At
     const int c = blockIdx.z * 4 * L + lane * 4;
     const int64_t zstride = (int64_t)a.T * a.H, base = (int64_t)t * a.H + h;
     float lz[CB_Z];
-    float4 v[CB_Z];
+    uint2 v[CB_Z]; /* stored elements 4q .. 4q + 3 of a group (store_partial16) */
 #pragma unroll
     for (int i = 0; i < CB_Z; i++) {
         const int z = grp + i * ng;
         lz[i] = -INFINITY;
-        v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[i] = make_uint2(0, 0);
         if (z < a.splits) {
             const int64_t row = z * zstride + base;
             lz[i] = a.ws_lse[row];
-            v[i] = *reinterpret_cast<const float4 *>(a.ws_o + row * KV_L + c);
+            v[i] = *reinterpret_cast<const uint2 *>(a.ws_o + row * KV_L + c);
         }
     }
     float m = -INFINITY;
@@ -1054,10 +1057,10 @@ __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const At
             if (wz == 0.0f)
                 continue;
             sum += wz;
-            acc.x += wz * v[i].x;
-            acc.y += wz * v[i].y;
-            acc.z += wz * v[i].z;
-            acc.w += wz * v[i].w;
+            acc.x += wz * bf16_lo(v[i].x);
+            acc.y += wz * bf16_hi(v[i].x);
+            acc.z += wz * bf16_lo(v[i].y);
+            acc.w += wz * bf16_hi(v[i].y);
         }
     }
     if (ng > 1) {
@@ -1089,9 +1092,17 @@ __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const At
             }
     }
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    __nv_bfloat16 *orow = a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + c;
-    reinterpret_cast<uint32_t *>(orow)[0] = pack_bf16(acc.x * inv, acc.y * inv);
-    reinterpret_cast<uint32_t *>(orow)[1] = pack_bf16(acc.z * inv, acc.w * inv);
+    /* This lane's elements are columns 2q, 2q + 1, 2q + 8, 2q + 9 of its
+     * group (store_partial16); back to column order through the four
+     * lanes of the group, so that they write the group's 32 bytes as one
+     * whole sector (8 bytes a lane, columns 4q .. 4q + 3): pair q >> 1 of
+     * lanes 2q and 2q + 1 (mod 4). */
+    const uint32_t p0 = pack_bf16(acc.x * inv, acc.y * inv), p1 = pack_bf16(acc.z * inv, acc.w * inv);
+    const int q = lane & 3, src = (lane & ~3) | ((2 * q) & 3);
+    const uint32_t a0 = __shfl_sync(0xffffffffu, p0, src), a1 = __shfl_sync(0xffffffffu, p1, src);
+    const uint32_t b0 = __shfl_sync(0xffffffffu, p0, src + 1), b1 = __shfl_sync(0xffffffffu, p1, src + 1);
+    __nv_bfloat16 *orow = a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + (c & ~15) + 4 * q;
+    *reinterpret_cast<uint2 *>(orow) = q < 2 ? make_uint2(a0, b0) : make_uint2(a1, b1);
     if (blockIdx.z == 0 && lane == 0 && a.lse)
         a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = sum > 0.0f ? m + logf(sum) : -INFINITY;
     B12X_PROF_CB(1);
@@ -1137,6 +1148,11 @@ cudaError_t launch(attend_kernel_fn fn, dim3 grid, unsigned threads, size_t smem
     cfg.numAttrs = pdl ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, fn, a);
 }
+
+/* Dynamic shared memory the combine asks for (it uses none) when its blocks
+ * should spread over the multiprocessors, at most two on one: a third of a
+ * multiprocessor's shared memory.  Set by b12x_attend_setup. */
+int g_cb_spread_smem = 0;
 
 int cuda_fail(mlart_error_fn err, const char *what, cudaError_t e)
 {
@@ -1189,6 +1205,18 @@ extern "C" int b12x_attend_setup(int *num_sms, mlart_error_fn err)
         if (e != cudaSuccess)
             return cuda_fail(err, "cudaFuncSetAttribute", e);
     }
+    int per_sm = 0;
+    e = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+    if (e != cudaSuccess)
+        return cuda_fail(err, "device query", e);
+    g_cb_spread_smem = per_sm / 3;
+    e = cudaFuncSetAttribute((const void *)b12x_combine_kernel<32>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, g_cb_spread_smem);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute((const void *)b12x_combine_kernel<128>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, g_cb_spread_smem);
+    if (e != cudaSuccess)
+        return cuda_fail(err, "cudaFuncSetAttribute", e);
     e = (cudaError_t)b12x_wgmma_setup(); /* b12x_wgmma.cu: its shared memory, MLART_B12X_WGMMA */
     if (e != cudaSuccess)
         return cuda_fail(err, "wgmma kernel setup", e);
@@ -1205,18 +1233,22 @@ extern "C" b12x_split b12x_attend_split(int T, int heads, int topk, int num_sms)
     int64_t best_cost = -1;
     if (num_sms < 1)
         num_sms = 1;
-    /* Time ~ waves x (blocks per chunk + a fixed cost of about two blocks
-     * for the prologue) + the partials: about three blocks' time per
-     * multiprocessor-load of chunks that write one (fitted to the split
-     * counts measured at 16 and 64 heads, T = 1..16; docs/PERF.md).  Ties
-     * keep fewer splits. */
+    /* Time, in eighths of a block: waves x (blocks per chunk + about two
+     * blocks of prologue, + one for the partial write when it splits) +
+     * the combine, 5/8 of a block per multiprocessor-load of chunks for
+     * every 16 head rows of a tile.  Fitted to the best of nine forced
+     * split counts (bf16 partials; docs/PERF.md, attention) at 16 heads
+     * T = 1..200 and 64 and 128 heads T = 1..96: within 1% of the best
+     * at 46 of 48 points; 16 heads bf16 T = 75 and 200 are 6% off (fp8
+     * is best at the counts taken).  Ties keep fewer splits. */
+    const int r16 = ((heads + tiles - 1) / tiles + 15) / 16;
     for (int s = 1; s <= nblk && s <= MAX_SPLITS; s++) {
         const int bps = (nblk + s - 1) / s;
         if ((nblk + bps - 1) / bps != s)
             continue;
         const int64_t waves = (work * s + num_sms - 1) / num_sms;
-        const int64_t cost =
-            waves * (bps + 2) * num_sms + (s > 1 ? 3 * (int64_t)s * work : 0);
+        const int64_t cost = waves * (8 * bps + 16 + (s > 1 ? 8 : 0)) * num_sms +
+                             (s > 1 ? 5 * (int64_t)r16 * s * work : 0);
         if (best_cost < 0 || cost < best_cost) {
             best_cost = cost;
             best.splits = s;
@@ -1232,7 +1264,7 @@ extern "C" size_t b12x_attend_workspace(int T, int heads, int topk, int num_sms)
     if (sp.splits <= 1)
         return 0;
     const size_t rows = (size_t)sp.splits * T * heads;
-    return rows * KV_L * sizeof(float) + rows * sizeof(float);
+    return rows * KV_L * sizeof(__nv_bfloat16) + rows * sizeof(float);
 }
 
 extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const b12x_tune *tune,
@@ -1266,7 +1298,8 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
         return err(MLART_ELAYOUT,
                    "b12x_mla_sparse: attn_out rows must be 8-byte aligned with inner stride 1");
 
-    if (tune && (tune->combine < 0 || tune->combine > 2 || tune->parts < 0 || tune->parts > 3))
+    if (tune && (tune->combine < 0 || tune->combine > 2 || tune->parts < 0 || tune->parts > 3 ||
+                 tune->combine_spread < -1 || tune->combine_spread > 1))
         return err(MLART_EINVAL, "b12x_mla_sparse: tuning values out of range");
     b12x_split sp = b12x_attend_split(T, H, g->topk, num_sms);
     if (tune && tune->splits > 0) {
@@ -1288,14 +1321,14 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
     a.splits = sp.splits;
     if (sp.splits > 1) {
         const size_t rows = (size_t)sp.splits * T * H;
-        const size_t need = rows * KV_L * sizeof(float) + rows * sizeof(float);
+        const size_t need = rows * KV_L * sizeof(__nv_bfloat16) + rows * sizeof(float);
         if (!s->workspace || s->workspace_bytes < need || ((uintptr_t)s->workspace & 15))
             return err(MLART_EINVAL,
                        "b12x_mla_sparse: step of %d tokens needs %zu bytes of 16-aligned "
                        "workspace, has %zu (plan for max_tokens >= %d)",
                        T, need, s->workspace ? s->workspace_bytes : (size_t)0, T);
-        a.ws_o = (float *)s->workspace;
-        a.ws_lse = a.ws_o + (size_t)sp.splits * T * H * KV_L;
+        a.ws_o = (__nv_bfloat16 *)s->workspace;
+        a.ws_lse = reinterpret_cast<float *>(a.ws_o + rows * KV_L);
     }
 
     const int full = H / HEAD_TILE, rem = H % HEAD_TILE;
@@ -1317,7 +1350,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
         const int wmode = b12x_wgmma_mode();
         if (wmode == 2 || (wmode == 1 && part == 0)) {
             e = (cudaError_t)b12x_wgmma_launch(s, sp.splits, sp.blocks_per_split,
-                                               part == 0 ? 0 : full, tiles, a.ws_o, a.ws_lse,
+                                               part == 0 ? 0 : full, tiles, reinterpret_cast<uint16_t *>(a.ws_o), a.ws_lse,
                                                pdl, stream);
             continue;
         }
@@ -1339,12 +1372,23 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
     if (sp.splits > 1 && (parts & 2) && e == cudaSuccess) {
         const int ng1 = (sp.splits + CB_Z - 1) / CB_Z;
         const int ng2 = sp.splits < CB_MAX_GROUPS ? sp.splits : CB_MAX_GROUPS;
+        /* After the small-head kernel, and unless the combine has more than
+         * four blocks a multiprocessor, at most two combine blocks share a
+         * multiprocessor (an occupancy cap through shared memory it does not
+         * use): packed six deep on the first multiprocessors the main kernel
+         * frees, they were slower at 16 heads, T = 2..32 (spread: T = 8
+         * 13.4 -> 12.8 us); at 64 and 128 heads the cap was slower
+         * (measured: docs/PERF.md, attention, 13:10 UTC). */
+        const int64_t cb_blocks = (int64_t)T * H * (combine == 1 ? 1 : KV_L / 128);
+        const size_t cb_smem =
+            tune && tune->combine_spread ? (tune->combine_spread > 0 ? g_cb_spread_smem : 0)
+            : (H <= 16 && cb_blocks <= 4 * (int64_t)num_sms ? g_cb_spread_smem : 0);
         if (combine == 1)
-            e = launch(b12x_combine_kernel<128>, dim3((unsigned)T, (unsigned)H, 1), 128 * ng1, 0,
+            e = launch(b12x_combine_kernel<128>, dim3((unsigned)T, (unsigned)H, 1), 128 * ng1, cb_smem,
                        st, pdl, a);
         else
             e = launch(b12x_combine_kernel<32>, dim3((unsigned)T, (unsigned)H, KV_L / 128),
-                       32 * ng2, 0, st, pdl, a);
+                       32 * ng2, cb_smem, st, pdl, a);
     }
     if (e == cudaSuccess)
         e = cudaGetLastError();

@@ -41,15 +41,17 @@ int b12x_attend_launch(const mlart_step *s, int num_sms, void *stream, mlart_err
 
 /* Tuning hook (mlart-bench's attention variants table; zeros select what
  * b12x_attend_launch does): `splits` forces the chunk count (<= 64, the
- * workspace must hold it: splits x T x H x 513 floats); `parts` 1 = the main
+ * workspace must hold it: splits x T x H x (512 bf16 + 1 float)); `parts` 1 = the main
  * kernel only, 2 = the combine only, 3 = both; `combine` 1 = whole-row
  * combine blocks, 2 = quarter-row blocks; `pdl` 0 launches without
- * programmatic dependent launch. */
+ * programmatic dependent launch; `combine_spread` 1 caps the combine at two
+ * blocks a multiprocessor, -1 leaves it uncapped. */
 typedef struct b12x_tune {
     int splits;
     int parts;
     int combine;
     int pdl;
+    int combine_spread;
 } b12x_tune;
 int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const b12x_tune *tune, void *stream,
                              mlart_error_fn err);
@@ -58,14 +60,14 @@ int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const b12x_tune *
  * Setup raises its shared-memory limit and reads MLART_B12X_WGMMA (0: never
  * used, 1: full 64-head tiles, 2: every tile; default 1) for
  * b12x_wgmma_mode().  Launch covers head tiles [tile_base, tile_base +
- * tiles) of the step with the given split (partials into ws_o / ws_lse in
- * the mma.sync kernel's layout when splits > 1; the caller runs the
- * combine).  Both return a cudaError_t. */
+ * tiles) of the step with the given split (bf16 partials, as bits, into
+ * ws_o and their fp32 LSEs into ws_lse, in the mma.sync kernel's layout,
+ * when splits > 1; the caller runs the combine).  Both return a cudaError_t. */
 int b12x_wgmma_setup(void);
 int b12x_wgmma_mode(void);
 size_t b12x_wgmma_smem(void);
 int b12x_wgmma_launch(const mlart_step *s, int splits, int blocks_per_split, int tile_base,
-                      int tiles, float *ws_o, float *ws_lse, int pdl, void *stream);
+                      int tiles, uint16_t *ws_o, float *ws_lse, int pdl, void *stream);
 
 #ifdef __cplusplus
 }

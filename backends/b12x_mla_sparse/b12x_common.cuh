@@ -35,8 +35,8 @@ struct AttendArgs {
     int64_t o_sh, o_st;
     float *lse;
     int64_t l_sh, l_st;
-    float *ws_o;   /* [splits][T][H][512] when splits > 1 */
-    float *ws_lse; /* [splits][T][H] */
+    __nv_bfloat16 *ws_o; /* [splits][T][H][512] when splits > 1 */
+    float *ws_lse;       /* [splits][T][H] */
     int T, H, B, topk, page;
     int tile_base;        /* first head tile of this launch */
     int blocks_per_split; /* pipeline blocks (32 slots) per chunk */
@@ -158,6 +158,18 @@ __device__ __forceinline__ float bf16_lo(uint32_t v)
 __device__ __forceinline__ float bf16_hi(uint32_t v)
 {
     return __uint_as_float(v & 0xffff0000u);
+}
+
+/* Split-k partials are bf16 in fragment order inside each group of 16
+ * columns: the mma accumulators give lane q (of the four lanes that share
+ * a row) columns 2q, 2q + 1, 2q + 8 and 2q + 9 of a group, and they are
+ * stored at offsets 4q .. 4q + 3, so the four lanes write a whole 32-byte
+ * sector with one 8-byte store each (half sectors, column order, made
+ * every call slower).  `group` points at the group's first element. */
+__device__ __forceinline__ void store_partial16(__nv_bfloat16 *group, int q, float c0, float c1,
+                                                float c8, float c9)
+{
+    *reinterpret_cast<uint2 *>(group + 4 * q) = make_uint2(pack_bf16(c0, c1), pack_bf16(c8, c9));
 }
 
 __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two, float scale)

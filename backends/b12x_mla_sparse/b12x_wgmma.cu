@@ -102,6 +102,7 @@ using b12x::cp_async_commit;
 using b12x::cp_async_wait;
 using b12x::smem_u32;
 using b12x::st_shared16;
+using b12x::store_partial16;
 
 __device__ __forceinline__ void st_shared32(uint32_t addr, uint32_t v)
 {
@@ -716,11 +717,11 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_wgmma_kernel(const WgArgs a)
                     pack_bf16(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
         } else {
             const int64_t row = ((int64_t)split * a.T + t) * a.H + hh;
-            float *orow = a.ws_o + row * KV_L + col0;
+            __nv_bfloat16 *orow = a.ws_o + row * KV_L + wg * 256;
 #pragma unroll
-            for (int i = 0; i < 32; i++)
-                *reinterpret_cast<float2 *>(orow + 8 * i) =
-                    make_float2(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+            for (int k = 0; k < 16; k++)
+                store_partial16(orow + 16 * k, q4, o[8 * k + 2 * h] * inv, o[8 * k + 2 * h + 1] * inv,
+                                o[8 * k + 4 + 2 * h] * inv, o[8 * k + 4 + 2 * h + 1] * inv);
         }
     }
 }
@@ -758,14 +759,14 @@ extern "C" size_t b12x_wgmma_smem(void)
 }
 
 extern "C" int b12x_wgmma_launch(const mlart_step *s, int splits, int blocks_per_split,
-                                 int tile_base, int tiles, float *ws_o, float *ws_lse, int pdl,
+                                 int tile_base, int tiles, uint16_t *ws_o, float *ws_lse, int pdl,
                                  void *stream)
 {
     const mlart_geometry *g = &s->geom;
     const bool fp8 = g->kv_format == MLART_KV_FP8_DS_MLA;
     WgArgs a;
     b12x::args_from_step(&a, s);
-    a.ws_o = ws_o;
+    a.ws_o = reinterpret_cast<__nv_bfloat16 *>(ws_o);
     a.ws_lse = ws_lse;
     a.tile_base = tile_base;
     a.blocks_per_split = blocks_per_split;

@@ -32,7 +32,7 @@ START_TEST(test_split_covers_topk)
                     if (sp.splits == 1)
                         ck_assert_uint_eq(ws, 0);
                     else
-                        ck_assert_uint_eq(ws, (size_t)sp.splits * T * heads[b] * 513 * 4);
+                        ck_assert_uint_eq(ws, (size_t)sp.splits * T * heads[b] * (512 * 2 + 4));
                     if (ws > most)
                         most = ws;
                     checked++;
