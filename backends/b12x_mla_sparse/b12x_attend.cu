@@ -1376,9 +1376,9 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
          * four blocks a multiprocessor, at most two combine blocks share a
          * multiprocessor (an occupancy cap through shared memory it does not
          * use): packed six deep on the first multiprocessors the main kernel
-         * frees, they were slower at 16 heads, T = 2..32 (spread: T = 8
-         * 13.4 -> 12.8 us); at 64 and 128 heads the cap was slower
-         * (measured: docs/PERF.md, attention, 13:10 UTC). */
+         * frees, they made 16-head calls slower at T = 4..32 (capped:
+         * bf16 T = 8 14.1 -> 12.8 us); at 64 and 128 heads the cap was
+         * slower (measured: docs/PERF.md, attention, run of 13:22 UTC). */
         const int64_t cb_blocks = (int64_t)T * H * (combine == 1 ? 1 : KV_L / 128);
         const size_t cb_smem =
             tune && tune->combine_spread ? (tune->combine_spread > 0 ? g_cb_spread_smem : 0)
