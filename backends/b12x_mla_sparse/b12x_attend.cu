@@ -190,6 +190,7 @@ using b12x::bf16_lo;
 using b12x::e4m3x16_to_bf16;
 using b12x::pack_bf16;
 using b12x::store_partial16;
+using b12x::store_row16;
 
 /* Byte offset of 16-byte piece c of row r in a swizzled 1152-byte-row
  * matrix: the XOR spreads the 8 rows an ldmatrix phase reads over all 32
@@ -610,20 +611,20 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
         }
 #pragma unroll
         for (int i = 0; i < 2; i++) {
+            /* a row past the tile's heads: its lanes still shuffle (the
+             * whole warp takes part in store_row16), but store nothing */
             const int hr = rt * 16 + r4 + 8 * i;
-            if (hr >= rows)
-                continue;
-            const int h = h0 + hr;
+            const bool ok = hr < rows;
+            const int h = h0 + (ok ? hr : rows - 1);
             if (a.splits == 1) {
-                __nv_bfloat16 *orow =
-                    a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + ch * 256 + 2 * q4;
+                __nv_bfloat16 *orow = a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + ch * 256;
 #pragma unroll
-                for (int nt = 0; nt < 32; nt++)
-                    *reinterpret_cast<uint32_t *>(orow + nt * 8) =
-                        pack_bf16(o[nt][2 * i] * inv[i], o[nt][2 * i + 1] * inv[i]);
-                if (ch == 0 && q4 == 0 && a.lse)
+                for (int k = 0; k < 16; k++)
+                    store_row16(orow + 16 * k, pack_bf16(o[2 * k][2 * i] * inv[i], o[2 * k][2 * i + 1] * inv[i]),
+                                pack_bf16(o[2 * k + 1][2 * i] * inv[i], o[2 * k + 1][2 * i + 1] * inv[i]), ok);
+                if (ok && ch == 0 && q4 == 0 && a.lse)
                     a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = lse[i];
-            } else {
+            } else if (ok) {
                 const int64_t row = ((int64_t)split * a.T + t) * a.H + h;
                 __nv_bfloat16 *orow = a.ws_o + row * KV_L + ch * 256;
 #pragma unroll
@@ -1093,16 +1094,9 @@ __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const At
     }
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     /* This lane's elements are columns 2q, 2q + 1, 2q + 8, 2q + 9 of its
-     * group (store_partial16); back to column order through the four
-     * lanes of the group, so that they write the group's 32 bytes as one
-     * whole sector (8 bytes a lane, columns 4q .. 4q + 3): pair q >> 1 of
-     * lanes 2q and 2q + 1 (mod 4). */
-    const uint32_t p0 = pack_bf16(acc.x * inv, acc.y * inv), p1 = pack_bf16(acc.z * inv, acc.w * inv);
-    const int q = lane & 3, src = (lane & ~3) | ((2 * q) & 3);
-    const uint32_t a0 = __shfl_sync(0xffffffffu, p0, src), a1 = __shfl_sync(0xffffffffu, p1, src);
-    const uint32_t b0 = __shfl_sync(0xffffffffu, p0, src + 1), b1 = __shfl_sync(0xffffffffu, p1, src + 1);
-    __nv_bfloat16 *orow = a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + (c & ~15) + 4 * q;
-    *reinterpret_cast<uint2 *>(orow) = q < 2 ? make_uint2(a0, b0) : make_uint2(a1, b1);
+     * group (store_partial16), the fragment layout store_row16 takes. */
+    store_row16(a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + (c & ~15),
+                pack_bf16(acc.x * inv, acc.y * inv), pack_bf16(acc.z * inv, acc.w * inv), true);
     if (blockIdx.z == 0 && lane == 0 && a.lse)
         a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = sum > 0.0f ? m + logf(sum) : -INFINITY;
     B12X_PROF_CB(1);

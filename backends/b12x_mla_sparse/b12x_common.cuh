@@ -172,6 +172,24 @@ __device__ __forceinline__ void store_partial16(__nv_bfloat16 *group, int q, flo
     *reinterpret_cast<uint2 *>(group + 4 * q) = make_uint2(pack_bf16(c0, c1), pack_bf16(c8, c9));
 }
 
+/* One row's 16-column group of output from the mma fragment layout: lane
+ * q (lane % 4) of the four lanes that share the row holds bf16 pairs lo =
+ * columns 2q, 2q + 1 and hi = 2q + 8, 2q + 9.  The pairs go back to column
+ * order through the four lanes (lane q gets pair q >> 1 of lanes 2q and
+ * 2q + 1, mod 4), so that they write the group's 32 bytes as one whole
+ * sector, 8 bytes a lane (half sectors, one pair a lane, are slower:
+ * docs/attention.md).  Every lane of the warp calls it (full-warp
+ * shuffles); a row's lanes store only when `store`. */
+__device__ __forceinline__ void store_row16(__nv_bfloat16 *group, uint32_t lo, uint32_t hi, bool store)
+{
+    const int lane = threadIdx.x & 31, q = lane & 3;
+    const int src = (lane & 28) | ((2 * q) & 3);
+    const uint32_t a0 = __shfl_sync(0xffffffffu, lo, src), a1 = __shfl_sync(0xffffffffu, hi, src);
+    const uint32_t b0 = __shfl_sync(0xffffffffu, lo, src + 1), b1 = __shfl_sync(0xffffffffu, hi, src + 1);
+    if (store)
+        *reinterpret_cast<uint2 *>(group + 4 * q) = q < 2 ? make_uint2(a0, b0) : make_uint2(a1, b1);
+}
+
 __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two, float scale)
 {
     __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);

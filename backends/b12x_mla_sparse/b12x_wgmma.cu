@@ -103,6 +103,7 @@ using b12x::cp_async_wait;
 using b12x::smem_u32;
 using b12x::st_shared16;
 using b12x::store_partial16;
+using b12x::store_row16;
 
 __device__ __forceinline__ void st_shared32(uint32_t addr, uint32_t v)
 {
@@ -700,22 +701,23 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_wgmma_kernel(const WgArgs a)
     }
 #endif
 
-    /* Output: this warpgroup's 256 columns of its thread's two head rows. */
-    const int col0 = wg * 256 + 2 * q4;
+    /* Output: this warpgroup's 256 columns of its thread's two head rows.
+     * A row past the tile's heads still takes part in store_row16's
+     * shuffles (the whole warp does), but stores nothing. */
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int hr = wr + 8 * h;
-        if (hr >= rows)
-            continue;
-        const float inv = s_inv[hr];
-        const int hh = h0 + hr;
+        const bool ok = hr < rows;
+        const int hc = ok ? hr : rows - 1;
+        const float inv = s_inv[hc];
+        const int hh = h0 + hc;
         if (a.splits == 1) {
-            __nv_bfloat16 *orow = a.out + (int64_t)hh * a.o_sh + (int64_t)t * a.o_st + col0;
+            __nv_bfloat16 *orow = a.out + (int64_t)hh * a.o_sh + (int64_t)t * a.o_st + wg * 256;
 #pragma unroll
-            for (int i = 0; i < 32; i++)
-                *reinterpret_cast<uint32_t *>(orow + 8 * i) =
-                    pack_bf16(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
-        } else {
+            for (int k = 0; k < 16; k++)
+                store_row16(orow + 16 * k, pack_bf16(o[8 * k + 2 * h] * inv, o[8 * k + 2 * h + 1] * inv),
+                            pack_bf16(o[8 * k + 4 + 2 * h] * inv, o[8 * k + 4 + 2 * h + 1] * inv), ok);
+        } else if (ok) {
             const int64_t row = ((int64_t)split * a.T + t) * a.H + hh;
             __nv_bfloat16 *orow = a.ws_o + row * KV_L + wg * 256;
 #pragma unroll
