@@ -189,7 +189,6 @@ using b12x::bf16_hi;
 using b12x::bf16_lo;
 using b12x::e4m3x16_to_bf16;
 using b12x::pack_bf16;
-using b12x::store_partial16;
 using b12x::store_row16;
 
 /* Byte offset of 16-byte piece c of row r in a swizzled 1152-byte-row
@@ -624,14 +623,14 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
                                 pack_bf16(o[2 * k + 1][2 * i] * inv[i], o[2 * k + 1][2 * i + 1] * inv[i]), ok);
                 if (ok && ch == 0 && q4 == 0 && a.lse)
                     a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = lse[i];
-            } else if (ok) {
+            } else {
                 const int64_t row = ((int64_t)split * a.T + t) * a.H + h;
                 __nv_bfloat16 *orow = a.ws_o + row * KV_L + ch * 256;
 #pragma unroll
                 for (int k = 0; k < 16; k++)
-                    store_partial16(orow + 16 * k, q4, o[2 * k][2 * i] * inv[i], o[2 * k][2 * i + 1] * inv[i],
-                                    o[2 * k + 1][2 * i] * inv[i], o[2 * k + 1][2 * i + 1] * inv[i]);
-                if (ch == 0 && q4 == 0)
+                    store_row16(orow + 16 * k, pack_bf16(o[2 * k][2 * i] * inv[i], o[2 * k][2 * i + 1] * inv[i]),
+                                pack_bf16(o[2 * k + 1][2 * i] * inv[i], o[2 * k + 1][2 * i + 1] * inv[i]), ok);
+                if (ok && ch == 0 && q4 == 0)
                     a.ws_lse[row] = lse[i];
             }
         }
@@ -977,18 +976,16 @@ __global__ void __launch_bounds__(SMALL_THREADS, 1) b12x_small_kernel(const Atte
                 *reinterpret_cast<const uint2 *>(st + r * S::O_LD + c);
         }
     } else {
-        /* bf16 partial straight from the accumulators (store_partial16:
-         * four lanes write a whole sector of a row), no staging */
+        /* bf16 partial straight from the accumulators (store_row16: four
+         * lanes write a whole sector of a row), no staging */
         const int64_t row0 = ((int64_t)split * a.T + t) * a.H + h0;
         __nv_bfloat16 *p0 = a.ws_o + (row0 + r4) * KV_L + 64 * warp, *p1 = p0 + 8 * KV_L;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            if (r4 < rows)
-                store_partial16(p0 + 16 * k, q4, o[2 * k][0] * inv0, o[2 * k][1] * inv0, o[2 * k + 1][0] * inv0,
-                                o[2 * k + 1][1] * inv0);
-            if (r4 + 8 < rows)
-                store_partial16(p1 + 16 * k, q4, o[2 * k][2] * inv1, o[2 * k][3] * inv1, o[2 * k + 1][2] * inv1,
-                                o[2 * k + 1][3] * inv1);
+            store_row16(p0 + 16 * k, pack_bf16(o[2 * k][0] * inv0, o[2 * k][1] * inv0),
+                        pack_bf16(o[2 * k + 1][0] * inv0, o[2 * k + 1][1] * inv0), r4 < rows);
+            store_row16(p1 + 16 * k, pack_bf16(o[2 * k][2] * inv1, o[2 * k][3] * inv1),
+                        pack_bf16(o[2 * k + 1][2] * inv1, o[2 * k + 1][3] * inv1), r4 + 8 < rows);
         }
     }
     if (tid < rows) {
@@ -1033,7 +1030,7 @@ __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const At
     const int c = blockIdx.z * 4 * L + lane * 4;
     const int64_t zstride = (int64_t)a.T * a.H, base = (int64_t)t * a.H + h;
     float lz[CB_Z];
-    uint2 v[CB_Z]; /* stored elements 4q .. 4q + 3 of a group (store_partial16) */
+    uint2 v[CB_Z]; /* four bf16 columns of a partial */
 #pragma unroll
     for (int i = 0; i < CB_Z; i++) {
         const int z = grp + i * ng;
@@ -1093,10 +1090,8 @@ __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const At
             }
     }
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    /* This lane's elements are columns 2q, 2q + 1, 2q + 8, 2q + 9 of its
-     * group (store_partial16), the fragment layout store_row16 takes. */
-    store_row16(a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + (c & ~15),
-                pack_bf16(acc.x * inv, acc.y * inv), pack_bf16(acc.z * inv, acc.w * inv), true);
+    *reinterpret_cast<uint2 *>(a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + c) =
+        make_uint2(pack_bf16(acc.x * inv, acc.y * inv), pack_bf16(acc.z * inv, acc.w * inv));
     if (blockIdx.z == 0 && lane == 0 && a.lse)
         a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = sum > 0.0f ? m + logf(sum) : -INFINITY;
     B12X_PROF_CB(1);

@@ -160,34 +160,22 @@ __device__ __forceinline__ float bf16_hi(uint32_t v)
     return __uint_as_float(v & 0xffff0000u);
 }
 
-/* Split-k partials are bf16 in fragment order inside each group of 16
- * columns: the mma accumulators give lane q (of the four lanes that share
- * a row) columns 2q, 2q + 1, 2q + 8 and 2q + 9 of a group, and they are
- * stored at offsets 4q .. 4q + 3, so the four lanes write a whole 32-byte
- * sector with one 8-byte store each (half sectors, column order, made
- * every call slower).  `group` points at the group's first element. */
-__device__ __forceinline__ void store_partial16(__nv_bfloat16 *group, int q, float c0, float c1,
-                                                float c8, float c9)
-{
-    *reinterpret_cast<uint2 *>(group + 4 * q) = make_uint2(pack_bf16(c0, c1), pack_bf16(c8, c9));
-}
-
-/* One row's 16-column group of output from the mma fragment layout: lane
- * q (lane % 4) of the four lanes that share the row holds bf16 pairs lo =
- * columns 2q, 2q + 1 and hi = 2q + 8, 2q + 9.  The pairs go back to column
- * order through the four lanes (lane q gets pair q >> 1 of lanes 2q and
- * 2q + 1, mod 4), so that they write the group's 32 bytes as one whole
- * sector, 8 bytes a lane (half sectors, one pair a lane, are slower:
- * docs/attention.md).  Every lane of the warp calls it (full-warp
- * shuffles); a row's lanes store only when `store`. */
+/* One row's 16-column group of bf16 output (or split-k partial) from the
+ * mma fragment layout: lane q (lane % 4) of the four lanes that share the
+ * row holds pairs lo = columns 2q, 2q + 1 and hi = 2q + 8, 2q + 9.  Lanes
+ * q and q ^ 1 trade one pair (even lanes keep lo, odd lanes hi), so each
+ * lane holds four consecutive columns and the four write the group's 32
+ * bytes as one whole sector, 8 bytes a lane (one pair a lane, half
+ * sectors, was slower: docs/attention.md).  Every lane of the warp calls
+ * it (a full-warp shuffle); a row's lanes store only when `store`. */
 __device__ __forceinline__ void store_row16(__nv_bfloat16 *group, uint32_t lo, uint32_t hi, bool store)
 {
-    const int lane = threadIdx.x & 31, q = lane & 3;
-    const int src = (lane & 28) | ((2 * q) & 3);
-    const uint32_t a0 = __shfl_sync(0xffffffffu, lo, src), a1 = __shfl_sync(0xffffffffu, hi, src);
-    const uint32_t b0 = __shfl_sync(0xffffffffu, lo, src + 1), b1 = __shfl_sync(0xffffffffu, hi, src + 1);
+    const int q = threadIdx.x & 3;
+    const bool odd = (q & 1) != 0;
+    const uint32_t recv = __shfl_xor_sync(0xffffffffu, odd ? lo : hi, 1);
     if (store)
-        *reinterpret_cast<uint2 *>(group + 4 * q) = q < 2 ? make_uint2(a0, b0) : make_uint2(a1, b1);
+        *reinterpret_cast<uint2 *>(group + (odd ? 2 * q + 6 : 2 * q)) =
+            odd ? make_uint2(recv, hi) : make_uint2(lo, recv);
 }
 
 __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two, float scale)

@@ -102,7 +102,6 @@ using b12x::cp_async_commit;
 using b12x::cp_async_wait;
 using b12x::smem_u32;
 using b12x::st_shared16;
-using b12x::store_partial16;
 using b12x::store_row16;
 
 __device__ __forceinline__ void st_shared32(uint32_t addr, uint32_t v)
@@ -717,13 +716,13 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_wgmma_kernel(const WgArgs a)
             for (int k = 0; k < 16; k++)
                 store_row16(orow + 16 * k, pack_bf16(o[8 * k + 2 * h] * inv, o[8 * k + 2 * h + 1] * inv),
                             pack_bf16(o[8 * k + 4 + 2 * h] * inv, o[8 * k + 4 + 2 * h + 1] * inv), ok);
-        } else if (ok) {
+        } else {
             const int64_t row = ((int64_t)split * a.T + t) * a.H + hh;
             __nv_bfloat16 *orow = a.ws_o + row * KV_L + wg * 256;
 #pragma unroll
             for (int k = 0; k < 16; k++)
-                store_partial16(orow + 16 * k, q4, o[8 * k + 2 * h] * inv, o[8 * k + 2 * h + 1] * inv,
-                                o[8 * k + 4 + 2 * h] * inv, o[8 * k + 4 + 2 * h + 1] * inv);
+                store_row16(orow + 16 * k, pack_bf16(o[8 * k + 2 * h] * inv, o[8 * k + 2 * h + 1] * inv),
+                            pack_bf16(o[8 * k + 4 + 2 * h] * inv, o[8 * k + 4 + 2 * h + 1] * inv), ok);
         }
     }
 }
