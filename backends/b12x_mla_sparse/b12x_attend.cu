@@ -1339,7 +1339,8 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
         const int wmode = b12x_wgmma_mode();
         if (wmode == 2 || (wmode == 1 && part == 0)) {
             e = (cudaError_t)b12x_wgmma_launch(s, sp.splits, sp.blocks_per_split,
-                                               part == 0 ? 0 : full, tiles, reinterpret_cast<uint16_t *>(a.ws_o), a.ws_lse,
+                                               part == 0 ? 0 : full, tiles,
+                                               reinterpret_cast<uint16_t *>(a.ws_o), a.ws_lse,
                                                pdl, stream);
             continue;
         }
@@ -1373,8 +1374,8 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
             tune && tune->combine_spread ? (tune->combine_spread > 0 ? g_cb_spread_smem : 0)
             : (H <= 16 && cb_blocks <= 4 * (int64_t)num_sms ? g_cb_spread_smem : 0);
         if (combine == 1)
-            e = launch(b12x_combine_kernel<128>, dim3((unsigned)T, (unsigned)H, 1), 128 * ng1, cb_smem,
-                       st, pdl, a);
+            e = launch(b12x_combine_kernel<128>, dim3((unsigned)T, (unsigned)H, 1), 128 * ng1,
+                       cb_smem, st, pdl, a);
         else
             e = launch(b12x_combine_kernel<32>, dim3((unsigned)T, (unsigned)H, KV_L / 128),
                        32 * ng2, cb_smem, st, pdl, a);

@@ -41,8 +41,8 @@ int b12x_attend_launch(const mlart_step *s, int num_sms, void *stream, mlart_err
 
 /* Tuning hook (mlart-bench's attention variants table; zeros select what
  * b12x_attend_launch does): `splits` forces the chunk count (<= 64, the
- * workspace must hold it: splits x T x H x (512 bf16 + 1 float)); `parts` 1 = the main
- * kernel only, 2 = the combine only, 3 = both; `combine` 1 = whole-row
+ * workspace must hold it: splits x T x H x (512 bf16 + 1 float)); `parts`
+ * 1 = the main kernel only, 2 = the combine only, 3 = both; `combine` 1 = whole-row
  * combine blocks, 2 = quarter-row blocks; `pdl` 0 launches without
  * programmatic dependent launch; `combine_spread` 1 caps the combine at two
  * blocks a multiprocessor, -1 leaves it uncapped. */
