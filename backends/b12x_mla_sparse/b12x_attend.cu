@@ -22,7 +22,7 @@
  * slots and dims, then the output columns) and eight load warps that
  * gather and convert the next blocks meanwhile.
  *
- * Splits write fp32 partial outputs and natural-log LSEs to the workspace;
+ * Splits write bf16 partial outputs and natural-log LSEs to the workspace;
  * a small kernel combines them (LSE-weighted), blocks of one (token, head)
  * row or a quarter of it, so the combine's reads spread over the GPU.
  * (Combining in the last-finishing chunk instead was measured 2-7x slower
@@ -655,7 +655,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
  *           accumulator (32 registers).
  * Two math-warp barriers and one hand-over per block of slots.  The bf16
  * output is staged in shared memory and written with wide coalesced
- * stores; the fp32 partial goes straight from the accumulators. */
+ * stores; the bf16 partial goes straight from the accumulators. */
 template <bool FP8> struct SmallSmem {
     static constexpr int KV_STAGES = FP8 ? 2 : 4; /* bf16: gathered; fp8: converted */
     static constexpr int RAW_STAGES = FP8 ? 5 : 1; /* 1: unused */
