@@ -1148,6 +1148,19 @@ int cuda_fail(mlart_error_fn err, const char *what, cudaError_t e)
     return err(MLART_ECUDA, "b12x_mla_sparse: %s: %s", what, cudaGetErrorString(e));
 }
 
+/* Let kernel fn launch with `bytes` of dynamic shared memory, when device
+ * dev (which allows `optin` per block) has them. */
+int allow_smem(const void *fn, size_t bytes, int optin, int dev, mlart_error_fn err)
+{
+    if ((size_t)optin < bytes)
+        return err(MLART_ENOTSUP,
+                   "b12x_mla_sparse: kernels need %zu bytes of shared memory per block, "
+                   "device %d allows %d",
+                   bytes, dev, optin);
+    const cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    return e == cudaSuccess ? 0 : cuda_fail(err, "cudaFuncSetAttribute", e);
+}
+
 } /* namespace */
 
 extern "C" int b12x_attend_setup(int *num_sms, mlart_error_fn err)
@@ -1168,44 +1181,31 @@ extern "C" int b12x_attend_setup(int *num_sms, mlart_error_fn err)
         return err(MLART_ENOTSUP,
                    "b12x_mla_sparse: device %d has compute capability %d.x; the kernels need sm_90",
                    dev, major);
-    for (int f = 0; f < 2; f++)
-        for (int rt = 2; rt <= 4; rt++) {
+    int rc = 0;
+    for (int f = 0; f < 2 && rc == 0; f++)
+        for (int rt = 2; rt <= 4 && rc == 0; rt++) {
             size_t bytes;
             attend_kernel_fn fn = pick_kernel(f != 0, rt, B12X_MAX_TOPK, &bytes);
-            if ((size_t)optin < bytes)
-                return err(MLART_ENOTSUP,
-                           "b12x_mla_sparse: kernels need %zu bytes of shared memory per block, "
-                           "device %d allows %d",
-                           bytes, dev, optin);
-            e = cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)bytes);
-            if (e != cudaSuccess)
-                return cuda_fail(err, "cudaFuncSetAttribute", e);
+            rc = allow_smem((const void *)fn, bytes, optin, dev, err);
         }
-    for (int f = 0; f < 2; f++) {
-        const void *fn = f ? (const void *)b12x_small_kernel<true> : (const void *)b12x_small_kernel<false>;
-        const size_t bytes = f ? SmallSmem<true>::bytes(B12X_MAX_TOPK) : SmallSmem<false>::bytes(B12X_MAX_TOPK);
-        if ((size_t)optin < bytes)
-            return err(MLART_ENOTSUP,
-                       "b12x_mla_sparse: kernels need %zu bytes of shared memory per block, "
-                       "device %d allows %d",
-                       bytes, dev, optin);
-        e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-        if (e != cudaSuccess)
-            return cuda_fail(err, "cudaFuncSetAttribute", e);
-    }
+    if (rc == 0)
+        rc = allow_smem((const void *)b12x_small_kernel<false>, SmallSmem<false>::bytes(B12X_MAX_TOPK),
+                        optin, dev, err);
+    if (rc == 0)
+        rc = allow_smem((const void *)b12x_small_kernel<true>, SmallSmem<true>::bytes(B12X_MAX_TOPK),
+                        optin, dev, err);
+    if (rc != 0)
+        return rc;
     int per_sm = 0;
     e = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
     if (e != cudaSuccess)
         return cuda_fail(err, "device query", e);
     g_cb_spread_smem = per_sm / 3;
-    e = cudaFuncSetAttribute((const void *)b12x_combine_kernel<32>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, g_cb_spread_smem);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute((const void *)b12x_combine_kernel<128>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, g_cb_spread_smem);
-    if (e != cudaSuccess)
-        return cuda_fail(err, "cudaFuncSetAttribute", e);
+    rc = allow_smem((const void *)b12x_combine_kernel<32>, (size_t)g_cb_spread_smem, optin, dev, err);
+    if (rc == 0)
+        rc = allow_smem((const void *)b12x_combine_kernel<128>, (size_t)g_cb_spread_smem, optin, dev, err);
+    if (rc != 0)
+        return rc;
     e = (cudaError_t)b12x_wgmma_setup(); /* b12x_wgmma.cu: its shared memory, MLART_B12X_WGMMA */
     if (e != cudaSuccess)
         return cuda_fail(err, "wgmma kernel setup", e);

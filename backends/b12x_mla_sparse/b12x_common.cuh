@@ -1,8 +1,9 @@
 /* What the two b12x kernel files share (b12x_attend.cu: the mma.sync
  * kernels and the combine; b12x_wgmma.cu: the wgmma kernel): the launch
- * arguments, filled from a step, and the resolution of a chunk's indices
- * to physical cache slots.  CUDA C++; nothing outside this folder
- * includes it. */
+ * arguments, filled from a step, the resolution of a chunk's indices to
+ * physical cache slots, and small device helpers (bf16 packing, the fp8
+ * dequantisation, whole-sector row stores).  CUDA C++; nothing outside
+ * this folder includes it. */
 #ifndef MLART_BACKENDS_B12X_COMMON_CUH
 #define MLART_BACKENDS_B12X_COMMON_CUH
 
