@@ -180,88 +180,52 @@ __device__ __forceinline__ void load_a_tile(const Desc &d, __nv_bfloat16 *As, in
  * make a 128-byte line).  mma j (0..7) uses column j of each lane's eight:
  * its logical column g is physical column n0 + 8g + j, which is exactly the
  * B fragment layout once two rows are interleaved with one byte permute. */
-template <int MT> struct StreamBounds {
-    static constexpr int threads = MT == 1 ? 512 : 256;
-};
-
-template <int MT, int KB>
-__global__ void __launch_bounds__(StreamBounds<MT>::threads) bmm_stream_kernel(Desc d, int kpw)
+/* The stream tile's pieces, shared by the stream and persistent-stream
+ * kernels.  A lane (g = lane / 4, q = lane % 4) holds weight rows 2q,
+ * 2q + 1, 2q + 8, 2q + 9 of a 16-row k-step at the 8 consecutive columns
+ * n0 + 8g .. n0 + 8g + 7; mma j computes physical columns n0 + 8g + j. */
+__device__ __forceinline__ void stream_load_w(uint4 (&w)[4], const __nv_bfloat16 *wh, int64_t sk, int step)
 {
-    extern __shared__ __align__(16) unsigned char smem[];
-    const int K = (int)d.K;
-    const int lds = K + 8; /* bf16 per A row: 16-byte pad keeps ldmatrix conflict-free */
-    __nv_bfloat16 *As = (__nv_bfloat16 *)smem;
-    float *red = (float *)smem; /* reused after the products */
+    const int q = threadIdx.x & 3;
+    const __nv_bfloat16 *p = wh + (int64_t)(step * 16 + 2 * q) * sk;
+    w[0] = ldg_stream(p);
+    w[1] = ldg_stream(p + sk);
+    w[2] = ldg_stream(p + 8 * sk);
+    w[3] = ldg_stream(p + 9 * sk);
+}
 
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int g = lane >> 2, q = lane & 3;
-    const int64_t h = blockIdx.y;
-    const int64_t n0 = (int64_t)blockIdx.x * 64;
-    const int64_t t0 = (int64_t)blockIdx.z * 16 * MT;
-    const int rows = 16 * MT;
-
-    float acc[MT][8][4];
+/* One k-step (k0) of the MT row tiles staged in As against the lane's
+ * weight rows w: one byte permute per register pair builds a B fragment. */
+template <int MT>
+__device__ __forceinline__ void stream_step(float (&acc)[MT][8][4], const __nv_bfloat16 *As, int lds, int k0,
+                                            const uint4 (&w)[4])
+{
+    const int lane = threadIdx.x & 31;
+    uint32_t af[MT][4];
 #pragma unroll
     for (int m = 0; m < MT; m++)
+        ldmatrix_x4(af[m], As + (m * 16 + (lane & 15)) * lds + k0 + (lane >> 4) * 8);
+    const uint32_t *r0 = (const uint32_t *)&w[0];
+    const uint32_t *r1 = (const uint32_t *)&w[1];
+    const uint32_t *r8 = (const uint32_t *)&w[2];
+    const uint32_t *r9 = (const uint32_t *)&w[3];
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+    for (int j = 0; j < 8; j++) {
+        const uint32_t sel = (j & 1) ? 0x7632u : 0x5410u;
+        const uint32_t b0 = __byte_perm(r0[j >> 1], r1[j >> 1], sel);
+        const uint32_t b1 = __byte_perm(r8[j >> 1], r9[j >> 1], sel);
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                acc[m][j][e] = 0.f;
-
-    const int s_begin = warp * kpw, s_end = s_begin + kpw;
-    const __nv_bfloat16 *wh = d.w + h * d.w_sh + n0 + 8 * g;
-    const int64_t sk = d.w_sk;
-
-    uint4 wv[KB][4];
-    auto load_batch = [&](int s0) {
-#pragma unroll
-        for (int i = 0; i < KB; i++) {
-            if (s0 + i < s_end) {
-                const __nv_bfloat16 *p = wh + (int64_t)((s0 + i) * 16 + 2 * q) * sk;
-                wv[i][0] = ldg_stream(p);
-                wv[i][1] = ldg_stream(p + sk);
-                wv[i][2] = ldg_stream(p + 8 * sk);
-                wv[i][3] = ldg_stream(p + 9 * sk);
-            }
-        }
-    };
-    load_batch(s_begin); /* weights first: the A tile loads overlap them */
-    load_a_tile(d, As, lds, h, t0, rows);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-
-    for (int s0 = s_begin; s0 < s_end; s0 += KB) {
-#pragma unroll
-        for (int i = 0; i < KB; i++) {
-            if (s0 + i < s_end) {
-                const int k0 = (s0 + i) * 16;
-                uint32_t af[MT][4];
-#pragma unroll
-                for (int m = 0; m < MT; m++)
-                    ldmatrix_x4(af[m], As + (m * 16 + (lane & 15)) * lds + k0 + (lane >> 4) * 8);
-                const uint32_t *r0 = (const uint32_t *)&wv[i][0];
-                const uint32_t *r1 = (const uint32_t *)&wv[i][1];
-                const uint32_t *r8 = (const uint32_t *)&wv[i][2];
-                const uint32_t *r9 = (const uint32_t *)&wv[i][3];
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    const uint32_t sel = (j & 1) ? 0x7632u : 0x5410u;
-                    uint32_t b0 = __byte_perm(r0[j >> 1], r1[j >> 1], sel);
-                    uint32_t b1 = __byte_perm(r8[j >> 1], r9[j >> 1], sel);
-#pragma unroll
-                    for (int m = 0; m < MT; m++)
-                        mma_bf16(acc[m][j], af[m], b0, b1);
-                }
-            }
-        }
-        if (s0 + KB < s_end)
-            load_batch(s0 + KB);
+        for (int m = 0; m < MT; m++)
+            mma_bf16(acc[m][j], af[m], b0, b1);
     }
+}
 
-    /* partial sums in fragment order: red[w][m][e][j][lane], conflict-free */
-    __syncthreads(); /* A tile no longer needed: its space becomes red */
+/* This warp's partial sums into red in fragment order,
+ * red[w][m][e][j][lane]: conflict-free. */
+template <int MT>
+__device__ __forceinline__ void stream_put_partial(float *red, const float (&acc)[MT][8][4])
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int m = 0; m < MT; m++)
 #pragma unroll
@@ -269,9 +233,15 @@ __global__ void __launch_bounds__(StreamBounds<MT>::threads) bmm_stream_kernel(D
 #pragma unroll
             for (int j = 0; j < 8; j++)
                 red[((((warp * MT + m) * 4 + e) * 8 + j) << 5) + lane] = acc[m][j][e];
-    __syncthreads();
+}
 
-    /* item (m, e, lane): row m*16 + g + 8*(e>>1), columns n0 + 8*(2q + (e&1)) + 0..7 */
+/* After a barrier: the block sums every warp's partials and writes the
+ * tile.  Item (m, e, lane): row t0 + m*16 + g + 8*(e>>1), columns
+ * n0 + 8*(2q + (e&1)) + 0..7, one 16-byte store when aligned. */
+template <int MT>
+__device__ __forceinline__ void stream_sum_store(const Desc &d, const float *red, int64_t h, int64_t n0, int64_t t0)
+{
+    const int nw = blockDim.x >> 5;
     for (int it = threadIdx.x; it < MT * 4 * 32; it += blockDim.x) {
         const int ln = it & 31, e = (it >> 5) & 3, m = it >> 7;
         const int64_t t = t0 + m * 16 + (ln >> 2) + 8 * (e >> 1);
@@ -302,6 +272,67 @@ __global__ void __launch_bounds__(StreamBounds<MT>::threads) bmm_stream_kernel(D
                 dst[j] = __float2bfloat16_rn(v[j]);
         }
     }
+}
+
+template <int MT> struct StreamBounds {
+    static constexpr int threads = MT == 1 ? 512 : 256;
+};
+
+template <int MT, int KB>
+__global__ void __launch_bounds__(StreamBounds<MT>::threads) bmm_stream_kernel(Desc d, int kpw)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int K = (int)d.K;
+    const int lds = K + 8; /* bf16 per A row: 16-byte pad keeps ldmatrix conflict-free */
+    __nv_bfloat16 *As = (__nv_bfloat16 *)smem;
+    float *red = (float *)smem; /* reused after the products */
+
+    const int warp = threadIdx.x >> 5;
+    const int g = (threadIdx.x & 31) >> 2;
+    const int64_t h = blockIdx.y;
+    const int64_t n0 = (int64_t)blockIdx.x * 64;
+    const int64_t t0 = (int64_t)blockIdx.z * 16 * MT;
+    const int rows = 16 * MT;
+
+    float acc[MT][8][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[m][j][e] = 0.f;
+
+    const int s_begin = warp * kpw, s_end = s_begin + kpw;
+    const __nv_bfloat16 *wh = d.w + h * d.w_sh + n0 + 8 * g;
+    const int64_t sk = d.w_sk;
+
+    uint4 wv[KB][4];
+    auto load_batch = [&](int s0) {
+#pragma unroll
+        for (int i = 0; i < KB; i++)
+            if (s0 + i < s_end)
+                stream_load_w(wv[i], wh, sk, s0 + i);
+    };
+    load_batch(s_begin); /* weights first: the A tile loads overlap them */
+    load_a_tile(d, As, lds, h, t0, rows);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+
+    for (int s0 = s_begin; s0 < s_end; s0 += KB) {
+#pragma unroll
+        for (int i = 0; i < KB; i++)
+            if (s0 + i < s_end)
+                stream_step<MT>(acc, As, lds, (s0 + i) * 16, wv[i]);
+        if (s0 + KB < s_end)
+            load_batch(s0 + KB);
+    }
+
+    __syncthreads(); /* A tile no longer needed: its space becomes red */
+    stream_put_partial<MT>(red, acc);
+    __syncthreads();
+    stream_sum_store<MT>(d, red, h, n0, t0);
 
     if (d.pe_in && blockIdx.x == 0)
         pe_copy_rows(d, h, t0, t0 + rows);
@@ -582,20 +613,13 @@ template <int MT, int KPW> struct PStream {
     static __device__ __forceinline__ void issue(const Desc &d, int it, int nch, uint4 (&wv)[KPW][4],
                                                  __nv_bfloat16 *As, int lds)
     {
-        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-        const int g = lane >> 2, q = lane & 3;
+        const int warp = threadIdx.x >> 5;
         int64_t h, n0, t0;
         coords(d, it, nch, h, n0, t0);
-        const __nv_bfloat16 *wh = d.w + h * d.w_sh + n0 + 8 * g;
-        const int64_t sk = d.w_sk;
+        const __nv_bfloat16 *wh = d.w + h * d.w_sh + n0 + 8 * ((threadIdx.x & 31) >> 2);
 #pragma unroll
-        for (int i = 0; i < KPW; i++) {
-            const __nv_bfloat16 *p = wh + (int64_t)((warp * KPW + i) * 16 + 2 * q) * sk;
-            wv[i][0] = ldg_stream(p);
-            wv[i][1] = ldg_stream(p + sk);
-            wv[i][2] = ldg_stream(p + 8 * sk);
-            wv[i][3] = ldg_stream(p + 9 * sk);
-        }
+        for (int i = 0; i < KPW; i++)
+            stream_load_w(wv[i], wh, d.w_sk, warp * KPW + i);
         load_a_tile(d, As, lds, h, t0, 16 * MT);
         cp_async_commit();
     }
@@ -603,7 +627,7 @@ template <int MT, int KPW> struct PStream {
     static __device__ __forceinline__ void compute(const Desc &d, int it, int nch, const uint4 (&wv)[KPW][4],
                                                    const __nv_bfloat16 *As, int lds, float *red)
     {
-        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+        const int warp = threadIdx.x >> 5;
         int64_t h, n0, t0;
         coords(d, it, nch, h, n0, t0);
         float acc[MT][8][4];
@@ -615,64 +639,11 @@ template <int MT, int KPW> struct PStream {
                 for (int e = 0; e < 4; e++)
                     acc[m][j][e] = 0.f;
 #pragma unroll
-        for (int i = 0; i < KPW; i++) {
-            const int k0 = (warp * KPW + i) * 16;
-            uint32_t af[MT][4];
-#pragma unroll
-            for (int m = 0; m < MT; m++)
-                ldmatrix_x4(af[m], As + (m * 16 + (lane & 15)) * lds + k0 + (lane >> 4) * 8);
-            const uint32_t *r0 = (const uint32_t *)&wv[i][0];
-            const uint32_t *r1 = (const uint32_t *)&wv[i][1];
-            const uint32_t *r8 = (const uint32_t *)&wv[i][2];
-            const uint32_t *r9 = (const uint32_t *)&wv[i][3];
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const uint32_t sel = (j & 1) ? 0x7632u : 0x5410u;
-                const uint32_t b0 = __byte_perm(r0[j >> 1], r1[j >> 1], sel);
-                const uint32_t b1 = __byte_perm(r8[j >> 1], r9[j >> 1], sel);
-#pragma unroll
-                for (int m = 0; m < MT; m++)
-                    mma_bf16(acc[m][j], af[m], b0, b1);
-            }
-        }
-#pragma unroll
-        for (int m = 0; m < MT; m++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-                    red[((((warp * MT + m) * 4 + e) * 8 + j) << 5) + lane] = acc[m][j][e];
+        for (int i = 0; i < KPW; i++)
+            stream_step<MT>(acc, As, lds, (warp * KPW + i) * 16, wv[i]);
+        stream_put_partial<MT>(red, acc);
         __syncthreads();
-        for (int x = threadIdx.x; x < MT * 4 * 32; x += blockDim.x) {
-            const int ln = x & 31, e = (x >> 5) & 3, m = x >> 7;
-            const int64_t t = t0 + m * 16 + (ln >> 2) + 8 * (e >> 1);
-            if (t >= d.T)
-                continue;
-            float v[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                v[j] = 0.f;
-            for (int w = 0; w < nw; w++) {
-                const float *src = red + ((((w * MT + m) * 4 + e) * 8) << 5) + ln;
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-                    v[j] += src[j << 5];
-            }
-            const int64_t col = n0 + 8 * (2 * (ln & 3) + (e & 1));
-            __nv_bfloat16 *dst = d.c + h * d.c_sh + t * d.c_st + col;
-            if (d.c_vec) {
-                uint4 o;
-                o.x = pack_bf16(v[0], v[1]);
-                o.y = pack_bf16(v[2], v[3]);
-                o.z = pack_bf16(v[4], v[5]);
-                o.w = pack_bf16(v[6], v[7]);
-                *(uint4 *)dst = o;
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-                    dst[j] = __float2bfloat16_rn(v[j]);
-            }
-        }
+        stream_sum_store<MT>(d, red, h, n0, t0);
         if (d.pe_in && n0 == 0)
             pe_copy_rows(d, h, t0, t0 + 16 * MT);
         __syncthreads(); /* red and this item's A buffer are free again */
