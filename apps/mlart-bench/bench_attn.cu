@@ -448,6 +448,25 @@ int enqueue_variant(void *ctx, int set, cudaStream_t stream)
  * T = 1..16 and two larger T each.  Rows
  * that produce the output are checked against the reference like the main
  * table (err, NMSE <= 1e-4). */
+/* The variants table's head counts and, per head count, its token counts
+ * (0-terminated). */
+const int kVarHs[3] = {16, 64, 128};
+const int kVarTs[3][11] = {{1, 2, 4, 8, 16, 32, 64, 75, 100, 200, 0}, {1, 2, 4, 8, 16, 48, 96, 0}, {1, 2, 4, 8, 16, 24, 47, 0}};
+
+/* Whether --filter selects any row of the variants table. */
+int bench_attn_variants_match(const mlart_bench_opts *o)
+{
+    for (int f = 0; f < 2; f++)
+        for (int m = 0; m < 3; m++)
+            for (int it = 0; kVarTs[m][it]; it++) {
+                char base[64];
+                snprintf(base, sizeof base, "attn H%d %s T%d", kVarHs[m], f == 0 ? "bf16" : "fp8", kVarTs[m][it]);
+                if (mlart_bench_match(o, base))
+                    return 1;
+            }
+    return 0;
+}
+
 int bench_attn_variants(const mlart_bench_opts *o)
 {
     static const mlart_bench_col cols[] = {{"time", "us", 8, 2}, {"splits", "", 6, 0}, {"err", "nmse", 9, 7}};
@@ -465,12 +484,9 @@ int bench_attn_variants(const mlart_bench_opts *o)
         {"s1", {1, 0, 0, 1}},       {"s5", {5, 0, 0, 1}},           {"cb-spread", {0, 0, 0, 1, 1}},
         {"cb-packed", {0, 0, 0, 1, -1}},
     };
-    /* token counts per head count (index m of Hs), 0-terminated */
-    static const int Ts[3][11] = {{1, 2, 4, 8, 16, 32, 64, 75, 100, 200, 0},
-                                  {1, 2, 4, 8, 16, 48, 96, 0},
-                                  {1, 2, 4, 8, 16, 24, 47, 0}};
+    const int(*Ts)[11] = kVarTs;
+    const int *Hs = kVarHs;
     const int max_t = 200;
-    static const int Hs[] = {16, 64, 128};
     static const mlart_kv_format fmts[] = {MLART_KV_BF16, MLART_KV_FP8_DS_MLA};
     int wrong = 0;
     mlart_bench_opts ref_opts = *o;
@@ -580,7 +596,9 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
                          fmts[f] == MLART_KV_BF16 ? "bf16" : "fp8", Ts[it]);
                 any = mlart_bench_match(o, name);
             }
-    if (!any)
+    const char *ev = getenv("MLART_BENCH_ATTN_VARIANTS");
+    const int variants = ev && *ev && strcmp(ev, "0");
+    if (!any && !(variants && bench_attn_variants_match(o)))
         return 0;
 
     const double tc_peak = measure_tc_peak();
@@ -689,12 +707,9 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
         }
         cudaFree(kv);
     }
-    {
-        const char *ev = getenv("MLART_BENCH_ATTN_VARIANTS");
-        if (ev && *ev && strcmp(ev, "0")) {
-            const int rc = bench_attn_variants(o);
-            wrong += rc < 0 ? 1 : rc;
-        }
+    if (variants) {
+        const int rc = bench_attn_variants(o);
+        wrong += rc < 0 ? 1 : rc;
     }
     snprintf(line, sizeof line,
              "attn targets: 16 heads T>=8 worst time/bandwidth-floor %.2fx (target <= 2: %s); 16 heads T<8 "

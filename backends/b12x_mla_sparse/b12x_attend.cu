@@ -685,6 +685,11 @@ template <bool FP8> struct SmallSmem {
  * side's arrival on it, so no barrier sees two phases at once.  SB_MATH
  * and SB_LOAD are the barriers of each side alone (256 threads). */
 constexpr int SMALL_THREADS = 2 * NTHREADS;
+/* Registers: the block launches with SMALL_REGS a thread, then the load
+ * warps give some back (setmaxnreg) and the math warps take them, so a
+ * block holds 512 x SMALL_REGS and leaves the rest of the multiprocessor's
+ * 65536 to another kernel's block (the combine, the query absorption). */
+constexpr int SMALL_LOAD_REGS = 64, SMALL_MATH_REGS = 128, SMALL_REGS = (SMALL_LOAD_REGS + SMALL_MATH_REGS) / 2;
 enum { SB_MATH = 1, SB_LOAD = 2, SB_FULL = 3, SB_EMPTY = 7 }; /* FULL/EMPTY + stage, stage < 4 */
 
 __device__ __forceinline__ void bar_sync(int id, int n)
@@ -708,7 +713,7 @@ __device__ __forceinline__ void load_sync()
 }
 
 template <bool FP8>
-__global__ void __launch_bounds__(SMALL_THREADS, 1) b12x_small_kernel(const AttendArgs a)
+__global__ void __maxnreg__(SMALL_REGS) b12x_small_kernel(const AttendArgs a)
 {
     using S = SmallSmem<FP8>;
     extern __shared__ __align__(128) uint8_t smem[];
@@ -735,6 +740,7 @@ __global__ void __launch_bounds__(SMALL_THREADS, 1) b12x_small_kernel(const Atte
     B12X_PROF_MAIN(1, clock64());
 
     if (tid >= NTHREADS) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(SMALL_LOAD_REGS));
         /* Load warps: the gathers (and fp8 conversions) ahead of the math.
          * They never wait for the previous kernel: they read only what
          * the stream contract lets a block read early and write only
@@ -798,6 +804,7 @@ __global__ void __launch_bounds__(SMALL_THREADS, 1) b12x_small_kernel(const Atte
 
     /* Math warps: the query after the dependency wait, then the blocks as
      * the load warps hand them over. */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(SMALL_MATH_REGS));
     grid_dep_wait();
     grid_dep_launch();
     load_query(a, sbase, t, h0, rows, 16);
