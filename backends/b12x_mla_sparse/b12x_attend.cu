@@ -685,11 +685,17 @@ template <bool FP8> struct SmallSmem {
  * side's arrival on it, so no barrier sees two phases at once.  SB_MATH
  * and SB_LOAD are the barriers of each side alone (256 threads). */
 constexpr int SMALL_THREADS = 2 * NTHREADS;
-/* Registers: the block launches with SMALL_REGS a thread, then the load
- * warps give some back (setmaxnreg) and the math warps take them, so a
- * block holds 512 x SMALL_REGS and leaves the rest of the multiprocessor's
- * 65536 to another kernel's block (the combine, the query absorption). */
-constexpr int SMALL_LOAD_REGS = 64, SMALL_MATH_REGS = 128, SMALL_REGS = (SMALL_LOAD_REGS + SMALL_MATH_REGS) / 2;
+/* Registers a thread: the block launches with `launch`, then the load
+ * warps give some back (setmaxnreg) and the math warps take them.  A
+ * block holds 512 x launch of the multiprocessor's 65536 and leaves the
+ * rest to another kernel's block (the combine, the query absorption).
+ * Measured against 120 for every warp (docs/attention.md): bf16 fastest
+ * with 96 for the load warps, fp8 with 64 (96 spilled in its conversion
+ * and was 4-7% slower at T >= 16; 48 was 2-4% faster at T <= 8 and 1.5%
+ * slower at T = 64). */
+template <bool FP8> struct SmallRegs {
+    static constexpr int load = FP8 ? 64 : 96, math = 128, launch = (load + math) / 2;
+};
 enum { SB_MATH = 1, SB_LOAD = 2, SB_FULL = 3, SB_EMPTY = 7 }; /* FULL/EMPTY + stage, stage < 4 */
 
 __device__ __forceinline__ void bar_sync(int id, int n)
@@ -713,7 +719,7 @@ __device__ __forceinline__ void load_sync()
 }
 
 template <bool FP8>
-__global__ void __maxnreg__(SMALL_REGS) b12x_small_kernel(const AttendArgs a)
+__global__ void __maxnreg__(SmallRegs<FP8>::launch) b12x_small_kernel(const AttendArgs a)
 {
     using S = SmallSmem<FP8>;
     extern __shared__ __align__(128) uint8_t smem[];
@@ -740,7 +746,7 @@ __global__ void __maxnreg__(SMALL_REGS) b12x_small_kernel(const AttendArgs a)
     B12X_PROF_MAIN(1, clock64());
 
     if (tid >= NTHREADS) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(SMALL_LOAD_REGS));
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(SmallRegs<FP8>::load));
         /* Load warps: the gathers (and fp8 conversions) ahead of the math.
          * They never wait for the previous kernel: they read only what
          * the stream contract lets a block read early and write only
@@ -804,7 +810,7 @@ __global__ void __maxnreg__(SMALL_REGS) b12x_small_kernel(const AttendArgs a)
 
     /* Math warps: the query after the dependency wait, then the blocks as
      * the load warps hand them over. */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(SMALL_MATH_REGS));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(SmallRegs<FP8>::math));
     grid_dep_wait();
     grid_dep_launch();
     load_query(a, sbase, t, h0, rows, 16);
