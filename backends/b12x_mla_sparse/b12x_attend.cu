@@ -690,12 +690,14 @@ constexpr int SMALL_THREADS = 2 * NTHREADS;
  * block holds 512 x launch of the multiprocessor's 65536 and leaves the
  * rest to another kernel's block (the combine, the query absorption).
  * Measured against 120 for every warp (docs/attention.md): bf16 fastest
- * with 96 for the load warps, fp8 with 64 (96 spilled in its conversion
- * and was 4-7% slower at T >= 16; 48 was 2-4% faster at T <= 8 and 1.5%
- * slower at T = 64). */
-template <bool FP8> struct SmallRegs {
-    static constexpr int load = FP8 ? 64 : 96, math = 128, launch = (load + math) / 2;
+ * with 96 for the load warps and 128 for the math warps; fp8 with 64 and
+ * 128 (96 for the load warps spilled in the conversion and was 4-7%
+ * slower at T >= 16), and at T <= 8 (`SHORT`) with 64 and 144: 2.4-4.9%
+ * faster there, 0.7-1.6% slower at T >= 32. */
+template <bool FP8, bool SHORT> struct SmallRegs {
+    static constexpr int load = FP8 ? 64 : 96, math = FP8 && SHORT ? 144 : 128, launch = (load + math) / 2;
 };
+constexpr int SMALL_SHORT_T = 8; /* fp8 steps of at most this many tokens take SHORT */
 enum { SB_MATH = 1, SB_LOAD = 2, SB_FULL = 3, SB_EMPTY = 7 }; /* FULL/EMPTY + stage, stage < 4 */
 
 __device__ __forceinline__ void bar_sync(int id, int n)
@@ -718,8 +720,8 @@ __device__ __forceinline__ void load_sync()
     bar_sync(SB_LOAD, NTHREADS);
 }
 
-template <bool FP8>
-__global__ void __maxnreg__(SmallRegs<FP8>::launch) b12x_small_kernel(const AttendArgs a)
+template <bool FP8, bool SHORT = false>
+__global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch)) b12x_small_kernel(const AttendArgs a)
 {
     using S = SmallSmem<FP8>;
     extern __shared__ __align__(128) uint8_t smem[];
@@ -746,7 +748,7 @@ __global__ void __maxnreg__(SmallRegs<FP8>::launch) b12x_small_kernel(const Atte
     B12X_PROF_MAIN(1, clock64());
 
     if (tid >= NTHREADS) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(SmallRegs<FP8>::load));
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(SmallRegs<FP8, SHORT>::load));
         /* Load warps: the gathers (and fp8 conversions) ahead of the math.
          * They never wait for the previous kernel: they read only what
          * the stream contract lets a block read early and write only
@@ -810,7 +812,7 @@ __global__ void __maxnreg__(SmallRegs<FP8>::launch) b12x_small_kernel(const Atte
 
     /* Math warps: the query after the dependency wait, then the blocks as
      * the load warps hand them over. */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(SmallRegs<FP8>::math));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(SmallRegs<FP8, SHORT>::math));
     grid_dep_wait();
     grid_dep_launch();
     load_query(a, sbase, t, h0, rows, 16);
@@ -1207,6 +1209,9 @@ extern "C" int b12x_attend_setup(int *num_sms, mlart_error_fn err)
     if (rc == 0)
         rc = allow_smem((const void *)b12x_small_kernel<true>, SmallSmem<true>::bytes(B12X_MAX_TOPK),
                         optin, dev, err);
+    if (rc == 0)
+        rc = allow_smem((const void *)b12x_small_kernel<true, true>, SmallSmem<true>::bytes(B12X_MAX_TOPK),
+                        optin, dev, err);
     if (rc != 0)
         return rc;
     int per_sm = 0;
@@ -1362,7 +1367,9 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
         if (rt == 1) {
             /* one row tile: eight math warps on each block, eight load
              * warps ahead of them (b12x_small_kernel) */
-            fn = fp8 ? b12x_small_kernel<true> : b12x_small_kernel<false>;
+            fn = !fp8 ? b12x_small_kernel<false>
+                 : T <= SMALL_SHORT_T ? b12x_small_kernel<true, true>
+                                      : b12x_small_kernel<true>;
             smem = fp8 ? SmallSmem<true>::bytes(chunk) : SmallSmem<false>::bytes(chunk);
             threads = SMALL_THREADS;
         } else {
