@@ -685,17 +685,17 @@ template <bool FP8> struct SmallSmem {
  * side's arrival on it, so no barrier sees two phases at once.  SB_MATH
  * and SB_LOAD are the barriers of each side alone (256 threads). */
 constexpr int SMALL_THREADS = 2 * NTHREADS;
-/* Registers a thread: the block launches with `launch`, then the load
- * warps give some back (setmaxnreg) and the math warps take them.  A
- * block holds 512 x launch of the multiprocessor's 65536 and leaves the
- * rest to another kernel's block (the combine, the query absorption).
- * Measured against 120 for every warp (docs/attention.md): bf16 fastest
- * with 96 for the load warps and 128 for the math warps; fp8 with 64 and
- * 128 (96 for the load warps spilled in the conversion and was 4-7%
- * slower at T >= 16), and at T <= 8 (`SHORT`) with 64 and 144: 2.4-4.9%
- * faster there, 0.7-1.6% slower at T >= 32. */
+/* Registers a thread: the block launches with `launch` (the mean of the
+ * two sides, rounded up to the allocation unit of 8), then the load warps
+ * give some back (setmaxnreg) and the math warps take them.  A block
+ * holds 512 x launch of the multiprocessor's 65536 and leaves the rest to
+ * another kernel's block (the combine, the query absorption).  Chosen
+ * from a sweep of seven splits (docs/PERF.md, attention, run of 14:26
+ * UTC): bf16 96 / 128; fp8 72 / 128, and at T <= 8 (`SHORT`) 64 / 144,
+ * 2.4-4.9% faster there than 64 / 128 but slower at T >= 32. */
 template <bool FP8, bool SHORT> struct SmallRegs {
-    static constexpr int load = FP8 ? 64 : 96, math = FP8 && SHORT ? 144 : 128, launch = (load + math) / 2;
+    static constexpr int load = FP8 ? (SHORT ? 64 : 72) : 96, math = FP8 && SHORT ? 144 : 128,
+                         launch = (load + math + 15) / 16 * 8;
 };
 constexpr int SMALL_SHORT_T = 8; /* fp8 steps of at most this many tokens take SHORT */
 enum { SB_MATH = 1, SB_LOAD = 2, SB_FULL = 3, SB_EMPTY = 7 }; /* FULL/EMPTY + stage, stage < 4 */
