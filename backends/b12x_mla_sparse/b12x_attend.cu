@@ -692,7 +692,10 @@ constexpr int SMALL_THREADS = 2 * NTHREADS;
  * another kernel's block (the combine, the query absorption).  Chosen
  * from a sweep of seven splits (docs/PERF.md, attention, run of 14:26
  * UTC): bf16 96 / 128; fp8 72 / 128, and at T <= 8 (`SHORT`) 64 / 144,
- * 2.4-4.9% faster there than 64 / 128 but slower at T >= 32. */
+ * 2.4-4.9% faster there than 64 / 128 but slower at T >= 32.  The math
+ * warps' increase waits until the load warps' decrease has freed enough:
+ * that holds because launch >= the mean and ptxas gives a kernel with
+ * setmaxnreg exactly its __maxnreg__ count (-Xptxas -v: 112, 104, 104). */
 template <bool FP8, bool SHORT> struct SmallRegs {
     static constexpr int load = FP8 ? (SHORT ? 64 : 72) : 96, math = FP8 && SHORT ? 144 : 128,
                          launch = (load + math + 15) / 16 * 8;
