@@ -656,9 +656,14 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
  * Two math-warp barriers and one hand-over per block of slots.  The bf16
  * output is staged in shared memory and written with wide coalesced
  * stores; the bf16 partial goes straight from the accumulators. */
-template <bool FP8> struct SmallSmem {
-    static constexpr int KV_STAGES = FP8 ? 2 : 4; /* bf16: gathered; fp8: converted */
-    static constexpr int RAW_STAGES = FP8 ? 5 : 1; /* 1: unused */
+/* Stages: bf16 gathered (3 for steps of <= 8 tokens, `SHORT`, 4 above);
+ * fp8 converted (2) and raw (5 for short steps, 4 above).  Measured with
+ * the register splits of SmallRegs (docs/PERF.md, run of 14:41 UTC):
+ * bf16 T = 8 5% faster with 3 stages, T >= 16 0.5-1.5% slower; fp8
+ * T >= 16 0.4-1.5% faster with 4 raw stages, T <= 8 within 0.6%. */
+template <bool FP8, bool SHORT> struct SmallSmem {
+    static constexpr int KV_STAGES = FP8 ? 2 : (SHORT ? 3 : 4);
+    static constexpr int RAW_STAGES = FP8 ? (SHORT ? 5 : 4) : 1; /* 1: unused */
     static constexpr int Q_BYTES = 16 * ROW_BYTES;
     static constexpr int KV_STAGE = BN * ROW_BYTES;
     static constexpr int RAW_STAGE = BN * FP8_BYTES;
@@ -700,7 +705,7 @@ template <bool FP8, bool SHORT> struct SmallRegs {
     static constexpr int load = FP8 ? (SHORT ? 64 : 72) : 96, math = FP8 && SHORT ? 144 : 128,
                          launch = (load + math + 15) / 16 * 8;
 };
-constexpr int SMALL_SHORT_T = 8; /* fp8 steps of at most this many tokens take SHORT */
+constexpr int SMALL_SHORT_T = 8; /* steps of at most this many tokens take SHORT */
 enum { SB_MATH = 1, SB_LOAD = 2, SB_FULL = 3, SB_EMPTY = 7 }; /* FULL/EMPTY + stage, stage < 4 */
 
 __device__ __forceinline__ void bar_sync(int id, int n)
@@ -723,10 +728,10 @@ __device__ __forceinline__ void load_sync()
     bar_sync(SB_LOAD, NTHREADS);
 }
 
-template <bool FP8, bool SHORT = false>
+template <bool FP8, bool SHORT>
 __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch)) b12x_small_kernel(const AttendArgs a)
 {
-    using S = SmallSmem<FP8>;
+    using S = SmallSmem<FP8, SHORT>;
     extern __shared__ __align__(128) uint8_t smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const b12x::Chunk ck = b12x::chunk_of(a, HEAD_TILE, 16);
@@ -1216,14 +1221,17 @@ extern "C" int b12x_attend_setup(int *num_sms, mlart_error_fn err)
             rc = allow_smem((const void *)fn, bytes, optin, dev, err);
         }
     if (rc == 0)
-        rc = allow_smem((const void *)b12x_small_kernel<false>, SmallSmem<false>::bytes(B12X_MAX_TOPK),
-                        optin, dev, err);
+        rc = allow_smem((const void *)b12x_small_kernel<false, false>,
+                        SmallSmem<false, false>::bytes(B12X_MAX_TOPK), optin, dev, err);
     if (rc == 0)
-        rc = allow_smem((const void *)b12x_small_kernel<true>, SmallSmem<true>::bytes(B12X_MAX_TOPK),
-                        optin, dev, err);
+        rc = allow_smem((const void *)b12x_small_kernel<false, true>,
+                        SmallSmem<false, true>::bytes(B12X_MAX_TOPK), optin, dev, err);
     if (rc == 0)
-        rc = allow_smem((const void *)b12x_small_kernel<true, true>, SmallSmem<true>::bytes(B12X_MAX_TOPK),
-                        optin, dev, err);
+        rc = allow_smem((const void *)b12x_small_kernel<true, false>,
+                        SmallSmem<true, false>::bytes(B12X_MAX_TOPK), optin, dev, err);
+    if (rc == 0)
+        rc = allow_smem((const void *)b12x_small_kernel<true, true>,
+                        SmallSmem<true, true>::bytes(B12X_MAX_TOPK), optin, dev, err);
     if (rc != 0)
         return rc;
     int per_sm = 0;
@@ -1379,10 +1387,11 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
         if (rt == 1) {
             /* one row tile: eight math warps on each block, eight load
              * warps ahead of them (b12x_small_kernel) */
-            fn = !fp8 ? b12x_small_kernel<false>
-                 : T <= SMALL_SHORT_T ? b12x_small_kernel<true, true>
-                                      : b12x_small_kernel<true>;
-            smem = fp8 ? SmallSmem<true>::bytes(chunk) : SmallSmem<false>::bytes(chunk);
+            const bool short_t = T <= SMALL_SHORT_T;
+            fn = fp8 ? (short_t ? b12x_small_kernel<true, true> : b12x_small_kernel<true, false>)
+                     : (short_t ? b12x_small_kernel<false, true> : b12x_small_kernel<false, false>);
+            smem = fp8 ? (short_t ? SmallSmem<true, true>::bytes(chunk) : SmallSmem<true, false>::bytes(chunk))
+                       : (short_t ? SmallSmem<false, true>::bytes(chunk) : SmallSmem<false, false>::bytes(chunk));
             threads = SMALL_THREADS;
         } else {
             fn = pick_kernel(fp8, rt, chunk, &smem);
