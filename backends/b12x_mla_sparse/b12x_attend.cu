@@ -1151,6 +1151,25 @@ attend_kernel_fn pick_kernel(bool fp8, int rt, int chunk_slots, size_t *smem)
     return nullptr;
 }
 
+/* The small-head kernel for a format and step size (`short_t`: at most
+ * SMALL_SHORT_T tokens), and its shared-memory bytes for a chunk of
+ * `chunk_slots`. */
+attend_kernel_fn pick_small(bool fp8, bool short_t, int chunk_slots, size_t *smem)
+{
+#define B12X_PICK_(F, SH)                                     \
+    if (fp8 == F && short_t == SH) {                          \
+        *smem = SmallSmem<F, SH>::bytes(chunk_slots);         \
+        return b12x_small_kernel<F, SH>;                      \
+    }
+    B12X_PICK_(false, false)
+    B12X_PICK_(false, true)
+    B12X_PICK_(true, false)
+    B12X_PICK_(true, true)
+#undef B12X_PICK_
+    *smem = 0;
+    return nullptr;
+}
+
 /* A launch, with programmatic stream serialization when `pdl` (the kernel
  * may start while the previous one in the stream finishes; it waits with
  * griddepcontrol.wait).  Capturable in a graph. */
@@ -1220,18 +1239,12 @@ extern "C" int b12x_attend_setup(int *num_sms, mlart_error_fn err)
             attend_kernel_fn fn = pick_kernel(f != 0, rt, B12X_MAX_TOPK, &bytes);
             rc = allow_smem((const void *)fn, bytes, optin, dev, err);
         }
-    if (rc == 0)
-        rc = allow_smem((const void *)b12x_small_kernel<false, false>,
-                        SmallSmem<false, false>::bytes(B12X_MAX_TOPK), optin, dev, err);
-    if (rc == 0)
-        rc = allow_smem((const void *)b12x_small_kernel<false, true>,
-                        SmallSmem<false, true>::bytes(B12X_MAX_TOPK), optin, dev, err);
-    if (rc == 0)
-        rc = allow_smem((const void *)b12x_small_kernel<true, false>,
-                        SmallSmem<true, false>::bytes(B12X_MAX_TOPK), optin, dev, err);
-    if (rc == 0)
-        rc = allow_smem((const void *)b12x_small_kernel<true, true>,
-                        SmallSmem<true, true>::bytes(B12X_MAX_TOPK), optin, dev, err);
+    for (int f = 0; f < 2 && rc == 0; f++)
+        for (int sh = 0; sh < 2 && rc == 0; sh++) {
+            size_t bytes;
+            attend_kernel_fn fn = pick_small(f != 0, sh != 0, B12X_MAX_TOPK, &bytes);
+            rc = allow_smem((const void *)fn, bytes, optin, dev, err);
+        }
     if (rc != 0)
         return rc;
     int per_sm = 0;
@@ -1387,11 +1400,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
         if (rt == 1) {
             /* one row tile: eight math warps on each block, eight load
              * warps ahead of them (b12x_small_kernel) */
-            const bool short_t = T <= SMALL_SHORT_T;
-            fn = fp8 ? (short_t ? b12x_small_kernel<true, true> : b12x_small_kernel<true, false>)
-                     : (short_t ? b12x_small_kernel<false, true> : b12x_small_kernel<false, false>);
-            smem = fp8 ? (short_t ? SmallSmem<true, true>::bytes(chunk) : SmallSmem<true, false>::bytes(chunk))
-                       : (short_t ? SmallSmem<false, true>::bytes(chunk) : SmallSmem<false, false>::bytes(chunk));
+            fn = pick_small(fp8, T <= SMALL_SHORT_T, chunk, &smem);
             threads = SMALL_THREADS;
         } else {
             fn = pick_kernel(fp8, rt, chunk, &smem);
