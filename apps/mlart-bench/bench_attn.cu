@@ -444,14 +444,16 @@ int enqueue_variant(void *ctx, int set, cudaStream_t stream)
  * programmatic dependent launch; the main kernel alone; each combine alone
  * (whole-row and quarter-row blocks, on the partials the main kernel left
  * in the workspace); forced split counts (4..64); the combine capped at two
- * blocks a multiprocessor or not.  16 heads T = 1..200, 64 and 128 heads
+ * blocks a multiprocessor or not.  16 heads T = 1..300, 64 and 128 heads
  * T = 1..16 and two larger T each.  Rows
  * that produce the output are checked against the reference like the main
  * table (err, NMSE <= 1e-4). */
 /* The variants table's head counts and, per head count, its token counts
  * (0-terminated). */
 const int kVarHs[3] = {16, 64, 128};
-const int kVarTs[3][11] = {{1, 2, 4, 8, 16, 32, 64, 75, 100, 200, 0}, {1, 2, 4, 8, 16, 48, 96, 0}, {1, 2, 4, 8, 16, 24, 47, 0}};
+const int kVarTs[3][16] = {{1, 2, 4, 8, 16, 32, 48, 64, 75, 100, 128, 150, 200, 256, 300, 0},
+                           {1, 2, 4, 8, 16, 48, 96, 0},
+                           {1, 2, 4, 8, 16, 24, 47, 0}};
 
 /* Whether --filter selects any row of the variants table. */
 int bench_attn_variants_match(const mlart_bench_opts *o)
@@ -484,9 +486,9 @@ int bench_attn_variants(const mlart_bench_opts *o)
         {"s1", {1, 0, 0, 1}},       {"s5", {5, 0, 0, 1}},           {"cb-spread", {0, 0, 0, 1, 1}},
         {"cb-packed", {0, 0, 0, 1, -1}},
     };
-    const int(*Ts)[11] = kVarTs;
+    const int(*Ts)[16] = kVarTs;
     const int *Hs = kVarHs;
-    const int max_t = 200;
+    const int max_t = 300;
     static const mlart_kv_format fmts[] = {MLART_KV_BF16, MLART_KV_FP8_DS_MLA};
     int wrong = 0;
     mlart_bench_opts ref_opts = *o;
@@ -535,7 +537,8 @@ int bench_attn_variants(const mlart_bench_opts *o)
                     char name[96];
                     double vals[3];
                     snprintf(name, sizeof name, "%s %s", base, vars[vi].name);
-                    const b12x_split sp = b12x_attend_split(c->T, Hs[m], kTopk, o->sms);
+                    const b12x_split sp =
+                        b12x_attend_split(c->T, Hs[m], kTopk, fmts[f] == MLART_KV_FP8_DS_MLA, o->sms);
                     const int nblk = kTopk / 32;
                     int splits = sp.splits;
                     if (v.tune.splits) {

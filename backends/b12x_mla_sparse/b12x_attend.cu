@@ -1264,7 +1264,7 @@ extern "C" int b12x_attend_setup(int *num_sms, mlart_error_fn err)
     return 0;
 }
 
-extern "C" b12x_split b12x_attend_split(int T, int heads, int topk, int num_sms)
+extern "C" b12x_split b12x_attend_split(int T, int heads, int topk, int fp8, int num_sms)
 {
     b12x_split best = {1, (topk + BN - 1) / BN};
     const int tiles = (heads + HEAD_TILE - 1) / HEAD_TILE;
@@ -1274,21 +1274,32 @@ extern "C" b12x_split b12x_attend_split(int T, int heads, int topk, int num_sms)
     if (num_sms < 1)
         num_sms = 1;
     /* Time, in eighths of a block: waves x (blocks per chunk + about two
-     * blocks of prologue, + one for the partial write when it splits) +
-     * the combine, 5/8 of a block per multiprocessor-load of chunks for
-     * every 16 head rows of a tile.  Fitted to the best of nine forced
-     * split counts (bf16 partials; docs/PERF.md, attention) at 16 heads
-     * T = 1..200 and 64 and 128 heads T = 1..96: within 1% of the best
-     * at 46 of 48 points; 16 heads bf16 T = 75 and 200 are 6% off (fp8
-     * is best at the counts taken).  Ties keep fewer splits. */
+     * blocks of prologue, + `part` for the partial write when it splits) +
+     * the combine, `comb`/8 of a block per multiprocessor-load of chunks
+     * for every 16 head rows of a tile.  Ties keep fewer splits.  Fitted
+     * to the best of nine forced split counts (bf16 partials; docs/PERF.md,
+     * attention):
+     *   - part 8, comb 5: 64 and 128 heads T = 1..96 and the small-head
+     *     kernel's fp8 (runs of 2026-12-01 13:15-13:17 UTC; fp8 at 16
+     *     heads again at 15:07 UTC, T = 1..300: within 1.4% everywhere);
+     *   - part 24, comb 12: the small-head kernel's bf16 (run of 15:07 UTC,
+     *     T = 1..300: the best count at all 15 points; with 8 / 5 it took
+     *     5 splits at T = 48 and 75 and 3 at T = 200, 4-7% slower than the
+     *     best).  Where the last wave is partly empty bf16 prefers fewer
+     *     splits and fp8 more (T = 48: bf16 2, fp8 5), probably because
+     *     an fp8 block is longer, so a split's fixed costs weigh less.
+     *     The fit is not sharp: prologue + part = 40 with comb 8..16, or
+     *     44 with comb 4..16, takes the same counts at the 15 points. */
+    const bool small_bf16 = heads <= 16 && !fp8;
+    const int64_t part = small_bf16 ? 24 : 8, comb = small_bf16 ? 12 : 5;
     const int r16 = ((heads + tiles - 1) / tiles + 15) / 16;
     for (int s = 1; s <= nblk && s <= MAX_SPLITS; s++) {
         const int bps = (nblk + s - 1) / s;
         if ((nblk + bps - 1) / bps != s)
             continue;
         const int64_t waves = (work * s + num_sms - 1) / num_sms;
-        const int64_t cost = waves * (8 * bps + 16 + (s > 1 ? 8 : 0)) * num_sms +
-                             (s > 1 ? 5 * (int64_t)r16 * s * work : 0);
+        const int64_t cost = waves * (8 * bps + 16 + (s > 1 ? part : 0)) * num_sms +
+                             (s > 1 ? comb * (int64_t)r16 * s * work : 0);
         if (best_cost < 0 || cost < best_cost) {
             best_cost = cost;
             best.splits = s;
@@ -1298,9 +1309,9 @@ extern "C" b12x_split b12x_attend_split(int T, int heads, int topk, int num_sms)
     return best;
 }
 
-extern "C" size_t b12x_attend_workspace(int T, int heads, int topk, int num_sms)
+extern "C" size_t b12x_attend_workspace(int T, int heads, int topk, int fp8, int num_sms)
 {
-    b12x_split sp = b12x_attend_split(T, heads, topk, num_sms);
+    b12x_split sp = b12x_attend_split(T, heads, topk, fp8, num_sms);
     if (sp.splits <= 1)
         return 0;
     const size_t rows = (size_t)sp.splits * T * heads;
@@ -1341,7 +1352,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
     if (tune && (tune->combine < 0 || tune->combine > 2 || tune->parts < 0 || tune->parts > 3 ||
                  tune->combine_spread < -1 || tune->combine_spread > 1))
         return err(MLART_EINVAL, "b12x_mla_sparse: tuning values out of range");
-    b12x_split sp = b12x_attend_split(T, H, g->topk, num_sms);
+    b12x_split sp = b12x_attend_split(T, H, g->topk, fp8, num_sms);
     if (tune && tune->splits > 0) {
         const int nblk = (g->topk + BN - 1) / BN;
         sp.blocks_per_split = (nblk + tune->splits - 1) / tune->splits;

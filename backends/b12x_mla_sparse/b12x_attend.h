@@ -30,11 +30,12 @@ typedef struct b12x_split {
 /* Prepare the kernels on the current device (shared-memory limits) and
  * return its multiprocessor count.  Returns 0 or a negative status. */
 int b12x_attend_setup(int *num_sms, mlart_error_fn err);
-/* The split chosen for T tokens: a function of T, heads, topk and the
- * multiprocessor count only, so plan() and attend() agree. */
-b12x_split b12x_attend_split(int T, int heads, int topk, int num_sms);
+/* The split chosen for T tokens: a function of T, heads, topk, the cache
+ * format (`fp8`: fp8_ds_mla, else bf16) and the multiprocessor count
+ * only, so plan() and attend() agree. */
+b12x_split b12x_attend_split(int T, int heads, int topk, int fp8, int num_sms);
 /* Workspace bytes attend() needs for T tokens (0 when it does not split). */
-size_t b12x_attend_workspace(int T, int heads, int topk, int num_sms);
+size_t b12x_attend_workspace(int T, int heads, int topk, int fp8, int num_sms);
 /* The sparse attention of one step on `stream`.  Views were validated by
  * the runtime; this checks only what the kernels assume about alignment. */
 int b12x_attend_launch(const mlart_step *s, int num_sms, void *stream, mlart_error_fn err);

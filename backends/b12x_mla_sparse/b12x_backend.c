@@ -59,7 +59,8 @@ static int b12x_plan(void *state, const mlart_plan *plan, size_t *workspace_byte
     /* The split depends on T, so size for the largest need over every T a
      * step may have, not just for max_tokens. */
     for (int32_t T = 1; T <= plan->max_tokens; T++) {
-        size_t b = b12x_attend_workspace(T, plan->geom.heads, plan->geom.topk, st->num_sms);
+        size_t b = b12x_attend_workspace(T, plan->geom.heads, plan->geom.topk,
+                                         plan->geom.kv_format == MLART_KV_FP8_DS_MLA, st->num_sms);
         if (b > most)
             most = b;
     }
