@@ -245,24 +245,7 @@ __device__ __forceinline__ void convert_fp8(const uint8_t *raw, uint32_t dst, in
     static_assert(NTHREADS == 8 * BN && KV_L / 16 == 4 * 8 && B12X_ROPE * 2 / 16 == 8,
                   "one thread per (row, warp)");
     const int r = pt & 31, w = pt >> 5;
-    const uint8_t *rrow = raw + r * FP8_BYTES;
-    uint4 v[4];
-    float sc[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        v[i] = *reinterpret_cast<const uint4 *>(rrow + (w + 8 * i) * 16);
-        sc[i] = *reinterpret_cast<const float *>(rrow + KV_L + 4 * i);
-    }
-    const uint4 rp = *reinterpret_cast<const uint4 *>(rrow + KV_L + 16 + w * 16);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int c = w + 8 * i;
-        uint4 lo, hi;
-        e4m3x16_to_bf16(v[i], sc[i], lo, hi);
-        st_shared16(dst + sw_off(r, 2 * c), lo);
-        st_shared16(dst + sw_off(r, 2 * c + 1), hi);
-    }
-    st_shared16(dst + sw_off(r, 64 + w), rp);
+    b12x::convert_fp8_pieces(raw, r, dst, w, [r](int c) { return sw_off(r, c); });
 }
 
 /* The start of the mma.sync kernels, in two halves around the dependency
@@ -1404,6 +1387,11 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
                                                part == 0 ? 0 : full, tiles,
                                                reinterpret_cast<uint16_t *>(a.ws_o), a.ws_lse,
                                                pdl, stream);
+            continue;
+        }
+        if (rt == 1 && b12x_swg_mode()) {
+            e = (cudaError_t)b12x_swg_launch(s, sp.splits, sp.blocks_per_split, part == 0 ? 0 : full,
+                                             reinterpret_cast<uint16_t *>(a.ws_o), a.ws_lse, pdl, stream);
             continue;
         }
         attend_kernel_fn fn;

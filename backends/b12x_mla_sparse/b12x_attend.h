@@ -69,6 +69,13 @@ int b12x_wgmma_mode(void);
 size_t b12x_wgmma_smem(void);
 int b12x_wgmma_launch(const mlart_step *s, int splits, int blocks_per_split, int tile_base,
                       int tiles, uint16_t *ws_o, float *ws_lse, int pdl, void *stream);
+/* Prototype, opt-in (MLART_B12X_SWG=1 when the backend is created, read
+ * by b12x_wgmma_setup): one tile of <= 16 heads, both formats, on the
+ * slots-as-M wgmma kernel (b12x_wgmma.cu); same split, partials and
+ * combine.  Launch returns a cudaError_t. */
+int b12x_swg_mode(void);
+int b12x_swg_launch(const mlart_step *s, int splits, int blocks_per_split, int tile_base,
+                    uint16_t *ws_o, float *ws_lse, int pdl, void *stream);
 
 #ifdef __cplusplus
 }

@@ -200,6 +200,36 @@ __device__ __forceinline__ void e4m3x16_to_bf16(uint4 x, float scale, uint4 &lo,
     hi.w = e4m3x2_to_bf16x2(x.w >> 16, scale);
 }
 
+/* One thread's share of converting fp8_ds_mla record r (of the records at
+ * `raw` in shared memory) into a bf16 row in shared memory: e4m3 pieces w, w + 8,
+ * w + 16, w + 24 (16 values each, scale tile i for piece w + 8i; each
+ * becomes two bf16 pieces) and rope piece w, every load before any
+ * conversion so the conversion is not bound by their latency.  off(c) is
+ * the byte offset of bf16 piece c (0..71) of the row from `dst`. */
+template <class Off>
+__device__ __forceinline__ void convert_fp8_pieces(const uint8_t *raw, int r, uint32_t dst, int w, Off off)
+{
+    constexpr int L = B12X_KV_LORA;
+    const uint8_t *rrow = raw + r * (L + 4 * (L / 128) + 2 * B12X_ROPE);
+    uint4 v[4];
+    float sc[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        v[i] = *reinterpret_cast<const uint4 *>(rrow + (w + 8 * i) * 16);
+        sc[i] = *reinterpret_cast<const float *>(rrow + L + 4 * i);
+    }
+    const uint4 rp = *reinterpret_cast<const uint4 *>(rrow + L + 16 + w * 16);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int c = w + 8 * i;
+        uint4 lo, hi;
+        e4m3x16_to_bf16(v[i], sc[i], lo, hi);
+        st_shared16(dst + off(2 * c), lo);
+        st_shared16(dst + off(2 * c + 1), hi);
+    }
+    st_shared16(dst + off(64 + w), rp);
+}
+
 /* Physical slot of every index of a chunk (s_slot[k] for index k0 + k, k <
  * n), -1 where it selects nothing, by the NT threads of the block.
  * Anything out of range reads as empty; the host validates when asked.

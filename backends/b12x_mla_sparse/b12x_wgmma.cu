@@ -37,7 +37,12 @@
  *   PFULL(b)  P and the rescale factors of a block  math -> load
  *   PEMPTY(b) load done with P buffer b             load -> math
  * Ordinary shared-memory stores that wgmma reads are followed by
- * fence.proxy.async in the writing thread before its barrier. */
+ * fence.proxy.async in the writing thread before its barrier.
+ *
+ * Also here, opt-in (MLART_B12X_SWG=1 when the backend is created): a
+ * prototype for one tile of <= 16 heads with the slots as the M dimension
+ * (b12x_swg_kernel, below).  It is correct on every test shape and slower
+ * than b12x_small_kernel (docs/attention.md), so it is not the default. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -302,6 +307,24 @@ __device__ __forceinline__ uint32_t tile_off(int r, int c, int R)
     return (uint32_t)((c >> 3) * R * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
+/* The query rows [h0, h0 + rows) of token t as an R-row tile at `dst`
+ * (tile_off layout), rows past `rows` zeros in shared memory only; threads
+ * first, first + n, ..; one commit group. */
+template <int R>
+__device__ __forceinline__ void load_query_tiled(const WgArgs &a, uint32_t dst, int t, int h0, int rows, int first,
+                                                 int n)
+{
+    for (int u = first; u < R * ROW_CHUNKS; u += n) {
+        const int r = u / ROW_CHUNKS, c = u - r * ROW_CHUNKS;
+        const uint32_t d = dst + tile_off(r, c, R);
+        if (r < rows)
+            cp_async16(d, a.q + (int64_t)t * a.q_st + (int64_t)(h0 + r) * a.q_sh + c * 8, 16);
+        else
+            st_shared16(d, make_uint4(0, 0, 0, 0));
+    }
+    cp_async_commit();
+}
+
 #ifdef B12X_WGMMA_PROF
 /* Diagnostic build: SM cycles per phase of block (0, 0, 0), summed over
  * its loop, printed by the launcher after an eager call at T = 64. */
@@ -354,15 +377,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_wgmma_kernel(const WgArgs a)
     grid_dep_launch();
 
     /* Query rows of the tile; padding rows are zeros in shared memory only. */
-    for (int u = tid; u < HT * ROW_CHUNKS; u += NTHREADS) {
-        const int r = u / ROW_CHUNKS, c = u - r * ROW_CHUNKS;
-        const uint32_t dst = sb + S::OFF_Q + tile_off(r, c, HT);
-        if (r < rows)
-            cp_async16(dst, a.q + (int64_t)t * a.q_st + (int64_t)(h0 + r) * a.q_sh + c * 8, 16);
-        else
-            st_shared16(dst, make_uint4(0, 0, 0, 0));
-    }
-    cp_async_commit();
+    load_query_tiled<HT>(a, sb + S::OFF_Q, t, h0, rows, tid, NTHREADS);
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
@@ -727,7 +742,331 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_wgmma_kernel(const WgArgs a)
     }
 }
 
+
+/* ---- Prototype (MLART_B12X_SWG=1): <= 16 heads, bf16, the slots as the
+ * wgmma M dimension.  S^T[64 slots x 16 heads] = K Q^T (m64n16k16, K
+ * K-major from the gathered stage, Q the 16-row B operand); softmax per
+ * head column; O^T[512 x 16] += V^T P^T (eight m64n16k16 dim tiles, V^T
+ * the same stage read MN-major, P^T a [16 heads][64 slots] B operand).
+ * Warpgroup 0 computes, warpgroups 1-2 gather 64-slot blocks (two stages).
+ * Same chunks (pairs of 32-slot blocks), partials and combine as the
+ * other kernels. */
+constexpr int SW_THREADS = 384;
+constexpr int SW_BS = 64;                        /* slots a block */
+template <bool FP8> struct SwSmem {
+    static constexpr int Q_BYTES = 16 * ROW_BYTES;     /* [9][16][128] */
+    static constexpr int STAGE = SW_BS * ROW_BYTES;    /* [9][64][128] = 73728 */
+    static constexpr int NR = FP8 ? 2 : 0;             /* fp8: raw stages of 32 rows */
+    static constexpr int RAW = BN * FP8_BYTES;         /* 20992 */
+    static constexpr int OFF_Q = 0;
+    static constexpr int OFF_KV = Q_BYTES;             /* 18432 */
+    static constexpr int OFF_RAW = OFF_KV + 2 * STAGE;
+    static constexpr int OFF_P = (OFF_RAW + NR * RAW + 1023) / 1024 * 1024; /* [16][128]: P^T, 128-byte swizzle */
+    static constexpr int OFF_CMAX = OFF_P + 2048;      /* [4 warps][16] */
+    static constexpr int OFF_L = OFF_CMAX + 256;       /* [4 warps][16] */
+    static constexpr int OFF_SLOT = OFF_L + 256;
+    static constexpr int O_LD = KV_L + 8;
+    static constexpr size_t bytes(int chunk_slots)
+    {
+        return (size_t)OFF_SLOT + 4u * (size_t)((chunk_slots + SW_BS - 1) / SW_BS * SW_BS) + 1024;
+    }
+    static_assert(OFF_KV % 1024 == 0 && STAGE % 1024 == 0 && OFF_P % 1024 == 0, "swizzle atoms");
+    static_assert(16 * O_LD * 2 <= 2 * STAGE, "output staging fits in the stages");
+};
+static_assert(SwSmem<false>::bytes(B12X_MAX_TOPK) <= 232448 && SwSmem<true>::bytes(B12X_MAX_TOPK) <= 232448,
+              "over the sm_90 shared memory per block");
+enum { SW_FULL = 1, SW_EMPTY = 3, SW_MATH = 5, SW_LOAD = 6 };
+
+template <int TA> __device__ __forceinline__ void wgmma_ss_n16(float (&d)[8], uint64_t da, uint64_t db, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "l"(da), "l"(db), "r"(acc), "n"(TA));
+}
+
+template <bool FP8> __global__ void __launch_bounds__(SW_THREADS, 1) b12x_swg_kernel(const WgArgs a)
+{
+    using S = SwSmem<FP8>;
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    const uint32_t sraw = smem_u32(smem_raw);
+    const uint32_t pad = (1024u - (sraw & 1023u)) & 1023u;
+    uint8_t *const smem = smem_raw + pad;
+    const uint32_t sb = sraw + pad;
+    const int tid = threadIdx.x, lane = tid & 31;
+    const b12x::Chunk ck = b12x::chunk_of(a, HT, 16);
+    const int t = ck.t, h0 = ck.h0, rows = ck.rows, split = ck.split;
+    const int nb = (ck.nblk + 1) / 2; /* 64-slot blocks */
+    int32_t *const s_slot = reinterpret_cast<int32_t *>(smem + S::OFF_SLOT);
+
+    if (tid < NTHREADS)
+        b12x::resolve_slots<NTHREADS>(a, t, ck.k0, ck.kend, ck.nblk * BN, s_slot);
+    if (tid < BN && (ck.nblk & 1))
+        s_slot[ck.nblk * BN + tid] = -1; /* the absent half of the last block */
+    __syncthreads();
+
+    if (tid >= 128) {
+        /* ---- load warpgroups: block jb into stage jb % 2, 8 lanes a row ---- */
+        const int pt = tid - 128, q = pt & 7;
+        if constexpr (FP8) {
+            /* 32-row halves h (block h / 2) land raw in raw stage h % 2, then
+             * are converted into rows 32 (h % 2).. of stage (h / 2) % 2 */
+            const int nh = ck.nblk;
+            auto issue_raw = [&](int h) {
+                if (h < nh) {
+                    const int r = pt >> 3;
+                    const int slot = s_slot[h * BN + r];
+                    const uint8_t *src = a.kv + (slot >= 0 ? (int64_t)slot * a.kv_row + q * 16 : 0);
+                    const uint32_t dst = sb + S::OFF_RAW + (h % S::NR) * S::RAW + r * FP8_BYTES + q * 16;
+#pragma unroll
+                    for (int i = 0; i < 6; i++)
+                        if (q + 8 * i < FP8_BYTES / 16)
+                            cp_async16(dst + 128 * i, src + (slot >= 0 ? 128 * i : 0), slot >= 0 ? 16 : 0);
+                }
+                cp_async_commit();
+            };
+            issue_raw(0);
+            issue_raw(1);
+            const int lr = pt & 31, w8 = pt >> 5;
+            for (int h = 0; h < nh; h++) {
+                const int jb = h >> 1;
+                cp_async_wait<1>();
+                bar_sync(SW_LOAD, 256); /* half h landed for all */
+                if ((h & 1) == 0 && jb >= 2)
+                    bar_sync(SW_EMPTY + (jb & 1), SW_THREADS); /* block jb - 2 done */
+                const uint32_t dst = sb + S::OFF_KV + (jb & 1) * S::STAGE;
+                const int rr = 32 * (h & 1) + lr;
+                b12x::convert_fp8_pieces(smem + S::OFF_RAW + (h % S::NR) * S::RAW, lr, dst, w8,
+                                         [rr](int c) { return tile_off(rr, c, SW_BS); });
+                if ((h & 1) == 0 && h + 1 == nh) {
+                    /* the absent second half of the last block: zeros (its
+                     * slots are masked; stale or unset bytes could be NaN) */
+                    const uint4 z = make_uint4(0, 0, 0, 0);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        st_shared16(dst + tile_off(32 + lr, 2 * (w8 + 8 * i), SW_BS), z);
+                        st_shared16(dst + tile_off(32 + lr, 2 * (w8 + 8 * i) + 1, SW_BS), z);
+                    }
+                    st_shared16(dst + tile_off(32 + lr, 64 + w8, SW_BS), z);
+                }
+                bar_sync(SW_LOAD, 256); /* raw stage h % 2 read by all */
+                issue_raw(h + 2);
+                if ((h & 1) || h + 1 == nh) {
+                    fence_proxy_async();
+                    bar_arrive(SW_FULL + (jb & 1), SW_THREADS);
+                }
+            }
+            cp_async_wait<0>();
+            return;
+        }
+        auto issue = [&](int jb) {
+            if (jb < nb) {
+                const uint32_t st = sb + S::OFF_KV + (jb & 1) * S::STAGE;
+#pragma unroll
+                for (int pass = 0; pass < 2; pass++) {
+                    const int r = pass * 32 + (pt >> 3);
+                    const int slot = s_slot[jb * SW_BS + r];
+                    const uint8_t *src = a.kv + (slot >= 0 ? (int64_t)slot * a.kv_row + q * 16 : 0);
+                    const uint32_t dst = st + r * 128 + ((q ^ (r & 7)) << 4);
+#pragma unroll
+                    for (int i = 0; i < 9; i++)
+                        cp_async16(dst + i * S::STAGE / 9, src + (slot >= 0 ? 128 * i : 0), slot >= 0 ? 16 : 0);
+                }
+            }
+            cp_async_commit();
+        };
+        issue(0);
+        issue(1);
+        for (int jb = 0; jb < nb; jb++) {
+            cp_async_wait<1>();
+            fence_proxy_async();
+            bar_arrive(SW_FULL + (jb & 1), SW_THREADS);
+            if (jb + 2 < nb)
+                bar_sync(SW_EMPTY + (jb & 1), SW_THREADS);
+            issue(jb + 2);
+        }
+        cp_async_wait<0>();
+        return;
+    }
+
+    /* ---- math warpgroup ---- */
+    const int w = tid >> 5, g = lane >> 2, t4 = lane & 3;
+    grid_dep_wait();
+    grid_dep_launch();
+    load_query_tiled<16>(a, sb + S::OFF_Q, t, h0, rows, tid, 128);
+    cp_async_wait<0>();
+    fence_proxy_async();
+    bar_sync(SW_MATH, 128);
+
+    float *const s_cmax = reinterpret_cast<float *>(smem + S::OFF_CMAX);
+    float *const s_l = reinterpret_cast<float *>(smem + S::OFF_L);
+    /* A warp's value per head column (column 8 jc + 2 t4 + e at index
+     * 2 jc + e, the same in every g) to dst[warp][16], then the math
+     * warpgroup's barrier. */
+    auto put_cols = [&](float *dst, const float (&v)[4]) {
+        if (g == 0) {
+#pragma unroll
+            for (int jc = 0; jc < 2; jc++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    dst[w * 16 + 8 * jc + 2 * t4 + e] = v[2 * jc + e];
+        }
+        bar_sync(SW_MATH, 128);
+    };
+    float oacc[8][8];
+#pragma unroll
+    for (int d = 0; d < 8; d++)
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            oacc[d][i] = 0.0f;
+    /* this thread's 4 head columns: 8 jc + 2 t4 + e, index 2 jc + e */
+    float m_run[4], l_part[4];
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        m_run[c] = -INFINITY;
+        l_part[c] = 0.0f;
+    }
+    const uint64_t dq = make_desc(sb + S::OFF_Q, 16, 1024, 1);
+    const uint32_t pb = sb + S::OFF_P;
+    for (int jb = 0; jb < nb; jb++) {
+        const uint32_t kvs = sb + S::OFF_KV + (jb & 1) * S::STAGE;
+        bar_sync(SW_FULL + (jb & 1), SW_THREADS);
+        const int r0 = 16 * w + g;
+        const bool ok0 = s_slot[jb * SW_BS + r0] >= 0, ok1 = s_slot[jb * SW_BS + r0 + 8] >= 0;
+        float s[8];
+        const uint64_t dk = make_desc(kvs, 16, 1024, 1);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ks++) {
+            const int kc = ks >> 2, kb = (ks & 3) * 32;
+            wgmma_ss_n16<0>(s, dk + (uint64_t)((kc * SW_BS * 128 + kb) >> 4),
+                            dq + (uint64_t)((kc * 16 * 128 + kb) >> 4), ks > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        reg_fence(s);
+        /* s[4 jc + 2 rh + e]: slot r0 + 8 rh, head 8 jc + 2 t4 + e */
+        float cm[4];
+#pragma unroll
+        for (int jc = 0; jc < 2; jc++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float v0 = ok0 ? s[4 * jc + e] * a.scale_log2 : -INFINITY;
+                float v1 = ok1 ? s[4 * jc + 2 + e] * a.scale_log2 : -INFINITY;
+                s[4 * jc + e] = v0;
+                s[4 * jc + 2 + e] = v1;
+                float m = fmaxf(v0, v1);
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+                cm[2 * jc + e] = m;
+            }
+        put_cols(s_cmax, cm);
+        float alpha[4], base[4];
+#pragma unroll
+        for (int jc = 0; jc < 2; jc++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int c = 2 * jc + e, col = 8 * jc + 2 * t4 + e;
+                const float bm = fmaxf(fmaxf(s_cmax[col], s_cmax[16 + col]), fmaxf(s_cmax[32 + col], s_cmax[48 + col]));
+                const float mnew = fmaxf(m_run[c], bm);
+                base[c] = mnew == -INFINITY ? 0.0f : mnew;
+                alpha[c] = fast_exp2(m_run[c] - base[c]);
+                m_run[c] = mnew;
+                l_part[c] *= alpha[c];
+            }
+        /* P^T[head][slot] as bf16, 128-byte rows, unit XOR head % 8 */
+#pragma unroll
+        for (int jc = 0; jc < 2; jc++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int c = 2 * jc + e, col = 8 * jc + 2 * t4 + e;
+#pragma unroll
+                for (int rh = 0; rh < 2; rh++) {
+                    const int slot = r0 + 8 * rh;
+                    const __nv_bfloat16 p = __float2bfloat16_rn(fast_exp2(s[4 * jc + 2 * rh + e] - base[c]));
+                    l_part[c] += __bfloat162float(p);
+                    const uint32_t addr = pb + col * 128 + ((((slot >> 3) ^ (col & 7))) << 4) + (slot & 7) * 2;
+                    asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(*reinterpret_cast<const unsigned short *>(&p)) : "memory");
+                }
+            }
+        fence_proxy_async();
+        bar_sync(SW_MATH, 128);
+        /* O^T = alpha O^T + V^T P^T */
+#pragma unroll
+        for (int d = 0; d < 8; d++)
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                oacc[d][i] *= alpha[2 * (i >> 2) + (i & 1)];
+        const uint64_t dp = make_desc(pb, 16, 1024, 1);
+        wgmma_fence();
+#pragma unroll
+        for (int d = 0; d < 8; d++) {
+            const uint64_t dv = make_desc(kvs + d * SW_BS * 128, SW_BS * 128, 1024, 1);
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++)
+                wgmma_ss_n16<1>(oacc[d], dv + (uint64_t)((ks * 2048) >> 4), dp + (uint64_t)((ks * 32) >> 4), 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int d = 0; d < 8; d++)
+            reg_fence(oacc[d]);
+        if (jb + 2 < nb)
+            bar_arrive(SW_EMPTY + (jb & 1), SW_THREADS);
+    }
+    /* row sums per head: over g, then over the warps */
+    float inv[4], lse[4];
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        float l = l_part[c];
+        l += __shfl_xor_sync(0xffffffffu, l, 4);
+        l += __shfl_xor_sync(0xffffffffu, l, 8);
+        l += __shfl_xor_sync(0xffffffffu, l, 16);
+        l_part[c] = l;
+    }
+    put_cols(s_l, l_part);
+#pragma unroll
+    for (int jc = 0; jc < 2; jc++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int c = 2 * jc + e, col = 8 * jc + 2 * t4 + e;
+            const float l = s_l[col] + s_l[16 + col] + s_l[32 + col] + s_l[48 + col];
+            inv[c] = l > 0.0f ? 1.0f / l : 0.0f;
+            lse[c] = l > 0.0f ? (m_run[c] + log2f(l)) * LN2 : -INFINITY;
+            if (w == 0 && g == 0 && col < rows) {
+                if (a.splits == 1) {
+                    if (a.lse)
+                        a.lse[(int64_t)(h0 + col) * a.l_sh + (int64_t)t * a.l_st] = lse[c];
+                } else {
+                    a.ws_lse[((int64_t)split * a.T + t) * a.H + h0 + col] = lse[c];
+                }
+            }
+        }
+    /* O^T -> [16 heads][512] bf16 in the (idle) stages, then whole rows */
+    __nv_bfloat16 *stg = reinterpret_cast<__nv_bfloat16 *>(smem + S::OFF_KV);
+#pragma unroll
+    for (int d = 0; d < 8; d++)
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int c = 2 * (i >> 2) + (i & 1), col = 8 * (i >> 2) + 2 * t4 + (i & 1);
+            const int dim = 64 * d + 16 * w + g + 8 * ((i >> 1) & 1);
+            stg[col * S::O_LD + dim] = __float2bfloat16_rn(oacc[d][i] * inv[c]);
+        }
+    bar_sync(SW_MATH, 128);
+    for (int u = tid; u < rows * (KV_L / 4); u += 128) {
+        const int r = u / (KV_L / 4), cc = (u - r * (KV_L / 4)) * 4;
+        const uint2 v = *reinterpret_cast<const uint2 *>(stg + r * S::O_LD + cc);
+        if (a.splits == 1)
+            *reinterpret_cast<uint2 *>(a.out + (int64_t)(h0 + r) * a.o_sh + (int64_t)t * a.o_st + cc) = v;
+        else
+            *reinterpret_cast<uint2 *>(a.ws_o + (((int64_t)split * a.T + t) * a.H + h0 + r) * KV_L + cc) = v;
+    }
+}
+
 int g_mode = 1; /* b12x_wgmma_mode() */
+int g_swg = 0; /* MLART_B12X_SWG */
 
 } /* namespace */
 
@@ -737,7 +1076,16 @@ extern "C" int b12x_wgmma_setup(void)
     g_mode = env && *env ? atoi(env) : 1;
     if (g_mode < 0 || g_mode > 2)
         g_mode = 1;
-    cudaError_t e = cudaFuncSetAttribute((const void *)b12x_wgmma_kernel<false>,
+    const char *sw = getenv("MLART_B12X_SWG");
+    g_swg = sw && *sw == '1';
+    cudaError_t e = cudaFuncSetAttribute((const void *)b12x_swg_kernel<false>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)SwSmem<false>::bytes(B12X_MAX_TOPK));
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute((const void *)b12x_swg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)SwSmem<true>::bytes(B12X_MAX_TOPK));
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute((const void *)b12x_wgmma_kernel<false>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)WgSmem<false>::bytes(B12X_MAX_TOPK));
     if (e == cudaSuccess)
@@ -759,12 +1107,14 @@ extern "C" size_t b12x_wgmma_smem(void)
                : WgSmem<false>::bytes(B12X_MAX_TOPK);
 }
 
-extern "C" int b12x_wgmma_launch(const mlart_step *s, int splits, int blocks_per_split,
-                                 int tile_base, int tiles, uint16_t *ws_o, float *ws_lse, int pdl,
-                                 void *stream)
+namespace {
+
+/* The kernels' arguments for a step and its split, and a launch of T x
+ * tiles x splits blocks with programmatic stream serialization when `pdl`
+ * (`at` must outlive the launch). */
+WgArgs split_args(const mlart_step *s, int splits, int blocks_per_split, int tile_base, uint16_t *ws_o,
+                  float *ws_lse)
 {
-    const mlart_geometry *g = &s->geom;
-    const bool fp8 = g->kv_format == MLART_KV_FP8_DS_MLA;
     WgArgs a;
     b12x::args_from_step(&a, s);
     a.ws_o = reinterpret_cast<__nv_bfloat16 *>(ws_o);
@@ -772,18 +1122,36 @@ extern "C" int b12x_wgmma_launch(const mlart_step *s, int splits, int blocks_per
     a.tile_base = tile_base;
     a.blocks_per_split = blocks_per_split;
     a.splits = splits;
+    return a;
+}
 
-    const int chunk = blocks_per_split * BN;
+cudaLaunchConfig_t split_cfg(const WgArgs &a, int tiles, unsigned threads, size_t smem, int pdl, void *stream,
+                             cudaLaunchAttribute *at)
+{
     cudaLaunchConfig_t cfg;
-    cudaLaunchAttribute at[1];
-    cfg.gridDim = dim3((unsigned)s->T, (unsigned)tiles, (unsigned)splits);
-    cfg.blockDim = dim3(NTHREADS);
-    cfg.dynamicSmemBytes = fp8 ? WgSmem<true>::bytes(chunk) : WgSmem<false>::bytes(chunk);
+    cfg.gridDim = dim3((unsigned)a.T, (unsigned)tiles, (unsigned)a.splits);
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = (cudaStream_t)stream;
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
     cfg.numAttrs = pdl ? 1 : 0;
+    return cfg;
+}
+
+} /* namespace */
+
+extern "C" int b12x_wgmma_launch(const mlart_step *s, int splits, int blocks_per_split,
+                                 int tile_base, int tiles, uint16_t *ws_o, float *ws_lse, int pdl,
+                                 void *stream)
+{
+    const bool fp8 = s->geom.kv_format == MLART_KV_FP8_DS_MLA;
+    const WgArgs a = split_args(s, splits, blocks_per_split, tile_base, ws_o, ws_lse);
+    const int chunk = blocks_per_split * BN;
+    cudaLaunchAttribute at[1];
+    const cudaLaunchConfig_t cfg =
+        split_cfg(a, tiles, NTHREADS, fp8 ? WgSmem<true>::bytes(chunk) : WgSmem<false>::bytes(chunk), pdl, stream, at);
     cudaError_t e = fp8 ? cudaLaunchKernelEx(&cfg, b12x_wgmma_kernel<true>, a)
                         : cudaLaunchKernelEx(&cfg, b12x_wgmma_kernel<false>, a);
 #ifdef B12X_WGMMA_PROF
@@ -801,4 +1169,22 @@ extern "C" int b12x_wgmma_launch(const mlart_step *s, int splits, int blocks_per
     }
 #endif
     return (int)e;
+}
+
+extern "C" int b12x_swg_mode(void)
+{
+    return g_swg;
+}
+
+extern "C" int b12x_swg_launch(const mlart_step *s, int splits, int blocks_per_split, int tile_base,
+                               uint16_t *ws_o, float *ws_lse, int pdl, void *stream)
+{
+    const bool fp8 = s->geom.kv_format == MLART_KV_FP8_DS_MLA;
+    const WgArgs a = split_args(s, splits, blocks_per_split, tile_base, ws_o, ws_lse);
+    const int chunk = blocks_per_split * BN;
+    cudaLaunchAttribute at[1];
+    const cudaLaunchConfig_t cfg =
+        split_cfg(a, 1, SW_THREADS, fp8 ? SwSmem<true>::bytes(chunk) : SwSmem<false>::bytes(chunk), pdl, stream, at);
+    return (int)(fp8 ? cudaLaunchKernelEx(&cfg, b12x_swg_kernel<true>, a)
+                     : cudaLaunchKernelEx(&cfg, b12x_swg_kernel<false>, a));
 }

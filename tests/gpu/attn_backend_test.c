@@ -242,6 +242,39 @@ START_TEST(test_wgmma)
 }
 END_TEST
 
+/* The slots-as-M wgmma prototype for one tile of <= 16 heads
+ * (b12x_wgmma.cu, MLART_B12X_SWG=1, read when the backend is created; each
+ * test runs in its own process): 64-slot blocks, an absent half when a
+ * chunk has an odd count of 32-slot blocks, the last 16-head tile of 80
+ * heads, several tokens per request, out-of-range indices, empty rows. */
+START_TEST(test_swg)
+{
+    const mlart_kv_format fmt = g_fmts[_i];
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 41) * 0x9E3779B97F4A7C15ull;
+    shared_cache c;
+    cudaStream_t st;
+    setenv("MLART_B12X_SWG", "1", 1);
+    GPU_CUDA(cudaStreamCreate(&st));
+    cache_open(&c, fmt, &rng);
+    const attn_shape shapes[] = {
+        {1, 16, 2048, fmt, 1, 0, 0, 0.0417f},  /* 64 splits of one 32-slot block: absent halves */
+        {3, 11, 576, fmt, 1, 1, 0, 0.3f},
+        {9, 1, 64, fmt, 1, 1, 0, 0.0417f},
+        {64, 16, 2048, fmt, 1, 1, 0, 0.0417f}, /* two splits of 32 blocks */
+        {75, 16, 576, fmt, 3, 1, 1, 0.3f},     /* shared requests, out of range */
+        {5, 16, 100, fmt, 1, 1, 0, 0.0417f},   /* topk % 32 != 0 */
+        {7, 80, 2048, fmt, 1, 1, 0, 0.1f},     /* 64 + 16 heads */
+        {16, 16, 576, fmt, 2, 1, 0, 0.0417f},  /* 18 blocks, split */
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        check_step(&shapes[i], c.host, c.dev, &rng, st);
+    printf("slots-as-M prototype, %s: %zu shapes match (seed 0x%llx)\n", mlart_kv_format_name(fmt),
+           sizeof shapes / sizeof shapes[0], (unsigned long long)g_seed);
+    cache_close(&c);
+    cudaStreamDestroy(st);
+}
+END_TEST
+
 /* Graph capture + replay equals the eager call bit for bit, also after the
  * indices change in place (the graph reads the persistent buffers). */
 START_TEST(test_graph)
@@ -509,6 +542,10 @@ int main(void)
     tc = tcase_create("wgmma");
     tcase_set_timeout(tc, 240);
     tcase_add_loop_test(tc, test_wgmma, 0, 6);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("swg");
+    tcase_set_timeout(tc, 240);
+    tcase_add_loop_test(tc, test_swg, 0, 2);
     suite_add_tcase(s, tc);
     return gpu_test_run(s, CK_FORK);
 }
