@@ -743,19 +743,23 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_wgmma_kernel(const WgArgs a)
 }
 
 
-/* ---- Prototype (MLART_B12X_SWG=1): <= 16 heads, bf16, the slots as the
- * wgmma M dimension.  S^T[64 slots x 16 heads] = K Q^T (m64n16k16, K
+/* ---- Prototype (MLART_B12X_SWG=1): one tile of <= 16 heads, both
+ * formats, the slots as the wgmma M dimension.  S^T[64 slots x 16 heads] = K Q^T (m64n16k16, K
  * K-major from the gathered stage, Q the 16-row B operand); softmax per
  * head column; O^T[512 x 16] += V^T P^T (eight m64n16k16 dim tiles, V^T
  * the same stage read MN-major, P^T a [16 heads][64 slots] B operand).
- * Warpgroup 0 computes, warpgroups 1-2 gather 64-slot blocks (two stages).
- * Same chunks (pairs of 32-slot blocks), partials and combine as the
- * other kernels. */
+ * Warpgroup 0 computes, warpgroups 1-2 gather 64-slot blocks into two
+ * stages (fp8: 32-row halves land raw in two raw stages and are converted
+ * into them).  Same chunks (pairs of 32-slot blocks, the second half of an
+ * odd count masked and zeroed), partials and combine as the other kernels.
+ * Measured slower than b12x_small_kernel (docs/attention.md): two 64-row
+ * stages keep too few bytes in flight. */
 constexpr int SW_THREADS = 384;
 constexpr int SW_BS = 64;                        /* slots a block */
 template <bool FP8> struct SwSmem {
     static constexpr int Q_BYTES = 16 * ROW_BYTES;     /* [9][16][128] */
     static constexpr int STAGE = SW_BS * ROW_BYTES;    /* [9][64][128] = 73728 */
+    static constexpr int PIECE = SW_BS * 128;          /* one 64-dim piece of a stage */
     static constexpr int NR = FP8 ? 2 : 0;             /* fp8: raw stages of 32 rows */
     static constexpr int RAW = BN * FP8_BYTES;         /* 20992 */
     static constexpr int OFF_Q = 0;
@@ -871,7 +875,7 @@ template <bool FP8> __global__ void __launch_bounds__(SW_THREADS, 1) b12x_swg_ke
                     const uint32_t dst = st + r * 128 + ((q ^ (r & 7)) << 4);
 #pragma unroll
                     for (int i = 0; i < 9; i++)
-                        cp_async16(dst + i * S::STAGE / 9, src + (slot >= 0 ? 128 * i : 0), slot >= 0 ? 16 : 0);
+                        cp_async16(dst + i * S::PIECE, src + (slot >= 0 ? 128 * i : 0), slot >= 0 ? 16 : 0);
                 }
             }
             cp_async_commit();
