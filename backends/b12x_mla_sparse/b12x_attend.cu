@@ -41,6 +41,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "backends/b12x_mla_sparse/b12x_attend.h"
 #include "backends/b12x_mla_sparse/b12x_common.cuh"
@@ -689,6 +690,7 @@ template <bool FP8, bool SHORT> struct SmallRegs {
                          launch = (load + math + 15) / 16 * 8;
 };
 constexpr int SMALL_SHORT_T = 8; /* steps of at most this many tokens take SHORT */
+constexpr int SMALL_RC_T = 8;    /* fp8 steps of at least this many tokens: b12x_small_rc_kernel */
 enum { SB_MATH = 1, SB_LOAD = 2, SB_FULL = 3, SB_EMPTY = 7 }; /* FULL/EMPTY + stage, stage < 4 */
 
 __device__ __forceinline__ void bar_sync(int id, int n)
@@ -753,7 +755,13 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch)) b12x_small_kernel(c
          * NS - 1 blocks ahead of the math.  One commit group a block. */
         constexpr int N = FP8 ? S::RAW_STAGES : NS;
         auto issue = [&](int j) {
+#if defined(B12X_PROBE) && B12X_PROBE == 1
+            /* probe (wrong values, timing only): no gathers past the first
+             * stages, so the loop runs on stale data without DRAM traffic */
+            if (j < nblk && j < N) {
+#else
             if (j < nblk) {
+#endif
                 if constexpr (FP8)
                     gather_fp8(a, s_slot + j * BN, sbase + S::OFF_RAW + (j % N) * S::RAW_STAGE, pt);
                 else
@@ -832,6 +840,13 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch)) b12x_small_kernel(c
         bar_sync(SB_FULL + j % NS, SMALL_THREADS);
         B12X_PROF_TICK(pacc, ptick, 0);
         const uint32_t kvb = sbase + S::OFF_KV + (j % NS) * S::KV_STAGE;
+#if defined(B12X_PROBE) && B12X_PROBE == 2
+        /* probe (wrong values, timing only): no math, the stages are
+         * handed straight back: the data supply alone */
+        if (j + NS < nblk)
+            bar_arrive(SB_EMPTY + j % NS, SMALL_THREADS);
+        continue;
+#endif
         if (j == 0) {
             const uint32_t qrow = sbase + (lane & 15) * ROW_BYTES;
 #pragma unroll
@@ -1017,6 +1032,466 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch)) b12x_small_kernel(c
     B12X_PROF_MAIN(7, prof_gt());
 }
 
+/* ---- fp8 at <= 16 heads, steps of >= SMALL_RC_T tokens -----------------
+ * b12x_small_rc_kernel: the small-head kernel's 16 warps, rearranged so
+ * that each e4m3 value is converted once, in registers, and never written
+ * back to shared memory, and so that the softmax of one block overlaps the
+ * scores of the next.  Math warp w owns dims [64w, 64w + 64) (half of scale
+ * tile w / 2) for both products:
+ *   scores: the warp's partial 16 x 32 scores over its 64 dims, K straight
+ *           from the raw stage (one 16-byte load per slot a lane, e4m3 ->
+ *           bf16 without the scale, which multiplies the fp32 partial per
+ *           slot), plus a quarter of the rope (k16 step w / 2, 16 of the
+ *           slots); the eight partial tiles go to shared memory;
+ *   softmax: on the load warps (they only gather besides), as in
+ *           b12x_small_kernel, and P' = P x scale(slot, tile) for each of
+ *           the four scale tiles;
+ *   P.V:    O[16 x 64 dims] += P'(tile w / 2) . V, V's fragments the
+ *           scores' K fragments transposed in registers (movmatrix).
+ * The math warps run scores(j + 1) while the load warps take softmax(j),
+ * then P.V(j): partial tiles, P' tiles and alphas are double-buffered.
+ * Inside a 16-dim k-step the dims are permuted (the same for the query):
+ * lane q's k slots 2q, 2q + 1, 2q + 8, 2q + 9 of k-step s are dims 16q +
+ * 4s + 0..3, so a lane's 16-byte load covers its four k-steps, and after
+ * the transposition lane q holds the output dims 16q + 0..15 of its rows.
+ * Stages hold raw records, swizzled for those loads: e4m3 rows of 512
+ * bytes (16-byte piece c of row r at c ^ rc_esw(r)), the four scales a
+ * row, the rope rows of 128 bytes (piece c at c ^ (r & 7)).  Slower than
+ * b12x_small_kernel at T <= 4 (one or two blocks a chunk: the hand-over to
+ * the load warps' softmax adds latency), hence SMALL_RC_T. */
+constexpr int RC_STAGES = 6;
+/* Named barriers: FULL + stage (load -> math: block landed), PR + buffer
+ * (math -> load: scores stored, and the stage read), PP + buffer (load ->
+ * math: P' and alpha stored, the scores read), END (load -> math: row
+ * maxima and sums). */
+enum { RC_FULL = 3, RC_PR = RC_FULL + RC_STAGES, RC_PP = RC_PR + 2, RC_END = RC_PP + 2 };
+struct RcSmem {
+    static constexpr int Q_BYTES = 16 * ROW_BYTES;
+    static constexpr int SC_OFF = BN * KV_L;                     /* e4m3 rows first */
+    static constexpr int ROPE_OFF = SC_OFF + BN * 16;            /* four fp32 scales a row */
+    static constexpr int STAGE = ROPE_OFF + BN * 2 * B12X_ROPE;  /* = BN * FP8_BYTES */
+    static constexpr int S_LD = BN + 8;
+    static constexpr int S_BUF = 8 * 16 * S_LD * 4;              /* eight partial score tiles */
+    static constexpr int P_BUF = 4 * 16 * BN * 2;                /* four P' tiles */
+    static constexpr int OFF_ST = Q_BYTES;
+    static constexpr int OFF_S = OFF_ST + RC_STAGES * STAGE;     /* two buffers each */
+    static constexpr int OFF_P = OFF_S + 2 * S_BUF;
+    static constexpr int OFF_PST = OFF_P + 2 * P_BUF;            /* alpha per row */
+    static constexpr int OFF_STAT = OFF_PST + 2 * 16 * 4;        /* final m, l per row */
+    static constexpr int OFF_SLOT = OFF_STAT + 32 * 4;
+    static constexpr size_t bytes(int chunk_slots) { return (size_t)OFF_SLOT + 4u * chunk_slots; }
+    static_assert(STAGE == BN * FP8_BYTES, "a stage holds a block's records");
+};
+static_assert(RcSmem::bytes(B12X_MAX_TOPK) <= 232448, "over the sm_90 shared memory per block");
+static_assert(RC_END <= 15, "named barriers");
+struct RcRegs {
+    static constexpr int load = 72, math = 176, launch = (load + math + 15) / 16 * 8;
+};
+
+/* e4m3 row swizzle: rows 2p and 2p + 1 land their four-piece groups in
+ * different halves of the 128 bytes, so a quarter-warp's two rows do not
+ * share banks. */
+__device__ __forceinline__ int rc_esw(int r)
+{
+    return ((r & 1) << 2) | ((r >> 1) & 3);
+}
+
+__device__ __forceinline__ void gather_rc(const AttendArgs &a, const int32_t *slots, uint32_t st, int pt)
+{
+    constexpr int PIECES = FP8_BYTES / 16; /* 41: 32 e4m3, 1 scales, 8 rope */
+    const int r = pt >> 3, q = pt & 7;
+    const int slot = slots[r];
+    const uint8_t *src = a.kv + (slot >= 0 ? (int64_t)slot * a.kv_row + q * 16 : 0);
+    const int n = slot >= 0 ? 16 : 0;
+#pragma unroll
+    for (int i = 0; i < 6; i++) {
+        const int p = q + 8 * i;
+        if (p < PIECES) {
+            uint32_t dst;
+            if (p < 32)
+                dst = st + r * KV_L + ((p ^ rc_esw(r)) << 4);
+            else if (p == 32)
+                dst = st + RcSmem::SC_OFF + r * 16;
+            else
+                dst = st + RcSmem::ROPE_OFF + r * 128 + (((p - 33) ^ (r & 7)) << 4);
+            cp_async16(dst, src + (slot >= 0 ? 128 * i : 0), n);
+        }
+    }
+}
+
+__device__ __forceinline__ uint4 lds128(uint32_t addr)
+{
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(addr));
+    return v;
+}
+
+__device__ __forceinline__ float lds32f(uint32_t addr)
+{
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr));
+    return v;
+}
+
+__device__ __forceinline__ uint32_t movm_t(uint32_t x)
+{
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+
+/* two e4m3 (low byte first) as bf16x2, exact, no scale */
+__device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t two)
+{
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<__half2 *>(&h));
+    return pack_bf16(f.x, f.y);
+}
+
+__global__ void __maxnreg__(RcRegs::launch) b12x_small_rc_kernel(const AttendArgs a)
+{
+    using S = RcSmem;
+    extern __shared__ __align__(128) uint8_t smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const b12x::Chunk ck = b12x::chunk_of(a, HEAD_TILE, 16);
+    const int t = ck.t, h0 = ck.h0, rows = ck.rows, split = ck.split;
+    const int k0 = ck.k0, kend = ck.kend, nblk = ck.nblk;
+    const uint32_t sbase = smem_u32(smem);
+    int32_t *s_slot = reinterpret_cast<int32_t *>(smem + S::OFF_SLOT);
+    float *s_stat = reinterpret_cast<float *>(smem + S::OFF_STAT);
+    constexpr int R = RC_STAGES;
+
+    B12X_PROF_MAIN(0, prof_gt());
+    B12X_PROF_MAIN(6, clock64());
+    b12x::resolve_slots<SMALL_THREADS>(a, t, k0, kend, nblk * BN, s_slot);
+    __syncthreads();
+    B12X_PROF_MAIN(1, clock64());
+
+    if (tid >= NTHREADS) {
+        /* Load warps: the gathers R blocks ahead, and the softmax of each
+         * block once the math warps have its scores. */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(RcRegs::load));
+        const int pt = tid - NTHREADS;
+        const int srow = pt >> 4, sc2 = (pt & 15) * 2;
+        float m_run = -INFINITY, l_run = 0.0f;
+        auto issue = [&](int j) {
+#if defined(B12X_PROBE) && B12X_PROBE == 1
+            if (j < nblk && j < R) /* probe: no gathers past the first stages */
+#else
+            if (j < nblk)
+#endif
+                gather_rc(a, s_slot + j * BN, sbase + S::OFF_ST + (j % R) * S::STAGE, pt);
+            cp_async_commit();
+        };
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            issue(i);
+        cp_async_wait<R - 1>();
+        load_sync(); /* block 0 landed for all */
+        bar_arrive(RC_FULL, SMALL_THREADS);
+        for (int j = 0; j < nblk; j++) {
+            const uint32_t stb = sbase + S::OFF_ST + (j % R) * S::STAGE;
+            /* Block j + 1 to the math warps first, so that its scores
+             * overlap this softmax; then block j - 1 + R into the stage of
+             * block j - 1, which every thread is done with: the math warps
+             * before the scores barrier of j - 1, the load warps (its
+             * softmax) before load_sync. */
+            if (j + 1 < nblk) {
+                if (j == 0)
+                    cp_async_wait<R - 2>();
+                else
+                    cp_async_wait<R - 3>();
+                load_sync(); /* block j + 1 landed for all */
+                bar_arrive(RC_FULL + (j + 1) % R, SMALL_THREADS);
+            } else if (j >= 1) {
+                load_sync();
+            }
+            if (j >= 1)
+                issue(j - 1 + R);
+            /* Softmax of block j: row srow, slots sc2 and sc2 + 1 (the
+             * lazy maximum of b12x_small_kernel), P' = P x scale for each
+             * scale tile, alpha for the math warps. */
+            bar_sync(RC_PR + (j & 1), SMALL_THREADS);
+            const float *sp = reinterpret_cast<const float *>(smem + S::OFF_S + (j & 1) * S::S_BUF);
+            float v0 = 0.0f, v1 = 0.0f;
+#pragma unroll
+            for (int w = 0; w < 8; w++) {
+                const float2 p = *reinterpret_cast<const float2 *>(sp + (w * 16 + srow) * S::S_LD + sc2);
+                v0 += p.x;
+                v1 += p.y;
+            }
+            v0 = s_slot[j * BN + sc2] >= 0 ? v0 * a.scale_log2 : -INFINITY;
+            v1 = s_slot[j * BN + sc2 + 1] >= 0 ? v1 * a.scale_log2 : -INFINITY;
+            float alpha = 1.0f;
+            if (__any_sync(0xffffffffu, fmaxf(v0, v1) > m_run + 8.0f)) {
+                float mx = fmaxf(v0, v1);
+#pragma unroll
+                for (int d = 8; d >= 1; d >>= 1)
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+                const float mnew = fmaxf(m_run, mx);
+                alpha = exp2f(m_run - (mnew == -INFINITY ? 0.0f : mnew));
+                m_run = mnew;
+            }
+            const float base = m_run == -INFINITY ? 0.0f : m_run;
+            const float e0 = exp2f(v0 - base), e1 = exp2f(v1 - base);
+            l_run = l_run * alpha + (e0 + e1);
+            const uint4 ps0 = lds128(stb + S::SC_OFF + sc2 * 16), ps1 = lds128(stb + S::SC_OFF + (sc2 + 1) * 16);
+            const float s0[4] = {__uint_as_float(ps0.x), __uint_as_float(ps0.y), __uint_as_float(ps0.z),
+                                 __uint_as_float(ps0.w)};
+            const float s1[4] = {__uint_as_float(ps1.x), __uint_as_float(ps1.y), __uint_as_float(ps1.z),
+                                 __uint_as_float(ps1.w)};
+            uint8_t *pp = smem + S::OFF_P + (j & 1) * S::P_BUF + srow * 64 +
+                          (((sc2 >> 3) ^ ((srow >> 1) & 3)) << 4) + (sc2 & 7) * 2;
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                *reinterpret_cast<uint32_t *>(pp + i * 16 * BN * 2) = pack_bf16(e0 * s0[i], e1 * s1[i]);
+            if ((pt & 15) == 0)
+                reinterpret_cast<float *>(smem + S::OFF_PST)[(j & 1) * 16 + srow] = alpha;
+#ifdef B12X_RACECHECK
+            load_sync();
+#endif
+            bar_arrive(RC_PP + (j & 1), SMALL_THREADS);
+        }
+#pragma unroll
+        for (int d = 8; d >= 1; d >>= 1) /* the row sum over its 16 lanes */
+            l_run += __shfl_xor_sync(0xffffffffu, l_run, d);
+        if ((pt & 15) == 0) {
+            s_stat[srow] = m_run;
+            s_stat[16 + srow] = l_run;
+        }
+        bar_arrive(RC_END, SMALL_THREADS); /* to the math warps' epilogue */
+        return;
+    }
+
+    /* Math warps: the scores of block j + 1 while the load warps take the
+     * softmax of block j, then P.V of block j. */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(RcRegs::math));
+    grid_dep_wait();
+    grid_dep_launch();
+    load_query(a, sbase, t, h0, rows, 16);
+    B12X_PROF_MAIN(2, clock64());
+
+    const int g = lane >> 2, q4 = lane & 3, tile = warp >> 1;
+    const int esw = rc_esw(g); /* rows 8 nt + g */
+    float o[4][2][4];
+#pragma unroll
+    for (int s = 0; s < 4; s++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            o[s][h][0] = o[s][h][1] = o[s][h][2] = o[s][h][3] = 0.0f;
+
+    cp_async_wait<0>();
+    math_sync(); /* the query, from every math thread's copies */
+    /* The query's fragments for the warp's dims (permuted as above) and
+     * for its rope step. */
+    uint32_t qa[4][4], qr[4];
+    {
+        const int c0 = 8 * warp + 2 * q4;
+        const uint4 l0 = lds128(sbase + sw_off(g, c0)), l1 = lds128(sbase + sw_off(g, c0 + 1));
+        const uint4 u0 = lds128(sbase + sw_off(g + 8, c0)), u1 = lds128(sbase + sw_off(g + 8, c0 + 1));
+        const uint32_t wl[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+        const uint32_t wu[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            qa[s][0] = wl[2 * s];
+            qa[s][1] = wu[2 * s];
+            qa[s][2] = wl[2 * s + 1];
+            qa[s][3] = wu[2 * s + 1];
+        }
+        ldsm_x4(qr, sbase + (lane & 15) * ROW_BYTES + (((2 * (32 + tile) + (lane >> 4)) ^ (lane & 7)) << 4));
+    }
+
+    /* Block j's stage: the K fragments (e4m3 -> bf16, kept for its P.V),
+     * the scales of the accumulator's slots, the rope fragments. */
+    struct Frag {
+        uint32_t kf[4][4][2];
+        float sc[4][2];
+        uint32_t rb[4];
+    };
+    auto sload = [&](int j, Frag &f) {
+        bar_sync(RC_FULL + j % R, SMALL_THREADS);
+        const uint32_t stb = sbase + S::OFF_ST + (j % R) * S::STAGE;
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            const uint4 x = lds128(stb + (8 * nt + g) * KV_L + (((4 * warp + q4) ^ esw) << 4));
+            const uint32_t xw[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                f.kf[nt][s][0] = e4m3x2_bf16x2(xw[s] & 0xffffu);
+                f.kf[nt][s][1] = e4m3x2_bf16x2(xw[s] >> 16);
+            }
+            f.sc[nt][0] = lds32f(stb + S::SC_OFF + (8 * nt + 2 * q4) * 16 + 4 * tile);
+            f.sc[nt][1] = lds32f(stb + S::SC_OFF + (8 * nt + 2 * q4 + 1) * 16 + 4 * tile);
+        }
+        const int r = 16 * (warp & 1) + (lane & 7) + ((lane >> 4) << 3);
+        ldsm_x4(f.rb, stb + S::ROPE_OFF + r * 128 + (((2 * tile + ((lane >> 3) & 1)) ^ (lane & 7)) << 4));
+    };
+    /* Block j's partial scores over the warp's dims into buffer j & 1. */
+    auto smma = [&](int j, const Frag &f) {
+        float sacc[4][4], racc[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+            sacc[nt][0] = sacc[nt][1] = sacc[nt][2] = sacc[nt][3] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+            racc[i][0] = racc[i][1] = racc[i][2] = racc[i][3] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < 4; s++)
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+                mma_bf16(sacc[nt], qa[s], f.kf[nt][s][0], f.kf[nt][s][1]);
+        mma_bf16(racc[0], qr, f.rb[0], f.rb[1]);
+        mma_bf16(racc[1], qr, f.rb[2], f.rb[3]);
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            sacc[nt][0] *= f.sc[nt][0];
+            sacc[nt][1] *= f.sc[nt][1];
+            sacc[nt][2] *= f.sc[nt][0];
+            sacc[nt][3] *= f.sc[nt][1];
+        }
+        if (warp & 1) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                sacc[2][e] += racc[0][e];
+                sacc[3][e] += racc[1][e];
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                sacc[0][e] += racc[0][e];
+                sacc[1][e] += racc[1][e];
+            }
+        }
+        float *sp = reinterpret_cast<float *>(smem + S::OFF_S + (j & 1) * S::S_BUF) + warp * 16 * S::S_LD;
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            const int c = nt * 8 + 2 * q4;
+            *reinterpret_cast<float2 *>(sp + g * S::S_LD + c) = make_float2(sacc[nt][0], sacc[nt][1]);
+            *reinterpret_cast<float2 *>(sp + (g + 8) * S::S_LD + c) = make_float2(sacc[nt][2], sacc[nt][3]);
+        }
+    };
+    /* O[16 x 64 dims] = alpha * O + P'(tile) . V of block j, V = K
+     * transposed (movmatrix); after the load warps' barrier PP of j. */
+    auto pv = [&](int j, const Frag &f) {
+        const float *pst = reinterpret_cast<const float *>(smem + S::OFF_PST) + (j & 1) * 16;
+        const float al0 = pst[g], al1 = pst[g + 8];
+        if (__any_sync(0xffffffffu, al0 != 1.0f || al1 != 1.0f)) {
+#pragma unroll
+            for (int s = 0; s < 4; s++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    o[s][h][0] *= al0;
+                    o[s][h][1] *= al0;
+                    o[s][h][2] *= al1;
+                    o[s][h][3] *= al1;
+                }
+        }
+        const int prow = lane & 15;
+        const uint32_t pbase = sbase + S::OFF_P + (j & 1) * S::P_BUF + tile * 16 * BN * 2 + prow * 64;
+#pragma unroll
+        for (int kk = 0; kk < 2; kk++) {
+            uint32_t pa[4];
+            ldsm_x4(pa, pbase + (((2 * kk + (lane >> 4)) ^ ((prow >> 1) & 3)) << 4));
+#pragma unroll
+            for (int s = 0; s < 4; s++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    mma_bf16(o[s][h], pa, movm_t(f.kf[2 * kk][s][h]), movm_t(f.kf[2 * kk + 1][s][h]));
+        }
+    };
+    /* The scores of block j + 1 while the load warps take the softmax of
+     * block j, then P.V of block j after their barrier. */
+    /* The scores barrier of block j.  compute-sanitizer racecheck orders
+     * a thread's shared-memory reads only up to its last bar.sync, not up
+     * to its bar.arrive (docs/attention.md), so a build for racecheck
+     * (-DB12X_RACECHECK) adds a barrier of the math warps first; likewise
+     * on the load warps' side. */
+    auto pr_arrive = [&](int j) {
+#ifdef B12X_RACECHECK
+        math_sync();
+#endif
+        bar_arrive(RC_PR + (j & 1), SMALL_THREADS);
+    };
+    Frag fa, fb;
+    for (int j = 0; j < nblk; j += 2) {
+        sload(j, fa);
+        smma(j, fa);
+        pr_arrive(j);
+        if (j >= 1) {
+            bar_sync(RC_PP + ((j - 1) & 1), SMALL_THREADS);
+            pv(j - 1, fb);
+        }
+        if (j + 1 < nblk) {
+            sload(j + 1, fb);
+            smma(j + 1, fb);
+            pr_arrive(j + 1);
+        }
+        bar_sync(RC_PP + (j & 1), SMALL_THREADS);
+        pv(j, fa);
+    }
+    if (nblk > 0 && nblk % 2 == 0) {
+        bar_sync(RC_PP + ((nblk - 1) & 1), SMALL_THREADS);
+        pv(nblk - 1, fb);
+    }
+
+    bar_sync(RC_END, SMALL_THREADS); /* the load warps' row maxima and sums */
+    B12X_PROF_MAIN(4, clock64());
+
+    /* Lane (g, q4) holds dims 64 warp + 16 q4 + 4 s + 2 h + i of rows g
+     * and g + 8: o[s][h][i] and o[s][h][2 + i]. */
+    const float l0 = s_stat[16 + g], l1 = s_stat[16 + g + 8];
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    uint32_t w0[8], w1[8];
+#pragma unroll
+    for (int s = 0; s < 4; s++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            w0[2 * s + h] = pack_bf16(o[s][h][0] * inv0, o[s][h][1] * inv0);
+            w1[2 * s + h] = pack_bf16(o[s][h][2] * inv1, o[s][h][3] * inv1);
+        }
+    const int col = 64 * warp + 16 * q4;
+    if (a.splits == 1) {
+        if (g < rows) {
+            __nv_bfloat16 *d = a.out + (int64_t)(h0 + g) * a.o_sh + (int64_t)t * a.o_st + col;
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                *reinterpret_cast<uint2 *>(d + 4 * k) = make_uint2(w0[2 * k], w0[2 * k + 1]);
+        }
+        if (g + 8 < rows) {
+            __nv_bfloat16 *d = a.out + (int64_t)(h0 + g + 8) * a.o_sh + (int64_t)t * a.o_st + col;
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                *reinterpret_cast<uint2 *>(d + 4 * k) = make_uint2(w1[2 * k], w1[2 * k + 1]);
+        }
+    } else {
+        const int64_t row0 = ((int64_t)split * a.T + t) * a.H + h0;
+        if (g < rows) {
+            uint4 *d = reinterpret_cast<uint4 *>(a.ws_o + (row0 + g) * KV_L + col);
+            d[0] = make_uint4(w0[0], w0[1], w0[2], w0[3]);
+            d[1] = make_uint4(w0[4], w0[5], w0[6], w0[7]);
+        }
+        if (g + 8 < rows) {
+            uint4 *d = reinterpret_cast<uint4 *>(a.ws_o + (row0 + g + 8) * KV_L + col);
+            d[0] = make_uint4(w1[0], w1[1], w1[2], w1[3]);
+            d[1] = make_uint4(w1[4], w1[5], w1[6], w1[7]);
+        }
+    }
+    if (tid < rows) {
+        const float m = s_stat[tid], l = s_stat[16 + tid];
+        const float lse = l > 0.0f ? (m + log2f(l)) * LN2 : -INFINITY;
+        if (a.splits == 1) {
+            if (a.lse)
+                a.lse[(int64_t)(h0 + tid) * a.l_sh + (int64_t)t * a.l_st] = lse;
+        } else {
+            a.ws_lse[((int64_t)split * a.T + t) * a.H + h0 + tid] = lse;
+        }
+    }
+    B12X_PROF_MAIN(5, clock64());
+    B12X_PROF_MAIN(7, prof_gt());
+}
+
 /* out[h,t,:] = sum_z w_z * part_z / sum_z w_z with w_z = exp(lse_z - max).
  * One block per (token, head, 4L columns): groups of L lanes (4 columns
  * each) take every G-th split (G = groups of the block); each lane issues
@@ -1177,6 +1652,11 @@ cudaError_t launch(attend_kernel_fn fn, dim3 grid, unsigned threads, size_t smem
  * multiprocessor's shared memory.  Set by b12x_attend_setup. */
 int g_cb_spread_smem = 0;
 
+/* fp8 steps of at least SMALL_RC_T tokens at <= 16 heads on
+ * b12x_small_rc_kernel, unless MLART_B12X_RC=0 when the backend is created
+ * (for comparisons).  Set by b12x_attend_setup. */
+int g_rc = 1;
+
 int cuda_fail(mlart_error_fn err, const char *what, cudaError_t e)
 {
     return err(MLART_ECUDA, "b12x_mla_sparse: %s: %s", what, cudaGetErrorString(e));
@@ -1228,8 +1708,12 @@ extern "C" int b12x_attend_setup(int *num_sms, mlart_error_fn err)
             attend_kernel_fn fn = pick_small(f != 0, sh != 0, B12X_MAX_TOPK, &bytes);
             rc = allow_smem((const void *)fn, bytes, optin, dev, err);
         }
+    if (rc == 0)
+        rc = allow_smem((const void *)b12x_small_rc_kernel, RcSmem::bytes(B12X_MAX_TOPK), optin, dev, err);
     if (rc != 0)
         return rc;
+    const char *rcv = getenv("MLART_B12X_RC");
+    g_rc = !(rcv && *rcv == '0');
     int per_sm = 0;
     e = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
     if (e != cudaSuccess)
@@ -1400,6 +1884,10 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
             /* one row tile: eight math warps on each block, eight load
              * warps ahead of them (b12x_small_kernel) */
             fn = pick_small(fp8, T <= SMALL_SHORT_T, chunk, &smem);
+            if (fp8 && g_rc && T >= SMALL_RC_T) {
+                fn = b12x_small_rc_kernel;
+                smem = RcSmem::bytes(chunk);
+            }
             threads = SMALL_THREADS;
         } else {
             fn = pick_kernel(fp8, rt, chunk, &smem);

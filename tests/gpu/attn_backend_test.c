@@ -275,6 +275,43 @@ START_TEST(test_swg)
 }
 END_TEST
 
+/* fp8 steps of >= 8 tokens at <= 16 heads: the register-conversion kernel
+ * (b12x_small_rc_kernel, the default) and, with MLART_B12X_RC=0 (read when
+ * the backend is created; each test runs in its own process), the
+ * small-head kernel it replaces there.  Chunks of one block (no next block
+ * to overlap), odd and even block counts, a partial last block, the last
+ * 16-head tile of 80 heads, shared requests, out-of-range indices, empty
+ * rows. */
+START_TEST(test_rc)
+{
+    const mlart_kv_format fmt = MLART_KV_FP8_DS_MLA;
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 51) * 0x9E3779B97F4A7C15ull;
+    shared_cache c;
+    cudaStream_t st;
+    setenv("MLART_B12X_RC", _i == 0 ? "1" : "0", 1);
+    GPU_CUDA(cudaStreamCreate(&st));
+    cache_open(&c, fmt, &rng);
+    const attn_shape shapes[] = {
+        {8, 16, 2048, fmt, 1, 1, 0, 0.0417f},  /* the smallest step it takes, 16 splits */
+        {64, 16, 2048, fmt, 1, 1, 0, 0.0417f}, /* two splits of 32 blocks */
+        {8, 16, 96, fmt, 1, 0, 0, 0.3f},       /* three blocks, one chunk */
+        {9, 1, 64, fmt, 1, 1, 0, 0.0417f},
+        {10, 11, 100, fmt, 1, 1, 0, 0.0417f},  /* topk % 32 != 0 */
+        {33, 16, 1, fmt, 1, 0, 0, 0.0417f},    /* topk 1: one block */
+        {12, 16, 2048, fmt, 4, 1, 0, 0.0417f}, /* 4 tokens per request */
+        {75, 16, 576, fmt, 3, 1, 1, 0.3f},     /* shared requests, out of range */
+        {16, 16, 576, fmt, 2, 1, 0, 0.0417f},  /* 18 blocks, split */
+        {8, 80, 2048, fmt, 1, 1, 0, 0.1f},     /* 64 + 16 heads */
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        check_step(&shapes[i], c.host, c.dev, &rng, st);
+    printf("fp8 <= 16 heads, T >= 8, MLART_B12X_RC=%d: %zu shapes match (seed 0x%llx)\n", _i == 0,
+           sizeof shapes / sizeof shapes[0], (unsigned long long)g_seed);
+    cache_close(&c);
+    cudaStreamDestroy(st);
+}
+END_TEST
+
 /* Graph capture + replay equals the eager call bit for bit, also after the
  * indices change in place (the graph reads the persistent buffers). */
 START_TEST(test_graph)
@@ -546,6 +583,10 @@ int main(void)
     tc = tcase_create("swg");
     tcase_set_timeout(tc, 240);
     tcase_add_loop_test(tc, test_swg, 0, 2);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("rc");
+    tcase_set_timeout(tc, 240);
+    tcase_add_loop_test(tc, test_rc, 0, 2);
     suite_add_tcase(s, tc);
     return gpu_test_run(s, CK_FORK);
 }
