@@ -713,32 +713,89 @@ __device__ __forceinline__ void load_sync()
     bar_sync(SB_LOAD, NTHREADS);
 }
 
+/* The start of both small-head kernels: the block's chunk, and its
+ * physical slots resolved into s_slot by all 512 threads (before the
+ * dependency wait: load_query's comment says why that is safe). */
+__device__ __forceinline__ b12x::Chunk small_start(const AttendArgs &a, int32_t *s_slot)
+{
+    const b12x::Chunk ck = b12x::chunk_of(a, HEAD_TILE, 16);
+    B12X_PROF_MAIN(0, prof_gt());
+    B12X_PROF_MAIN(6, clock64());
+    b12x::resolve_slots<SMALL_THREADS>(a, ck.t, ck.k0, ck.kend, ck.nblk * BN, s_slot);
+    __syncthreads();
+    B12X_PROF_MAIN(1, clock64());
+    return ck;
+}
+
+/* The natural-log LSE of head row h of token t from its running maximum
+ * m (log2 units) and sum l: to the output, or with splits to the
+ * workspace row of chunk `split`. */
+__device__ __forceinline__ void store_row_lse(const AttendArgs &a, int t, int h, int split, float m, float l)
+{
+    const float lse = l > 0.0f ? (m + log2f(l)) * LN2 : -INFINITY;
+    if (a.splits == 1) {
+        if (a.lse)
+            a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = lse;
+    } else {
+        a.ws_lse[((int64_t)split * a.T + t) * a.H + h] = lse;
+    }
+}
+
+/* One block's softmax step of the small-head kernels for row srow, slots
+ * sc2 and sc2 + 1 (a half-warp per row): the NP partial score tiles at
+ * `part` (rows of s_ld floats) summed, empty slots -inf, e0 and e1 the
+ * exp2 of the scores against the running maximum m_run; returns alpha, the
+ * factor for what came before.  Lazy maximum: the row keeps its running
+ * maximum until a score passes it by more than 2^8 (then the whole warp
+ * takes the row maxima), so the probabilities stay <= 256 and most blocks
+ * need no reduction; each lane sums its own probabilities, reduced once
+ * after the loop. */
+template <int NP>
+__device__ __forceinline__ float lazy_softmax(const float *part, int s_ld, int srow, int sc2, const int32_t *slots,
+                                              float scale_log2, float &m_run, float &e0, float &e1)
+{
+    float v0 = 0.0f, v1 = 0.0f;
+#pragma unroll
+    for (int w = 0; w < NP; w++) {
+        const float2 p = *reinterpret_cast<const float2 *>(part + (w * 16 + srow) * s_ld + sc2);
+        v0 += p.x;
+        v1 += p.y;
+    }
+    v0 = slots[sc2] >= 0 ? v0 * scale_log2 : -INFINITY;
+    v1 = slots[sc2 + 1] >= 0 ? v1 * scale_log2 : -INFINITY;
+    float alpha = 1.0f;
+    if (__any_sync(0xffffffffu, fmaxf(v0, v1) > m_run + 8.0f)) {
+        float mx = fmaxf(v0, v1);
+#pragma unroll
+        for (int d = 8; d >= 1; d >>= 1)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+        const float mnew = fmaxf(m_run, mx);
+        alpha = exp2f(m_run - (mnew == -INFINITY ? 0.0f : mnew));
+        m_run = mnew;
+    }
+    const float base = m_run == -INFINITY ? 0.0f : m_run;
+    e0 = exp2f(v0 - base);
+    e1 = exp2f(v1 - base);
+    return alpha;
+}
+
 template <bool FP8, bool SHORT>
 __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch)) b12x_small_kernel(const AttendArgs a)
 {
     using S = SmallSmem<FP8, SHORT>;
     extern __shared__ __align__(128) uint8_t smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const b12x::Chunk ck = b12x::chunk_of(a, HEAD_TILE, 16);
-    const int t = ck.t, h0 = ck.h0, rows = ck.rows, split = ck.split;
-    const int k0 = ck.k0, kend = ck.kend, nblk = ck.nblk;
     const uint32_t sbase = smem_u32(smem);
     int32_t *s_slot = reinterpret_cast<int32_t *>(smem + S::OFF_SLOT);
     float *s_part = reinterpret_cast<float *>(smem + S::OFF_S);
     float *s_stat = reinterpret_cast<float *>(smem + S::OFF_STAT);
+    const b12x::Chunk ck = small_start(a, s_slot);
+    const int t = ck.t, h0 = ck.h0, rows = ck.rows, split = ck.split, nblk = ck.nblk;
 
     constexpr int NS = S::KV_STAGES;
 #ifdef B12X_PROFILE
     unsigned long long pacc[PROF_LOOP] = {}, ptick = 0;
 #endif
-
-    /* Every thread resolves the chunk's slots (before the dependency wait:
-     * load_query's comment says why that is safe). */
-    B12X_PROF_MAIN(0, prof_gt());
-    B12X_PROF_MAIN(6, clock64());
-    b12x::resolve_slots<SMALL_THREADS>(a, t, k0, kend, nblk * BN, s_slot);
-    __syncthreads();
-    B12X_PROF_MAIN(1, clock64());
 
     if (tid >= NTHREADS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(SmallRegs<FP8, SHORT>::load));
@@ -894,32 +951,10 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch)) b12x_small_kernel(c
 
         /* Softmax: row srow, slots sc2 and sc2 + 1. */
         {
-            float v0 = 0.0f, v1 = 0.0f;
-#pragma unroll
-            for (int w = 0; w < 4; w++) {
-                const float2 p = *reinterpret_cast<const float2 *>(s_part + (w * 16 + srow) * S::S_LD + sc2);
-                v0 += p.x;
-                v1 += p.y;
-            }
-            v0 = s_slot[j * BN + sc2] >= 0 ? v0 * a.scale_log2 : -INFINITY;
-            v1 = s_slot[j * BN + sc2 + 1] >= 0 ? v1 * a.scale_log2 : -INFINITY;
-            /* Lazy maximum: the row keeps its running maximum until a
-             * score passes it by more than 2^8 (then the whole warp takes
-             * the row maxima), so the probabilities stay <= 256 and most
-             * blocks need no reduction; each lane sums its own
-             * probabilities, reduced once after the loop. */
-            float alpha = 1.0f;
-            if (__any_sync(0xffffffffu, fmaxf(v0, v1) > m_run + 8.0f)) {
-                float mx = fmaxf(v0, v1);
-#pragma unroll
-                for (int d = 8; d >= 1; d >>= 1)
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
-                const float mnew = fmaxf(m_run, mx);
-                alpha = exp2f(m_run - (mnew == -INFINITY ? 0.0f : mnew));
-                m_run = mnew;
-            }
-            const float base = m_run == -INFINITY ? 0.0f : m_run;
-            const uint32_t p = pack_bf16(exp2f(v0 - base), exp2f(v1 - base));
+            float e0, e1;
+            const float alpha =
+                lazy_softmax<4>(s_part, S::S_LD, srow, sc2, s_slot + j * BN, a.scale_log2, m_run, e0, e1);
+            const uint32_t p = pack_bf16(e0, e1);
             l_run = l_run * alpha + (bf16_lo(p) + bf16_hi(p));
             *reinterpret_cast<uint32_t *>(smem + S::OFF_P + srow * 64 +
                                           (((sc2 >> 3) ^ ((srow >> 1) & 3)) << 4) + (sc2 & 7) * 2) = p;
@@ -1018,16 +1053,8 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch)) b12x_small_kernel(c
                         pack_bf16(o[2 * k + 1][2] * inv1, o[2 * k + 1][3] * inv1), r4 + 8 < rows);
         }
     }
-    if (tid < rows) {
-        const float m = s_stat[16 + tid], l = s_stat[32 + tid];
-        const float lse = l > 0.0f ? (m + log2f(l)) * LN2 : -INFINITY;
-        if (a.splits == 1) {
-            if (a.lse)
-                a.lse[(int64_t)(h0 + tid) * a.l_sh + (int64_t)t * a.l_st] = lse;
-        } else {
-            a.ws_lse[((int64_t)split * a.T + t) * a.H + h0 + tid] = lse;
-        }
-    }
+    if (tid < rows)
+        store_row_lse(a, t, h0 + tid, split, s_stat[16 + tid], s_stat[32 + tid]);
     B12X_PROF_MAIN(5, clock64());
     B12X_PROF_MAIN(7, prof_gt());
 }
@@ -1155,19 +1182,12 @@ __global__ void __maxnreg__(RcRegs::launch) b12x_small_rc_kernel(const AttendArg
     using S = RcSmem;
     extern __shared__ __align__(128) uint8_t smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const b12x::Chunk ck = b12x::chunk_of(a, HEAD_TILE, 16);
-    const int t = ck.t, h0 = ck.h0, rows = ck.rows, split = ck.split;
-    const int k0 = ck.k0, kend = ck.kend, nblk = ck.nblk;
     const uint32_t sbase = smem_u32(smem);
     int32_t *s_slot = reinterpret_cast<int32_t *>(smem + S::OFF_SLOT);
     float *s_stat = reinterpret_cast<float *>(smem + S::OFF_STAT);
+    const b12x::Chunk ck = small_start(a, s_slot);
+    const int t = ck.t, h0 = ck.h0, rows = ck.rows, split = ck.split, nblk = ck.nblk;
     constexpr int R = RC_STAGES;
-
-    B12X_PROF_MAIN(0, prof_gt());
-    B12X_PROF_MAIN(6, clock64());
-    b12x::resolve_slots<SMALL_THREADS>(a, t, k0, kend, nblk * BN, s_slot);
-    __syncthreads();
-    B12X_PROF_MAIN(1, clock64());
 
     if (tid >= NTHREADS) {
         /* Load warps: the gathers R blocks ahead, and the softmax of each
@@ -1215,27 +1235,8 @@ __global__ void __maxnreg__(RcRegs::launch) b12x_small_rc_kernel(const AttendArg
              * scale tile, alpha for the math warps. */
             bar_sync(RC_PR + (j & 1), SMALL_THREADS);
             const float *sp = reinterpret_cast<const float *>(smem + S::OFF_S + (j & 1) * S::S_BUF);
-            float v0 = 0.0f, v1 = 0.0f;
-#pragma unroll
-            for (int w = 0; w < 8; w++) {
-                const float2 p = *reinterpret_cast<const float2 *>(sp + (w * 16 + srow) * S::S_LD + sc2);
-                v0 += p.x;
-                v1 += p.y;
-            }
-            v0 = s_slot[j * BN + sc2] >= 0 ? v0 * a.scale_log2 : -INFINITY;
-            v1 = s_slot[j * BN + sc2 + 1] >= 0 ? v1 * a.scale_log2 : -INFINITY;
-            float alpha = 1.0f;
-            if (__any_sync(0xffffffffu, fmaxf(v0, v1) > m_run + 8.0f)) {
-                float mx = fmaxf(v0, v1);
-#pragma unroll
-                for (int d = 8; d >= 1; d >>= 1)
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
-                const float mnew = fmaxf(m_run, mx);
-                alpha = exp2f(m_run - (mnew == -INFINITY ? 0.0f : mnew));
-                m_run = mnew;
-            }
-            const float base = m_run == -INFINITY ? 0.0f : m_run;
-            const float e0 = exp2f(v0 - base), e1 = exp2f(v1 - base);
+            float e0, e1;
+            const float alpha = lazy_softmax<8>(sp, S::S_LD, srow, sc2, s_slot + j * BN, a.scale_log2, m_run, e0, e1);
             l_run = l_run * alpha + (e0 + e1);
             const uint4 ps0 = lds128(stb + S::SC_OFF + sc2 * 16), ps1 = lds128(stb + S::SC_OFF + (sc2 + 1) * 16);
             const float s0[4] = {__uint_as_float(ps0.x), __uint_as_float(ps0.y), __uint_as_float(ps0.z),
@@ -1478,16 +1479,8 @@ __global__ void __maxnreg__(RcRegs::launch) b12x_small_rc_kernel(const AttendArg
             d[1] = make_uint4(w1[4], w1[5], w1[6], w1[7]);
         }
     }
-    if (tid < rows) {
-        const float m = s_stat[tid], l = s_stat[16 + tid];
-        const float lse = l > 0.0f ? (m + log2f(l)) * LN2 : -INFINITY;
-        if (a.splits == 1) {
-            if (a.lse)
-                a.lse[(int64_t)(h0 + tid) * a.l_sh + (int64_t)t * a.l_st] = lse;
-        } else {
-            a.ws_lse[((int64_t)split * a.T + t) * a.H + h0 + tid] = lse;
-        }
-    }
+    if (tid < rows)
+        store_row_lse(a, t, h0 + tid, split, s_stat[tid], s_stat[16 + tid]);
     B12X_PROF_MAIN(5, clock64());
     B12X_PROF_MAIN(7, prof_gt());
 }
