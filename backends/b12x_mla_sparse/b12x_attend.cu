@@ -141,9 +141,13 @@ template <bool FP8, int RT> struct Smem {
     static_assert(bytes(B12X_MAX_TOPK) <= 232448, "over the sm_90 shared memory per block");
 };
 
+using b12x::bar_arrive;
+using b12x::bar_sync;
 using b12x::cp_async16;
 using b12x::cp_async_commit;
 using b12x::cp_async_wait;
+using b12x::grid_dep_launch;
+using b12x::grid_dep_wait;
 using b12x::smem_u32;
 using b12x::st_shared16;
 
@@ -168,16 +172,6 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
                  "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void grid_dep_wait()
-{
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void grid_dep_launch()
-{
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
 /* Barrier of the two warps of pair p (ids 1..4; 0 is __syncthreads). */
@@ -693,16 +687,6 @@ constexpr int SMALL_SHORT_T = 8; /* steps of at most this many tokens take SHORT
 constexpr int SMALL_RC_T = 8;    /* fp8 steps of at least this many tokens: b12x_small_rc_kernel */
 enum { SB_MATH = 1, SB_LOAD = 2, SB_FULL = 3, SB_EMPTY = 7 }; /* FULL/EMPTY + stage, stage < 4 */
 
-__device__ __forceinline__ void bar_sync(int id, int n)
-{
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-
-__device__ __forceinline__ void bar_arrive(int id, int n)
-{
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-
 __device__ __forceinline__ void math_sync()
 {
     bar_sync(SB_MATH, NTHREADS);
@@ -1169,14 +1153,6 @@ __device__ __forceinline__ uint32_t movm_t(uint32_t x)
     return y;
 }
 
-/* two e4m3 (low byte first) as bf16x2, exact, no scale */
-__device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t two)
-{
-    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
-    const float2 f = __half22float2(*reinterpret_cast<__half2 *>(&h));
-    return pack_bf16(f.x, f.y);
-}
-
 __global__ void __maxnreg__(RcRegs::launch) b12x_small_rc_kernel(const AttendArgs a)
 {
     using S = RcSmem;
@@ -1320,8 +1296,8 @@ __global__ void __maxnreg__(RcRegs::launch) b12x_small_rc_kernel(const AttendArg
             const uint32_t xw[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
             for (int s = 0; s < 4; s++) {
-                f.kf[nt][s][0] = e4m3x2_bf16x2(xw[s] & 0xffffu);
-                f.kf[nt][s][1] = e4m3x2_bf16x2(xw[s] >> 16);
+                f.kf[nt][s][0] = b12x::e4m3x2_to_bf16x2(xw[s] & 0xffffu, 1.0f); /* exact */
+                f.kf[nt][s][1] = b12x::e4m3x2_to_bf16x2(xw[s] >> 16, 1.0f);
             }
             f.sc[nt][0] = lds32f(stb + S::SC_OFF + (8 * nt + 2 * q4) * 16 + 4 * tile);
             f.sc[nt][1] = lds32f(stb + S::SC_OFF + (8 * nt + 2 * q4 + 1) * 16 + 4 * tile);
@@ -1402,8 +1378,6 @@ __global__ void __maxnreg__(RcRegs::launch) b12x_small_rc_kernel(const AttendArg
                     mma_bf16(o[s][h], pa, movm_t(f.kf[2 * kk][s][h]), movm_t(f.kf[2 * kk + 1][s][h]));
         }
     };
-    /* The scores of block j + 1 while the load warps take the softmax of
-     * block j, then P.V of block j after their barrier. */
     /* The scores barrier of block j.  compute-sanitizer racecheck orders
      * a thread's shared-memory reads only up to its last bar.sync, not up
      * to its bar.arrive (docs/attention.md), so a build for racecheck
@@ -1415,6 +1389,8 @@ __global__ void __maxnreg__(RcRegs::launch) b12x_small_rc_kernel(const AttendArg
 #endif
         bar_arrive(RC_PR + (j & 1), SMALL_THREADS);
     };
+    /* The scores of block j + 1 while the load warps take the softmax of
+     * block j, then P.V of block j after their barrier. */
     Frag fa, fb;
     for (int j = 0; j < nblk; j += 2) {
         sload(j, fa);

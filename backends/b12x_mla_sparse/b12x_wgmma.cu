@@ -102,9 +102,13 @@ template <bool FP8> struct WgSmem {
 /* Named barriers (0 is __syncthreads). */
 enum { BAR_FULL = 1, BAR_EMPTY = 4, BAR_PFULL = 7, BAR_PEMPTY = 9, BAR_LOAD = 11 };
 
+using b12x::bar_arrive;
+using b12x::bar_sync;
 using b12x::cp_async16;
 using b12x::cp_async_commit;
 using b12x::cp_async_wait;
+using b12x::grid_dep_launch;
+using b12x::grid_dep_wait;
 using b12x::smem_u32;
 using b12x::st_shared16;
 using b12x::store_row16;
@@ -112,16 +116,6 @@ using b12x::store_row16;
 __device__ __forceinline__ void st_shared32(uint32_t addr, uint32_t v)
 {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ void bar_sync(int id, int n)
-{
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-
-__device__ __forceinline__ void bar_arrive(int id, int n)
-{
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
 /* Ordinary shared-memory writes (and cp.async data) of this thread become
@@ -161,16 +155,6 @@ __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t
                  "[%3];\n" ::"r"(dst),
                  "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
-}
-
-__device__ __forceinline__ void grid_dep_wait()
-{
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void grid_dep_launch()
-{
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
 __device__ __forceinline__ void wgmma_fence()
