@@ -37,7 +37,8 @@ enum {
     MLART_BMM_TILED = 3,   /* larger T: 64 or 128 x 128 shared-memory tiles, cp.async + mma.sync */
     MLART_BMM_PSTREAM = 4, /* decode: STREAM on a persistent grid that prefetches its next item */
     MLART_BMM_DIRECT = 5,  /* decode: W and a straight into registers, no shared-memory staging */
-    MLART_BMM_WGMMA = 6    /* prefill (sm_90a): persistent wgmma, weight slice resident in shared memory */
+    MLART_BMM_WGMMA = 6,   /* prefill (sm_90a): persistent wgmma, weight slice resident in shared memory */
+    MLART_BMM_RING = 7     /* decode (sm_90a): wgmma per (head, row tile, slice) item through a ring of stages */
 };
 
 typedef struct mlart_bmm_config {
@@ -54,12 +55,16 @@ typedef struct mlart_bmm_config {
     /* WGMMA: `mt` row-tile chunks per (head, column slice), 0 = auto;
      * `warps` warpgroups per block (1 or 2, 0 = 2); `cols` columns per
      * slice (128 or 256, 0 = 256) */
-    /* DIRECT: 1 launches with programmatic dependent launch (the kernel
-     * issues its weight loads, then waits for the previous kernel of the
-     * stream before it reads `a` or writes; the weights must not be written
-     * by that kernel); 0 (default) a plain launch.  Either way the kernel
-     * lets the next kernel of the stream start once it is past that wait.
-     * Also honoured with path AUTO when it picks DIRECT. */
+    /* RING: `cols` columns per slice (64 or 128, 0 = 128); `mt` stages of
+     * the ring (1, 2, 3, 4 or 6; 0 = as many as fit); `groups` blocks an
+     * SM (1 to 4, 0 = 1) */
+    /* DIRECT and RING: 1 launches with programmatic dependent launch (the
+     * direct kernel issues its weight loads, then waits for the previous
+     * kernel of the stream before it reads `a` or writes, so the weights
+     * must not be written by that kernel; the ring waits before any load);
+     * 0 (default) a plain launch.  Either way the kernel lets the next
+     * kernel of the stream start once it is past that wait.  Also honoured
+     * with path AUTO when it picks DIRECT or RING. */
     int pdl;
 } mlart_bmm_config;
 
@@ -78,6 +83,12 @@ int mlart_bmm_cuda_path(const mlart_bmm_desc *d, const mlart_bmm_config *cfg);
  * cudaError_t). */
 int mlart_bmm_wgmma_ok(const mlart_bmm_desc *d, int nwg, int bn);
 int mlart_bmm_wgmma_run(const mlart_bmm_desc *d, int splits, int nwg, int bn, void *stream);
+
+/* RING path (same file): whether it serves d with bn-column slices, that
+ * many stages and blocks an SM (0 = defaults), and the launch (pdl as in
+ * mlart_bmm_config; returns a cudaError_t). */
+int mlart_bmm_ring_ok(const mlart_bmm_desc *d, int bn, int stages, int per_sm);
+int mlart_bmm_ring_run(const mlart_bmm_desc *d, int bn, int stages, int per_sm, int pdl, void *stream);
 
 #ifdef __cplusplus
 }

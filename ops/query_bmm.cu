@@ -22,9 +22,12 @@
  *           mma.sync.  Rows past T are zero-filled with src-size 0 copies
  *           (no byte is read) at a clamped, valid address.
  *   generic any size or alignment: one thread per output element.
- * and, in ops/query_bmm_wgmma.cu, wgmma (the query at T >= 256, and T = 64
- * at many heads): a persistent grid that keeps each head's weight slice in
- * shared memory and streams 64-row activation tiles through wgmma.
+ * and, in ops/query_bmm_wgmma.cu,
+ *   wgmma   the query at T >= 256: a persistent grid that keeps each head's
+ *           weight slice in shared memory and streams 64-row activation
+ *           tiles through wgmma;
+ *   ring    the query at 33 <= T <= 64: (head, tile, slice) items through a
+ *           ring of shared-memory stages, wgmma, results from registers.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -1013,6 +1016,22 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c)
             return;
         }
     }
+    if (!wide_k && d.T > 32 && d.T <= 64) {
+        /* ring variants table (docs/ops.md): 64-column slices; one stage
+         * and four blocks an SM once there are three items an SM (H64 T64
+         * 6.9/8.4 us against 7.2/8.7 for the kernels below, P128/P192;
+         * H128 10.8/13.1 against 12.6/14.7), else two stages and two
+         * blocks (H32 5.0/5.8 against 5.1/6.1; H16 4.2/4.8 against
+         * 4.2/4.9).  The two choices below remain for what the ring
+         * refuses: K other than 128 or 192, rows not 16-byte aligned. */
+        const int64_t items = d.H * (d.N / 64) * ((d.T + 63) / 64);
+        mlart_bmm_config rc = {MLART_BMM_RING, items >= 3 * (int64_t)sms ? 1 : 2, 0, 0, 64,
+                               items >= 3 * (int64_t)sms ? 4 : 2, 0};
+        if (mlart_bmm_ring_ok(pub, rc.cols, rc.mt, rc.groups)) {
+            *c = rc;
+            return;
+        }
+    }
     if (!wide_k && d.T > 32 && d.T <= 64 && (d.N / 64) * d.H <= sms) {
         /* few heads: the 64-row tiled grid leaves SMs idle (H16 T64: 4.2
          * against 4.6 us); a staged in shared memory, 32 rows a block.  At
@@ -1091,7 +1110,9 @@ int pick_path(const Desc &d, const mlart_bmm_desc *pub, const mlart_bmm_config *
         auto_config(d, pub, &ac);
         return ac.path;
     }
-    if (path < MLART_BMM_GENERIC || path > MLART_BMM_WGMMA)
+    if (path < MLART_BMM_GENERIC || path > MLART_BMM_RING)
+        return -1;
+    if (path == MLART_BMM_RING && !mlart_bmm_ring_ok(pub, cfg->cols, cfg->mt, cfg->groups))
         return -1;
     if (path == MLART_BMM_WGMMA && !wgmma_ok(pub, cfg->warps, cfg->cols))
         return -1;
@@ -1291,6 +1312,8 @@ int run(const Desc &d, const mlart_bmm_desc *pub, const mlart_bmm_config *cfg, c
             return mlart_set_error(MLART_ENOTSUP, "bmm: %d warps x %d row tiles do not fit a block here", nw, mt);
     } else if (path == MLART_BMM_WGMMA) {
         e = (cudaError_t)mlart_bmm_wgmma_run(pub, cfg->mt, cfg->warps, cfg->cols, st);
+    } else if (path == MLART_BMM_RING) {
+        e = (cudaError_t)mlart_bmm_ring_run(pub, cfg->cols, cfg->mt, cfg->groups, pdl, st);
     } else if (path == MLART_BMM_TILED) {
         const int bm = cfg && cfg->bm ? cfg->bm : (d.T <= 64 ? 64 : 128);
         if (bm != 64 && bm != 128)

@@ -30,7 +30,7 @@
  * is a multiple of BN); activation rows t >= T are cp.async with src-size 0
  * (no byte read, zeros written) at row 0 of the same head; nothing between
  * the rows of a strided view is touched.  Writes: t < T, n < N, and the q_pe
- * rows of the item's head (first slice only). */
+ * rows of the item's head (each column slice copies its share). */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -195,6 +195,26 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, ui
                  : "l"(da), "l"(db), "r"(accumulate));
 }
 
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t da, uint64_t db, int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7,"
+                 "%8, %9, %10, %11, %12, %13, %14, %15,"
+                 "%16, %17, %18, %19, %20, %21, %22, %23,"
+                 "%24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, %32, %33, p, 1, 1, 0, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+                   "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+                   "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+
 __device__ __forceinline__ void wgmma_bn(float (&d)[128], uint64_t da, uint64_t db, int accumulate)
 {
     wgmma_m64n256k16(d, da, db, accumulate);
@@ -202,6 +222,10 @@ __device__ __forceinline__ void wgmma_bn(float (&d)[128], uint64_t da, uint64_t 
 __device__ __forceinline__ void wgmma_bn(float (&d)[64], uint64_t da, uint64_t db, int accumulate)
 {
     wgmma_m64n128k16(d, da, db, accumulate);
+}
+__device__ __forceinline__ void wgmma_bn(float (&d)[32], uint64_t da, uint64_t db, int accumulate)
+{
+    wgmma_m64n64k16(d, da, db, accumulate);
 }
 #endif
 
@@ -267,8 +291,8 @@ __device__ __forceinline__ void pe_copy_wg(const WParams &p, int64_t h, int64_t 
 }
 
 /* The 64 x BN result of a warpgroup's tile, rows t0.., columns n0..: to c
- * (rows t < T only), then the tile's q_pe rows when this is the first
- * column slice. */
+ * (rows t < T only), then this column slice's share of the tile's q_pe
+ * rows (64 / nslice of them, rounded up). */
 template <int BN>
 __device__ __forceinline__ void store_tile(const WParams &p, const float (&acc)[BN / 2], int64_t h, int64_t t0,
                                            int64_t n0, int nh, int wt)
@@ -307,8 +331,13 @@ __device__ __forceinline__ void store_tile(const WParams &p, const float (&acc)[
             }
         }
     }
-    if (p.pe_in && nh == 0)
-        pe_copy_wg(p, h, t0, t0 + WG_BM, wt);
+    if (p.pe_in) {
+        /* column slice nh copies its share of the tile's q_pe rows */
+        const int per = (WG_BM + p.nslice - 1) / p.nslice;
+        const int64_t r0 = t0 + (int64_t)nh * per;
+        if (r0 < t0 + WG_BM)
+            pe_copy_wg(p, h, r0, r0 + per < t0 + WG_BM ? r0 + per : t0 + WG_BM, wt);
+    }
 }
 
 template <int KB, int NWG, int BN>
@@ -411,6 +440,122 @@ __global__ void __launch_bounds__(128 * NWG, 1) bmm_wgmma_kernel(const __grid_co
 #endif
 }
 
+/* Decode-sized shapes (33 <= T <= 64 by default): a ring of NST
+ * shared-memory stages per block.
+ *
+ * Items are (head, 64-row tile, BN-column slice), slice fastest; each block
+ * of one warpgroup takes a contiguous run of them.  A stage holds one item's
+ * weight slice (K x BN, layout as above) and its activation tile (64 x K,
+ * rows past T zero-filled without a read).  The copies of the next NST - 1
+ * items are in flight while the current item runs its K/16 wgmma and its
+ * result leaves the registers, so the loads of later items overlap the
+ * stores of earlier ones; with NST = 1 that overlap comes from the other
+ * blocks of the SM instead (up to four, each copying, multiplying and
+ * storing one item after the other).  Every warp copies: a single producer
+ * warp (cp.async, or one thread issuing TMA boxes) streamed slower in the
+ * variants table, docs/ops.md. */
+template <int N> __device__ __forceinline__ void cp_async_wait_n()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+template <int KB, int BN>
+__device__ __forceinline__ void ring_load(const WParams &p, int item, uint32_t stage, int tid)
+{
+    constexpr int K = 64 * KB, CPR = BN / 8;
+    const int nh = item % p.nslice, rest = item / p.nslice;
+    const int tile = rest % p.rt;
+    const int64_t h = rest / p.rt;
+    const __nv_bfloat16 *wh = p.w + h * p.w_sh + (int64_t)nh * BN;
+#pragma unroll
+    for (int u = 0; u < K * CPR / 128; u++) {
+        const int i = tid + 128 * u, k = i / CPR, cc = i % CPR;
+        const uint32_t dst = stage + (cc >> 3) * (uint32_t)(K * 128) + k * 128 + (((cc & 7) ^ (k & 7)) << 4);
+        cp_async16(dst, wh + (int64_t)k * p.w_sk + cc * 8, 16);
+    }
+    load_a_tile<KB>(p, h, (int64_t)tile * WG_BM, stage + (uint32_t)(K * BN * 2), tid, 0);
+}
+
+/* Blocks an SM the registers are sized for: three or four one-stage
+ * blocks (three at K = 192 with 128-column slices, whose stage is 72 KB),
+ * two two-stage blocks, else one. */
+constexpr int ring_min_blocks(int kb, int bn, int nst) { return nst == 1 ? (kb * bn > 256 ? 3 : 4) : nst == 2 ? 2 : 1; }
+
+template <int KB, int BN, int NST>
+__global__ void __launch_bounds__(128, ring_min_blocks(KB, BN, NST)) bmm_ring_kernel(const __grid_constant__ WParams p)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int K = 64 * KB, KS = K / 16;
+    constexpr uint32_t W_BYTES = (uint32_t)K * BN * 2, ST_BYTES = W_BYTES + (uint32_t)WG_BM * K * 2;
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const int tid = threadIdx.x;
+    const int i0 = (int)((int64_t)blockIdx.x * p.items / gridDim.x);
+    const int i1 = (int)((int64_t)(blockIdx.x + 1) * p.items / gridDim.x);
+    float acc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++)
+        acc[i] = 0.f;
+    /* Launched with programmatic dependent launch, wait for the previous
+     * kernel of the stream and its memory before reading anything (a no-op
+     * otherwise); then let the next kernel be scheduled, as the direct
+     * kernel does (ops/query_bmm.cu): its own wait still covers all of this
+     * kernel. */
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    /* one commit group per item, empty ones included, so that "all but the
+     * newest NST - 2 groups" is always "up to the current item" */
+#pragma unroll
+    for (int j = 0; j < NST - 1; j++) {
+        if (i0 + j < i1)
+            ring_load<KB, BN>(p, i0 + j, base + (uint32_t)j * ST_BYTES, tid);
+        cp_async_commit();
+    }
+    int cur = 0; /* stage of item `it` */
+    for (int it = i0; it < i1; it++) {
+        const uint32_t st = base + (uint32_t)cur * ST_BYTES;
+        if constexpr (NST == 1) {
+            /* one stage: every thread is past the previous item's wgmma
+             * wait before the stage is refilled, then the item lands */
+            __syncthreads();
+            ring_load<KB, BN>(p, it, st, tid);
+            cp_async_commit();
+            cp_async_wait_all();
+            fence_proxy_async();
+            __syncthreads();
+        } else {
+            cp_async_wait_n<NST - 2>();
+            fence_proxy_async();
+            /* item it has landed (every thread's copies), and every thread
+             * is past the previous item's wgmma wait: its stage may be
+             * refilled */
+            __syncthreads();
+            const int prev = cur == 0 ? NST - 1 : cur - 1;
+            if (it + NST - 1 < i1)
+                ring_load<KB, BN>(p, it + NST - 1, base + (uint32_t)prev * ST_BYTES, tid);
+            cp_async_commit();
+        }
+        acc_fence(acc);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) {
+            const uint64_t da = smem_desc(st + W_BYTES + (kk >> 2) * (WG_BM * 128) + (kk & 3) * 32, 16, 1024);
+            const uint64_t db = smem_desc(st + kk * 2048, K * 128, 1024);
+            wgmma_bn(acc, da, db, kk > 0);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        acc_fence(acc);
+        const int nh = it % p.nslice, rest = it / p.nslice;
+        store_tile<BN>(p, acc, rest / p.rt, (int64_t)(rest % p.rt) * WG_BM, (int64_t)nh * BN, nh, tid);
+        cur = cur == NST - 1 ? 0 : cur + 1;
+    }
+    cp_async_wait_all();
+#else
+    __trap(); /* built without sm_90a: mlart_bmm_ring_ok refuses the path */
+#endif
+}
+
 bool aligned16(const void *p, int64_t s0, int64_t s1)
 {
     return ((uintptr_t)p % 16) == 0 && (s0 * 2) % 16 == 0 && (s1 * 2) % 16 == 0;
@@ -450,6 +595,62 @@ template <int KB, int NWG, int BN> cudaError_t launch(WParams &p, int splits, in
     const int grid = (int)(p.items < slots ? p.items : slots);
     bmm_wgmma_kernel<KB, NWG, BN><<<grid, 128 * NWG, smem, st>>>(p);
     return cudaGetLastError();
+}
+
+/* Shared memory of a ring: NST stages of (K x BN weights + 64 x K
+ * activation), plus the alignment slack. */
+size_t ring_smem(int kb, int bn, int nst) { return (size_t)nst * 64 * kb * (bn * 2 + WG_BM * 2) + 1024; }
+
+/* Stages that fit `per_sm` blocks an SM (1..6, 5 rounded down to 4: the
+ * instantiated counts), 0 if not one. */
+int ring_stages_fit(int kb, int bn, int per_sm)
+{
+    int n = 6;
+    while (n >= 1 && ring_smem(kb, bn, n) * (size_t)per_sm > (size_t)227 * 1024)
+        n--;
+    return n == 5 ? 4 : n < 1 ? 0 : n;
+}
+
+template <int KB, int BN, int NST>
+cudaError_t launch_ring(WParams &p, int per_sm_want, int pdl, int sms, cudaStream_t st)
+{
+    const size_t smem = ring_smem(KB, BN, NST);
+    int per_sm = 0;
+    cudaError_t e;
+    if ((e = cudaFuncSetAttribute(bmm_ring_kernel<KB, BN, NST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)smem)) != cudaSuccess ||
+        (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bmm_ring_kernel<KB, BN, NST>, 128, smem)) !=
+            cudaSuccess)
+        return e;
+    if (per_sm < 1)
+        return cudaErrorInvalidConfiguration;
+    if (per_sm > per_sm_want)
+        per_sm = per_sm_want;
+    const int64_t slots = (int64_t)sms * per_sm;
+    cudaLaunchConfig_t lc;
+    cudaLaunchAttribute at[1];
+    lc.gridDim = dim3((unsigned)(p.items < slots ? p.items : slots));
+    lc.blockDim = dim3(128);
+    lc.dynamicSmemBytes = smem;
+    lc.stream = st;
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    lc.attrs = at;
+    lc.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&lc, bmm_ring_kernel<KB, BN, NST>, p);
+}
+
+template <int KB, int BN>
+cudaError_t launch_ring_n(WParams &p, int nst, int per_sm, int pdl, int sms, cudaStream_t st)
+{
+    switch (nst) {
+    case 1: return launch_ring<KB, BN, 1>(p, per_sm, pdl, sms, st);
+    case 2: return launch_ring<KB, BN, 2>(p, per_sm, pdl, sms, st);
+    case 3: return launch_ring<KB, BN, 3>(p, per_sm, pdl, sms, st);
+    case 4: return launch_ring<KB, BN, 4>(p, per_sm, pdl, sms, st);
+    case 6: return launch_ring<KB, BN, 6>(p, per_sm, pdl, sms, st);
+    default: return cudaErrorInvalidConfiguration;
+    }
 }
 
 } // namespace
@@ -501,16 +702,10 @@ extern "C" int mlart_bmm_wgmma_ok(const mlart_bmm_desc *d, int nwg, int bn)
     return major == 9;
 }
 
-extern "C" int mlart_bmm_wgmma_run(const mlart_bmm_desc *d, int splits, int nwg, int bn, void *stream)
+/* The kernels' parameters for d with bn-column slices; items counts (head,
+ * slice) pairs, times the row tiles or chunks in the launchers. */
+static void make_params(const mlart_bmm_desc *d, int bn, WParams &p)
 {
-    WParams p;
-    int major = 0, sms = 0;
-    const cudaStream_t st = (cudaStream_t)stream;
-    nwg = nwg ? nwg : 2;
-    bn = bn ? bn : 256;
-    device_facts(&major, &sms);
-    if (sms < 1)
-        return (int)cudaErrorInvalidDevice;
     p.T = d->T;
     p.a = (const __nv_bfloat16 *)d->a;
     p.a_sh = d->a_sh;
@@ -534,7 +729,20 @@ extern "C" int mlart_bmm_wgmma_run(const mlart_bmm_desc *d, int splits, int nwg,
     p.nslice = (int)(d->N / bn);
     p.rt = (int)((d->T + WG_BM - 1) / WG_BM);
     p.splits = 1;
-    p.items = (int)(d->H * p.nslice); /* times the splits in launch() */
+    p.items = (int)(d->H * p.nslice);
+}
+
+extern "C" int mlart_bmm_wgmma_run(const mlart_bmm_desc *d, int splits, int nwg, int bn, void *stream)
+{
+    WParams p;
+    int major = 0, sms = 0;
+    const cudaStream_t st = (cudaStream_t)stream;
+    nwg = nwg ? nwg : 2;
+    bn = bn ? bn : 256;
+    device_facts(&major, &sms);
+    if (sms < 1)
+        return (int)cudaErrorInvalidDevice;
+    make_params(d, bn, p); /* items times the splits in launch() */
     switch ((int)(d->K / 64) * 16 + nwg * 4 + (bn == 256)) {
     case 16 + 4: return (int)launch<1, 1, 128>(p, splits, sms, st);
     case 16 + 5: return (int)launch<1, 1, 256>(p, splits, sms, st);
@@ -548,6 +756,49 @@ extern "C" int mlart_bmm_wgmma_run(const mlart_bmm_desc *d, int splits, int nwg,
     case 48 + 5: return (int)launch<3, 1, 256>(p, splits, sms, st);
     case 48 + 8: return (int)launch<3, 2, 128>(p, splits, sms, st);
     case 48 + 9: return (int)launch<3, 2, 256>(p, splits, sms, st);
+    default: return (int)cudaErrorInvalidConfiguration;
+    }
+}
+
+extern "C" int mlart_bmm_ring_ok(const mlart_bmm_desc *d, int bn, int stages, int per_sm)
+{
+    int major = 0, sms = 0;
+    bn = bn ? bn : 128;
+    per_sm = per_sm ? per_sm : 1;
+    if ((bn != 64 && bn != 128) || (d->K != 128 && d->K != 192) || d->N < bn || d->N % bn != 0 || per_sm < 1 ||
+        per_sm > 4)
+        return 0;
+    const int fit = ring_stages_fit((int)(d->K / 64), bn, per_sm);
+    if (!fit || (stages && (stages < 1 || stages > fit || stages == 5)))
+        return 0;
+    if (!aligned16(d->a, d->a_sh, d->a_st) || !aligned16(d->w, d->w_sh, d->w_sk))
+        return 0;
+    if (d->T > ((int64_t)1 << 40) || d->H * (d->N / bn) * ((d->T + WG_BM - 1) / WG_BM) >= ((int64_t)1 << 31))
+        return 0;
+    device_facts(&major, &sms);
+    return major == 9;
+}
+
+extern "C" int mlart_bmm_ring_run(const mlart_bmm_desc *d, int bn, int stages, int per_sm, int pdl, void *stream)
+{
+    WParams p;
+    int major = 0, sms = 0;
+    const cudaStream_t st = (cudaStream_t)stream;
+    bn = bn ? bn : 128;
+    per_sm = per_sm ? per_sm : 1;
+    device_facts(&major, &sms);
+    if (sms < 1)
+        return (int)cudaErrorInvalidDevice;
+    const int kb = (int)(d->K / 64);
+    if (!stages)
+        stages = ring_stages_fit(kb, bn, per_sm);
+    make_params(d, bn, p);
+    p.items *= p.rt;
+    switch (kb * 2 + (bn == 128)) {
+    case 4: return (int)launch_ring_n<2, 64>(p, stages, per_sm, pdl, sms, st);
+    case 5: return (int)launch_ring_n<2, 128>(p, stages, per_sm, pdl, sms, st);
+    case 6: return (int)launch_ring_n<3, 64>(p, stages, per_sm, pdl, sms, st);
+    case 7: return (int)launch_ring_n<3, 128>(p, stages, per_sm, pdl, sms, st);
     default: return (int)cudaErrorInvalidConfiguration;
     }
 }

@@ -547,21 +547,22 @@ int bench_vup(const mlart_bench_opts *o, cublasHandle_t hb)
 
 /* Tuning table: the query on the decode shapes with every direct-kernel
  * configuration (columns per warp, warps splitting K, column groups per
- * block, row tiles per warp), the older stream and tiled kernels, and two
+ * block, row tiles per warp), the ring and wgmma kernels' configurations,
+ * the older stream and tiled kernels, and two
  * floors measured the same way (a kernel that only reads the weights, an
  * empty kernel); then the V up-projection's stream/tiled variants. */
 int bench_variants(const mlart_bench_opts *o)
 {
     static const mlart_bench_col cols[] = {{"time", "us", 9, 2}, {"GB/s", "unique", 8, 0}};
-    const mlart_bench_table t = {"variants: floors, direct [staged a] (cols, split, groups, mt), stream (mt, warps), tiled (bm)",
+    const mlart_bench_table t = {"variants: floors, direct [staged a] (cols, split, groups, mt), ring (cols, stages, blocks/SM), stream (mt, warps), tiled (bm)",
                                  "shape variant", 40, cols, 2};
-    static const int64_t Ts[] = {1, 16, 64, 256, 1024, 8192};
-    static const int64_t Hs[] = {16, 128};
+    static const int64_t Ts[] = {1, 4, 16, 64, 256, 1024, 8192};
+    static const int64_t Hs[] = {16, 32, 64, 128};
     mlart_bench_table_head(o, &t);
     for (int vup = 0; vup < 2; vup++)
         for (int p = 0; p < 2; p++)
-            for (int ih = 0; ih < 2; ih++)
-                for (int it = 0; it < 6; it++) {
+            for (int ih = 0; ih < 4; ih++)
+                for (int it = 0; it < 7; it++) {
                     Ctx c;
                     memset(&c, 0, sizeof c);
                     if (vup && Ts[it] > 64)
@@ -606,6 +607,13 @@ int bench_variants(const mlart_bench_opts *o)
                         for (unsigned k = 0; k < sizeof wv / sizeof wv[0]; k++)
                             cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_WGMMA, wv[k][0], wv[k][1], 0, wv[k][2], 0};
                     }
+                    if (!vup && c.T <= 256) { /* ring: {columns a slice, stages (0: as many as fit), blocks an SM} */
+                        static const int rv[][3] = {{128, 0, 1}, {64, 0, 1}, {128, 2, 2}, {64, 2, 2},
+                                                    {64, 3, 2}, {128, 1, 3}, {128, 1, 4}, {64, 1, 4},
+                                                    {64, 2, 3}, {64, 1, 3}};
+                        for (unsigned k = 0; k < sizeof rv / sizeof rv[0]; k++)
+                            cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_RING, rv[k][1], 0, 0, rv[k][0], rv[k][2]};
+                    }
                     if (c.T <= 16)
                         cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_STREAM, 1, c.H >= 64 ? 2 : 4, 0, 0, 0};
                     /* direct: {cols, split, groups, stage}; split 8 for K = 512 */
@@ -645,6 +653,8 @@ int bench_variants(const mlart_bench_opts *o)
                             snprintf(name, sizeof name, "%s tiled bm%d", base, f->bm);
                         else if (f->path == MLART_BMM_WGMMA)
                             snprintf(name, sizeof name, "%s wgmma n%d wg%d chunks %d", base, f->cols, f->warps, f->mt);
+                        else if (f->path == MLART_BMM_RING)
+                            snprintf(name, sizeof name, "%s ring n%d st%d b%d", base, f->cols, f->mt, f->groups);
                         else if (f->path == MLART_BMM_STREAM)
                             snprintf(name, sizeof name, "%s stream mt%d w%d", base, f->mt, f->warps);
                         else

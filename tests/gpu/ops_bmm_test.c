@@ -276,9 +276,14 @@ END_TEST
  * output per case on the host side. */
 static const int64_t k_wT[] = {64, 75, 256, 8192};
 
-START_TEST(wgmma_matrix)
+/* One forced path over H in {1, 11, 128} x P in {128, 192} x (q_pe fused
+ * or not) at one T, each case in the configurations cfgs_of gives (at
+ * most 4); with `first` also output rows that are not 8-byte aligned
+ * (element stores, q_pe out of 16-byte step) in the path's defaults. */
+typedef int (*forced_cfgs_fn)(const ops_case *c, mlart_bmm_config cfgs[4]);
+
+static void forced_matrix(const char *name, int path, int64_t T, int first, uint64_t rng, forced_cfgs_fn cfgs_of)
 {
-    uint64_t rng = g_seed ^ (uint64_t)(_i + 201) * 0x9E3779B97F4A7C15ull;
     static const int64_t Hs[] = {1, 11, 128};
     ops_stats s = {0};
     char what[96];
@@ -286,31 +291,65 @@ START_TEST(wgmma_matrix)
     for (unsigned ih = 0; ih < 3; ih++)
         for (int p = 0; p < 2; p++)
             for (int pe = 0; pe < 2; pe++) {
-                ops_case c = {0, Hs[ih], k_wT[_i], p ? 192 : 128, 512, 64, pe, 0, 0};
-                mlart_bmm_config cfg = {MLART_BMM_WGMMA, 0, 0, 0, 0, 0, 0};
-                if (c.T == 8192 && c.H == 128 && pe != p)
-                    continue;
-                run_case(&c, &cfg, &rng, 0, &s);
-                cases++;
-                if (c.T == 8192 && c.H == 128)
-                    continue;
-                cfg.mt = pe == 0 && c.T == 8192 ? 1 : 0;
-                cfg.warps = pe == 0 ? 1 : 2;
-                cfg.cols = 128;
-                run_case(&c, &cfg, &rng, 0, &s);
-                cases++;
+                ops_case c = {0, Hs[ih], T, p ? 192 : 128, 512, 64, pe, 0, 0};
+                mlart_bmm_config cfgs[4];
+                const int n = cfgs_of(&c, cfgs);
+                for (int i = 0; i < n; i++)
+                    run_case(&c, &cfgs[i], &rng, 0, &s);
+                cases += n;
             }
-    if (_i == 0) {
-        /* c rows 8-byte misaligned (element stores), q_pe out of 16-byte step */
+    if (first) {
         ops_case c = {0, 5, 37, 128, 512, 64, 1, 8, 3};
-        mlart_bmm_config cfg = {MLART_BMM_WGMMA, 0, 0, 0, 0, 0, 0};
+        mlart_bmm_config cfg = {path, 0, 0, 0, 0, 0, 0};
         run_case(&c, &cfg, &rng, 0, &s);
         cases++;
     }
-    snprintf(what, sizeof what, "wgmma path T=%lld, H in {1,11,128}, P in {128,192}, %d cases", (long long)k_wT[_i],
+    snprintf(what, sizeof what, "%s path T=%lld, H in {1,11,128}, P in {128,192}, %d cases", name, (long long)T,
              cases);
     print_stats(what, &s);
     check_norm(&s);
+}
+
+static int wgmma_cfgs(const ops_case *c, mlart_bmm_config cfgs[4])
+{
+    const int big = c->T == 8192 && c->H == 128;
+    if (big && c->pe != (c->K == 192))
+        return 0;
+    cfgs[0] = (mlart_bmm_config){MLART_BMM_WGMMA, 0, 0, 0, 0, 0, 0};
+    if (big)
+        return 1;
+    cfgs[1] = (mlart_bmm_config){MLART_BMM_WGMMA, !c->pe && c->T == 8192 ? 1 : 0, c->pe ? 2 : 1, 0, 128, 0, 0};
+    return 2;
+}
+
+START_TEST(wgmma_matrix)
+{
+    forced_matrix("wgmma", MLART_BMM_WGMMA, k_wT[_i], _i == 0, g_seed ^ (uint64_t)(_i + 201) * 0x9E3779B97F4A7C15ull,
+                  wgmma_cfgs);
+}
+END_TEST
+
+/* The ring path forced on T in {1, 4, 16, 64, 75} x H in {1, 11, 128} x P
+ * in {128, 192}, with and without the fused q_pe copy: the default
+ * configuration (128-column slices, as many stages as fit, one block an
+ * SM), then 64-column slices with two blocks an SM (two or three stages)
+ * unfused and 64-column slices with 3 stages fused, then one stage with
+ * three blocks an SM.  At H = 128 a block takes several items, so the ring
+ * wraps around. */
+static const int64_t k_rT[] = {1, 4, 16, 64, 75};
+
+static int ring_cfgs(const ops_case *c, mlart_bmm_config cfgs[4])
+{
+    cfgs[0] = (mlart_bmm_config){MLART_BMM_RING, 0, 0, 0, 0, 0, 0};
+    cfgs[1] = (mlart_bmm_config){MLART_BMM_RING, c->pe ? 3 : 0, 0, 0, 64, c->pe ? 1 : 2, 0};
+    cfgs[2] = (mlart_bmm_config){MLART_BMM_RING, 1, 0, 0, 128, 3, 0};
+    return 3;
+}
+
+START_TEST(ring_matrix)
+{
+    forced_matrix("ring", MLART_BMM_RING, k_rT[_i], _i == 0, g_seed ^ (uint64_t)(_i + 301) * 0x9E3779B97F4A7C15ull,
+                  ring_cfgs);
 }
 END_TEST
 
@@ -334,14 +373,16 @@ START_TEST(paths)
         /* direct, launched with programmatic dependent launch */
         {MLART_BMM_DIRECT, 0, 0, 0, 0, 0, 1},
         /* wgmma: default; 2 row chunks, one warpgroup, 128-column slices */
-        {MLART_BMM_WGMMA, 0, 0, 0, 0, 0, 0},   {MLART_BMM_WGMMA, 2, 1, 0, 128, 0, 0}};
+        {MLART_BMM_WGMMA, 0, 0, 0, 0, 0, 0},   {MLART_BMM_WGMMA, 2, 1, 0, 128, 0, 0},
+        /* ring: default; 64-column slices, 2 stages, two blocks an SM */
+        {MLART_BMM_RING, 0, 0, 0, 0, 0, 0},    {MLART_BMM_RING, 2, 0, 0, 64, 2, 0}};
     for (unsigned it = 0; it < 4; it++)
         for (unsigned ic = 0; ic < sizeof cfgs / sizeof cfgs[0]; ic++) {
             ops_case q = {0, 3, Ts[it], 192, 512, 64, 1, 0, 0};
             ops_case x = {1, 2, Ts[it], 512, 256, 0, 0, 0, 8};
             mlart_bmm_config cv = cfgs[ic];
             run_case(&q, &cfgs[ic], &rng, 0, &s);
-            if (cv.path == MLART_BMM_WGMMA) /* K = 512 is not served */
+            if (cv.path == MLART_BMM_WGMMA || cv.path == MLART_BMM_RING) /* K = 512 is not served */
                 continue;
             if (cv.warps) /* K = 512: 32 k-steps; 8 warps suit every row tile */
                 cv.warps = 8;
@@ -397,6 +438,33 @@ START_TEST(paths)
             d.a_st = 131;
             d.K = 128;
         }
+        {
+            mlart_bmm_config rg = {MLART_BMM_RING, 0, 0, 0, 0, 0, 0};
+            ck_assert_int_eq(mlart_bmm_cuda_run(&d, &rg, 0), MLART_ENOTSUP); /* a rows not 16-byte aligned */
+            d.a = (const void *)(uintptr_t)16;
+            d.a_st = 136;
+            rg.cols = 256; /* 64- or 128-column slices */
+            ck_assert_int_eq(mlart_bmm_cuda_run(&d, &rg, 0), MLART_ENOTSUP);
+            rg.cols = 128;
+            rg.mt = 5; /* 1, 2, 3, 4 or 6 stages */
+            ck_assert_int_eq(mlart_bmm_cuda_run(&d, &rg, 0), MLART_ENOTSUP);
+            rg.mt = 0;
+            rg.groups = 5; /* one to four blocks an SM */
+            ck_assert_int_eq(mlart_bmm_cuda_run(&d, &rg, 0), MLART_ENOTSUP);
+            rg.groups = 2;
+            rg.mt = 3; /* three 48 KB stages do not fit twice in an SM */
+            ck_assert_int_eq(mlart_bmm_cuda_run(&d, &rg, 0), MLART_ENOTSUP);
+            rg.mt = 0;
+            rg.groups = 4;
+            d.K = 192; /* one 72 KB stage does not fit four times */
+            ck_assert_int_eq(mlart_bmm_cuda_run(&d, &rg, 0), MLART_ENOTSUP);
+            rg.groups = 0;
+            d.K = 64; /* K = 128 or 192 */
+            ck_assert_int_eq(mlart_bmm_cuda_run(&d, &rg, 0), MLART_ENOTSUP);
+            d.a = (const void *)(uintptr_t)2;
+            d.a_st = 131;
+            d.K = 128;
+        }
         d.K = 40;
         ck_assert_int_eq(mlart_bmm_cuda_run(&d, &stream, 0), MLART_ENOTSUP);
         {
@@ -408,7 +476,7 @@ START_TEST(paths)
             ck_assert_int_eq(mlart_bmm_cuda_run(&d, &direct, 0), MLART_ENOTSUP);
         }
     }
-    print_stats("forced paths (stream MT 1-4, persistent stream, tiled 64/128, generic, direct 8 configs, wgmma 2 configs), odd strides, P=40/L=72", &s);
+    print_stats("forced paths (stream MT 1-4, persistent stream, tiled 64/128, generic, direct 8 configs, wgmma 2 configs, ring 2 configs), odd strides, P=40/L=72", &s);
     check_norm(&s);
 }
 END_TEST
@@ -422,10 +490,12 @@ START_TEST(graph_replay)
     int cases = 0;
     for (unsigned it = 0; it < 5; it++)
         for (int op = 0; op < 2; op++)
-            for (int gen = 0; gen < 2; gen++) {
+            for (int gen = 0; gen < 3; gen++) {
                 ops_case c = op ? (ops_case){1, 16, Ts[it], 512, 256, 0, 0, 0, 0}
                                 : (ops_case){0, 16, Ts[it], 192, 512, 64, 1, 0, 0};
-                mlart_bmm_config gcfg = {MLART_BMM_GENERIC, 0, 0, 0, 0, 0, 0};
+                mlart_bmm_config gcfg = {gen == 2 ? MLART_BMM_RING : MLART_BMM_GENERIC, 0, 0, 0, 0, 0, 0};
+                if (gen == 2 && op) /* the ring serves the query only */
+                    continue;
                 const size_t na = ops_a_elems(&c), nw = ops_w_elems(&c), nc = ops_c_elems(&c);
                 uint16_t *ha = malloc(na * 2), *hw = malloc(nw * 2), *h1 = malloc(nc * 2), *h2 = malloc(nc * 2);
                 uint16_t *da, *dw, *d1, *d2;
@@ -480,14 +550,14 @@ START_TEST(graph_replay)
                 free(h2);
                 cases++;
             }
-    printf("graph replay = eager bit for bit: %d cases (T in {1,40,64,100,300}, both ops, auto and generic; seed %#llx)\n",
+    printf("graph replay = eager bit for bit: %d cases (T in {1,40,64,100,300}, both ops, auto and generic, the query also on the ring; seed %#llx)\n",
            cases, (unsigned long long)g_seed);
 }
 END_TEST
 
-/* Programmatic dependent launch: the decode kernel may start while the
- * previous kernel of the stream still runs, and must wait for it before it
- * reads the query.  The previous kernel here (pdl_late_copy) lets
+/* Programmatic dependent launch: the decode kernels (direct at T <= 16,
+ * ring at T = 64) may start while the previous kernel of the stream still
+ * runs, and must wait for it before they read the query.  The previous kernel here (pdl_late_copy) lets
  * dependents start at once and writes the new query only after 200 us; the
  * op, eager and replayed from a graph, must give exactly the output of the
  * new query, with the op launched plainly and with PDL.  Control: a PDL
@@ -532,9 +602,13 @@ START_TEST(pdl_order)
                 GPU_CUDA(cudaMemcpyAsync(dw, hw, nw * 2, cudaMemcpyHostToDevice, st));
                 v = ops_make_views(&c, 0, da, na * 2, dw, nw * 2, dc, nc * 2);
                 desc_from_views(&c, &v, &d);
-                ck_assert_msg(mlart_bmm_cuda_path(&d, NULL) == MLART_BMM_DIRECT,
-                              "T %lld: the automatic choice is no longer the direct kernel; update this test",
-                              (long long)c.T);
+                {
+                    const int path = mlart_bmm_cuda_path(&d, NULL);
+                    ck_assert_msg(path == (c.T > 32 ? MLART_BMM_RING : MLART_BMM_DIRECT),
+                                  "T %lld: the automatic choice is path %d, not the kernel this test expects; "
+                                  "update this test",
+                                  (long long)c.T, path);
+                }
 
                 /* expected: the op on the new query, nothing before it */
                 GPU_CUDA(cudaMemcpyAsync(da, ha1, na * 2, cudaMemcpyHostToDevice, st));
@@ -584,7 +658,7 @@ START_TEST(pdl_order)
                 cases++;
             }
     cudaStreamDestroy(st);
-    printf("pdl order: %d cases (H16, T in {1,4,16,64}, both P, q_pe fused, plain and PDL launch): the op's output is "
+    printf("pdl order: %d cases (H16, T in {1,4,16,64}, both P, q_pe fused, plain and PDL launch; direct kernel at T <= 16, ring at 64): the op's output is "
            "that of a query written late by the previous kernel, eager and in a graph; control: a dependent that "
            "does not wait read old bytes in a graph %s, eagerly %s\n",
            cases, early[1] ? "yes" : "no", early[0] ? "yes" : "no");
@@ -647,6 +721,7 @@ int main(void)
     tcase_add_loop_test(tc, query_matrix, 0, (int)(sizeof k_T / sizeof k_T[0]));
     tcase_add_loop_test(tc, vup_matrix, 0, (int)(sizeof k_T / sizeof k_T[0]));
     tcase_add_loop_test(tc, wgmma_matrix, 0, (int)(sizeof k_wT / sizeof k_wT[0]));
+    tcase_add_loop_test(tc, ring_matrix, 0, (int)(sizeof k_rT / sizeof k_rT[0]));
     suite_add_tcase(s, tc);
     return gpu_test_run(s, CK_FORK);
 }
