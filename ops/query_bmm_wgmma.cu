@@ -1,6 +1,7 @@
-/* Prefill-sized query absorption on sm_90a: wgmma with both operands in
- * shared memory (ops/bmm_cuda.h, path MLART_BMM_WGMMA; design and numbers in
- * docs/ops.md).
+/* Query absorption on sm_90a with wgmma, both operands in shared memory
+ * (ops/bmm_cuda.h; design and numbers in docs/ops.md): path MLART_BMM_WGMMA
+ * for prefill-sized T, described here, and path MLART_BMM_RING for
+ * 33 <= T <= 64, described at bmm_ring_kernel below.
  *
  * c[h,t,n0:n0+BN] = a[h,t,:] (1xK) x w[h][:, n0:n0+BN], K = 64*KB <= 192,
  * BN = 256 or 128 columns a slice.
