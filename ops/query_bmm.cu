@@ -1024,9 +1024,8 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c)
          * blocks (H32 5.0/5.8 against 5.1/6.1; H16 4.2/4.8 against
          * 4.2/4.9).  The two choices below remain for what the ring
          * refuses: K other than 128 or 192, rows not 16-byte aligned. */
-        const int64_t items = d.H * (d.N / 64) * ((d.T + 63) / 64);
-        mlart_bmm_config rc = {MLART_BMM_RING, items >= 3 * (int64_t)sms ? 1 : 2, 0, 0, 64,
-                               items >= 3 * (int64_t)sms ? 4 : 2, 0};
+        const bool deep = d.H * (d.N / 64) * ((d.T + 63) / 64) >= 3 * (int64_t)sms;
+        mlart_bmm_config rc = {MLART_BMM_RING, deep ? 1 : 2, 0, 0, 64, deep ? 4 : 2, 0};
         if (mlart_bmm_ring_ok(pub, rc.cols, rc.mt, rc.groups)) {
             *c = rc;
             return;

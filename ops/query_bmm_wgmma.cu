@@ -228,6 +228,24 @@ __device__ __forceinline__ void wgmma_bn(float (&d)[32], uint64_t da, uint64_t d
 {
     wgmma_m64n64k16(d, da, db, accumulate);
 }
+
+/* acc = one 64-row activation stage at `as` (64 x K) times the weight slice
+ * at `ws` (K x BN): all K/16 steps, issued and waited for. */
+template <int KB, int BN> __device__ __forceinline__ void mma_tile(float (&acc)[BN / 2], uint32_t as, uint32_t ws)
+{
+    constexpr int K = 64 * KB;
+    acc_fence(acc);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) {
+        const uint64_t da = smem_desc(as + (kk >> 2) * (WG_BM * 128) + (kk & 3) * 32, 16, 1024);
+        const uint64_t db = smem_desc(ws + kk * 2048, K * 128, 1024);
+        wgmma_bn(acc, da, db, kk > 0);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    acc_fence(acc);
+}
 #endif
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
@@ -345,7 +363,7 @@ template <int KB, int NWG, int BN>
 __global__ void __launch_bounds__(128 * NWG, 1) bmm_wgmma_kernel(const __grid_constant__ WParams p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int K = 64 * KB, KS = K / 16, CPR = BN / 8; /* CPR: 16-byte chunks per weight row */
+    constexpr int K = 64 * KB, CPR = BN / 8; /* CPR: 16-byte chunks per weight row */
     constexpr uint32_t W_BYTES = (uint32_t)K * BN * 2, A_STAGE = (uint32_t)WG_BM * K * 2;
     extern __shared__ unsigned char smem_raw[];
     const uint32_t ws = (smem_u32(smem_raw) + 1023u) & ~1023u; /* swizzle atoms start on 1024 */
@@ -421,17 +439,7 @@ __global__ void __launch_bounds__(128 * NWG, 1) bmm_wgmma_kernel(const __grid_co
             if (tile + NWG < r1)
                 load_a_tile<KB>(p, h, t0 + NWG * WG_BM, as0 + (uint32_t)((idx + 1) & 1) * A_STAGE, wt, 0);
             cp_async_commit();
-            acc_fence(acc);
-            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++) {
-                const uint64_t da = smem_desc(as + (kk >> 2) * (WG_BM * 128) + (kk & 3) * 32, 16, 1024);
-                const uint64_t db = smem_desc(ws + kk * 2048, K * 128, 1024);
-                wgmma_bn(acc, da, db, kk > 0);
-            }
-            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-            acc_fence(acc);
+            mma_tile<KB, BN>(acc, as, ws);
             store_tile<BN>(p, acc, h, t0, n0, nh, wt);
         }
     }
@@ -486,7 +494,7 @@ template <int KB, int BN, int NST>
 __global__ void __launch_bounds__(128, ring_min_blocks(KB, BN, NST)) bmm_ring_kernel(const __grid_constant__ WParams p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int K = 64 * KB, KS = K / 16;
+    constexpr int K = 64 * KB;
     constexpr uint32_t W_BYTES = (uint32_t)K * BN * 2, ST_BYTES = W_BYTES + (uint32_t)WG_BM * K * 2;
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -536,17 +544,7 @@ __global__ void __launch_bounds__(128, ring_min_blocks(KB, BN, NST)) bmm_ring_ke
                 ring_load<KB, BN>(p, it + NST - 1, base + (uint32_t)prev * ST_BYTES, tid);
             cp_async_commit();
         }
-        acc_fence(acc);
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++) {
-            const uint64_t da = smem_desc(st + W_BYTES + (kk >> 2) * (WG_BM * 128) + (kk & 3) * 32, 16, 1024);
-            const uint64_t db = smem_desc(st + kk * 2048, K * 128, 1024);
-            wgmma_bn(acc, da, db, kk > 0);
-        }
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-        acc_fence(acc);
+        mma_tile<KB, BN>(acc, st + W_BYTES, st);
         const int nh = it % p.nslice, rest = it / p.nslice;
         store_tile<BN>(p, acc, rest / p.rt, (int64_t)(rest % p.rt) * WG_BM, (int64_t)nh * BN, nh, tid);
         cur = cur == NST - 1 ? 0 : cur + 1;
