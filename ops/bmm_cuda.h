@@ -38,7 +38,8 @@ enum {
     MLART_BMM_PSTREAM = 4, /* decode: STREAM on a persistent grid that prefetches its next item */
     MLART_BMM_DIRECT = 5,  /* decode: W and a straight into registers, no shared-memory staging */
     MLART_BMM_WGMMA = 6,   /* prefill (sm_90a): persistent wgmma, weight slice resident in shared memory */
-    MLART_BMM_RING = 7     /* decode (sm_90a): wgmma per (head, row tile, slice) item through a ring of stages */
+    MLART_BMM_RING = 7,    /* decode (sm_90a): wgmma per (head, row tile, slice) item through a ring of stages */
+    MLART_BMM_SWAP = 8     /* decode (sm_90a): weights streamed by the TMA as wgmma's A operand, tokens as N */
 };
 
 typedef struct mlart_bmm_config {
@@ -58,7 +59,9 @@ typedef struct mlart_bmm_config {
     /* RING: `cols` columns per slice (64 or 128, 0 = 128); `mt` stages of
      * the ring (1, 2, 3, 4 or 6; 0 = as many as fit); `groups` blocks an
      * SM (1 to 4, 0 = 1) */
-    /* DIRECT and RING: 1 launches with programmatic dependent launch (the
+    /* SWAP: `cols` columns a block (128 or 256, 0 = 256); `mt` token rows
+     * a tile (8 or 16, 0 = 8 up to T = 8, else 16) */
+    /* DIRECT, RING and SWAP: 1 launches with programmatic dependent launch (the
      * direct kernel issues its weight loads, then waits for the previous
      * kernel of the stream before it reads `a` or writes, so the weights
      * must not be written by that kernel; the ring waits before any load);
@@ -89,6 +92,11 @@ int mlart_bmm_wgmma_run(const mlart_bmm_desc *d, int splits, int nwg, int bn, vo
  * mlart_bmm_config; returns a cudaError_t). */
 int mlart_bmm_ring_ok(const mlart_bmm_desc *d, int bn, int stages, int per_sm);
 int mlart_bmm_ring_run(const mlart_bmm_desc *d, int bn, int stages, int per_sm, int pdl, void *stream);
+
+/* SWAP path (same file): whether it serves d with bm columns a block and nt
+ * token rows a tile (0 = defaults), and the launch (returns a cudaError_t). */
+int mlart_bmm_swap_ok(const mlart_bmm_desc *d, int bm, int nt);
+int mlart_bmm_swap_run(const mlart_bmm_desc *d, int bm, int nt, int pdl, void *stream);
 
 #ifdef __cplusplus
 }

@@ -27,7 +27,10 @@
  *           weight slice in shared memory and streams 64-row activation
  *           tiles through wgmma;
  *   ring    the query at 33 <= T <= 64: (head, tile, slice) items through a
- *           ring of shared-memory stages, wgmma, results from registers.
+ *           ring of shared-memory stages, wgmma, results from registers;
+ *   swap    the query at 9 <= T <= 16 with many heads and K = 192: the TMA
+ *           streams the weights through a ring of stages as wgmma's A
+ *           operand, the token rows are its N.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -1004,6 +1007,17 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c)
     c->path = MLART_BMM_GENERIC;
     c->mt = c->warps = c->bm = c->cols = c->groups = 0;
     DirectShape ds;
+    if (!wide_k && d.T > 8 && d.T <= 16 && d.K == 192 && d.H >= 64) {
+        /* swap variants table (docs/ops.md): weights streamed by the TMA,
+         * 256 columns a block (H128 T16 P192 9.9-10.1 us against 11.0 for
+         * the direct kernel; H64 6.6-6.7 against 6.8-6.9).  At fewer heads,
+         * P = 128 or T <= 8 the direct kernel is as fast or faster. */
+        mlart_bmm_config sc = {MLART_BMM_SWAP, 0, 0, 0, 256, 0, 0};
+        if (mlart_bmm_swap_ok(pub, sc.cols, sc.mt)) {
+            *c = sc;
+            return;
+        }
+    }
     if (!wide_k && d.T <= 16) {
         /* variants table (docs/PERF.md): 32 columns a warp; K = 192 split
          * over two warps (96 weight registers a lane otherwise); two column
@@ -1109,7 +1123,9 @@ int pick_path(const Desc &d, const mlart_bmm_desc *pub, const mlart_bmm_config *
         auto_config(d, pub, &ac);
         return ac.path;
     }
-    if (path < MLART_BMM_GENERIC || path > MLART_BMM_RING)
+    if (path < MLART_BMM_GENERIC || path > MLART_BMM_SWAP)
+        return -1;
+    if (path == MLART_BMM_SWAP && !mlart_bmm_swap_ok(pub, cfg->cols, cfg->mt))
         return -1;
     if (path == MLART_BMM_RING && !mlart_bmm_ring_ok(pub, cfg->cols, cfg->mt, cfg->groups))
         return -1;
@@ -1313,6 +1329,8 @@ int run(const Desc &d, const mlart_bmm_desc *pub, const mlart_bmm_config *cfg, c
         e = (cudaError_t)mlart_bmm_wgmma_run(pub, cfg->mt, cfg->warps, cfg->cols, st);
     } else if (path == MLART_BMM_RING) {
         e = (cudaError_t)mlart_bmm_ring_run(pub, cfg->cols, cfg->mt, cfg->groups, pdl, st);
+    } else if (path == MLART_BMM_SWAP) {
+        e = (cudaError_t)mlart_bmm_swap_run(pub, cfg->cols, cfg->mt, pdl, st);
     } else if (path == MLART_BMM_TILED) {
         const int bm = cfg && cfg->bm ? cfg->bm : (d.T <= 64 ? 64 : 128);
         if (bm != 64 && bm != 128)

@@ -1,7 +1,8 @@
 /* Query absorption on sm_90a with wgmma, both operands in shared memory
  * (ops/bmm_cuda.h; design and numbers in docs/ops.md): path MLART_BMM_WGMMA
- * for prefill-sized T, described here, and path MLART_BMM_RING for
- * 33 <= T <= 64, described at bmm_ring_kernel below.
+ * for prefill-sized T, described here, path MLART_BMM_RING for
+ * 33 <= T <= 64, described at bmm_ring_kernel below, and path
+ * MLART_BMM_SWAP for few token rows, described at bmm_swap_kernel.
  *
  * c[h,t,n0:n0+BN] = a[h,t,:] (1xK) x w[h][:, n0:n0+BN], K = 64*KB <= 192,
  * BN = 256 or 128 columns a slice.
@@ -32,6 +33,7 @@
  * (no byte read, zeros written) at row 0 of the same head; nothing between
  * the rows of a strided view is touched.  Writes: t < T, n < N, and the q_pe
  * rows of the item's head (each column slice copies its share). */
+#include <cuda.h> /* CUtensorMap and its enums only: cuTensorMapEncodeTiled comes through the runtime */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -56,6 +58,7 @@ struct WParams {
     __nv_bfloat16 *pe_out;
     int64_t R, pi_st, pi_sh, po_st, po_sh;
     int c_vec8; /* c rows may be written 8 bytes at a time */
+    int c_vec16; /* c rows may be written 16 bytes at a time */
     int pe_vec; /* q_pe rows copied 16 bytes at a time */
     int nslice; /* N / BN */
     int splits; /* row-tile chunks per (head, slice) */
@@ -555,6 +558,243 @@ __global__ void __launch_bounds__(128, ring_min_blocks(KB, BN, NST)) bmm_ring_ke
 #endif
 }
 
+/* Decode with few token rows (T <= 16 by default): the weight stream of
+ * the product, fed by the tensor memory accelerator (TMA).
+ *
+ * Swap the operands: c[h]^T (N x T) = w[h]^T (N x K) x a[h]^T (K x T), so
+ * the weights are wgmma's A operand (M = 64 columns of w a wgmma, read
+ * M-major with imm-trans-a) and the few token rows its N = NT (8 or 16):
+ * no MMA row is padding however small T is.  Items are (head, tile of NT
+ * token rows, BM-column block), block fastest; each block (one per SM)
+ * takes a contiguous run of them and cuts each into K/64 units.  A unit is
+ * one stage of the ring: one box of 64 weight rows x BM columns (the map
+ * cuts N into 64-column blocks, so one copy fills BM/64 swizzle atoms) and
+ * one box of NT token rows x 64 of K, both written by the TMA straight into
+ * the 128-byte-swizzled layouts the descriptors read.  One thread (warp 4)
+ * issues every copy, as far ahead as there are stages (NST x 34 KB at
+ * BM = 256: about the whole share of an SM at 128 heads), so the weights
+ * stream at the rate of the memory system instead of the registers a
+ * thread can hold.  The warpgroup waits for a unit's `full` barrier, runs
+ * its 4 x BM/64 wgmma, releases the stage on `empty` (one arrival a warp),
+ * and after the item's last unit writes the NT x BM result through shared
+ * memory as whole 16-byte row chunks.
+ *
+ * Read-exact: the two tensor maps describe exactly the views' elements
+ * (weights {N, K, H}, activation {K, H, T}); token rows t >= T lie outside
+ * the map, where the TMA writes zeros and reads nothing.  Writes: t < T,
+ * n < N, and the q_pe rows of the item's tile (by column block 0). */
+constexpr int SWAP_THREADS = 160;
+
+struct SwapParams {
+    CUtensorMap tw; /* weights: dims {64, K, N / 64, H}, box {64, 64, BM / 64, 1} */
+    CUtensorMap ta; /* activation view: dims {K, H, T}, box {64, 1, NT} */
+    WParams p;
+    int nblk; /* N / BM */
+    int ntt;  /* token tiles of NT rows */
+};
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
+{
+    asm volatile("{\n.reg .pred P;\nWAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n"
+                 "@!P bra WAIT_%=;\n}" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
+                                            uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+                 : "memory");
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* d (+)= A[64 x 16] x B[16 x NT]: A M-major (imm-trans-a 1), B K-major. */
+__device__ __forceinline__ void wgmma_swap(float (&d)[8], uint64_t da, uint64_t db, int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_swap(float (&d)[4], uint64_t da, uint64_t db, int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3}, %4, %5, p, 1, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+#endif
+
+/* Shared memory of the swap kernel: NST stages of (BM x 64 weights + NT x
+ * 64 activation), the NT x BM result (row pitch BM + 8 elements), the
+ * alignment slack. */
+__host__ __device__ constexpr size_t swap_stage(int bm, int nt) { return (size_t)128 * (bm + nt); }
+__host__ __device__ constexpr size_t swap_smem(int bm, int nt, int nst)
+{
+    return (size_t)nst * swap_stage(bm, nt) + (size_t)nt * (bm + 8) * 2 + 1024;
+}
+
+template <int KB, int BM, int NT, int NST>
+__global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_constant__ SwapParams sp)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int MW = BM / 64;                       /* wgmma M blocks an item */
+    constexpr uint32_t ST = (uint32_t)swap_stage(BM, NT); /* a multiple of 1024 */
+    constexpr int OP = BM + 8;                        /* result row pitch, elements */
+    const WParams &p = sp.p;
+    extern __shared__ unsigned char smem_raw[];
+    __shared__ __align__(8) uint64_t bars[2 * NST]; /* full[s], then empty[s] */
+    const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    __nv_bfloat16 *outs = (__nv_bfloat16 *)(smem_raw + (base - smem_u32(smem_raw)) + NST * ST);
+    const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[NST]);
+    const int tid = threadIdx.x;
+    /* warp-uniform as far as the compiler can tell: the wgmma below are not
+     * in a divergent branch */
+    const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
+    const int i0 = (int)((int64_t)blockIdx.x * p.items / gridDim.x);
+    const int i1 = (int)((int64_t)(blockIdx.x + 1) * p.items / gridDim.x);
+    /* With programmatic dependent launch, wait for the previous kernel of
+     * the stream and its memory before any load (a no-op otherwise), then
+     * let the next kernel be scheduled, as the ring does. */
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (warp == 4) { /* the producer: one thread */
+        if (tid == 128) {
+            /* The producer initialises the barriers and starts copying at
+             * once; the warpgroup waits on named barrier 2 for the
+             * initialisation only. */
+            asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)&sp.tw) : "memory");
+            asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)&sp.ta) : "memory");
+#pragma unroll
+            for (int s = 0; s < NST; s++) {
+                mbar_init(full0 + 8 * s, 1);
+                mbar_init(empty0 + 8 * s, 4);
+            }
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncwarp();
+        asm volatile("bar.arrive 2, 160;" ::: "memory");
+        if (tid == 128) {
+            int s = 0;
+            uint32_t ph = 0;
+            for (int it = i0; it < i1; it++) {
+                const int nb = it % sp.nblk, r = it / sp.nblk;
+                const int tt = r % sp.ntt, h = r / sp.ntt;
+                for (int b = 0; b < KB; b++) {
+                    const uint32_t st = base + (uint32_t)s * ST, full = full0 + 8 * s;
+                    mbar_wait(empty0 + 8 * s, ph ^ 1); /* passes at once on the first lap */
+                    mbar_expect_tx(full, ST);
+                    tma_load_4d(st, &sp.tw, 0, 64 * b, nb * MW, h, full);
+                    tma_load_3d(st + (uint32_t)BM * 128, &sp.ta, 64 * b, h, tt * NT, full);
+                    if (++s == NST) {
+                        s = 0;
+                        ph ^= 1;
+                    }
+                }
+            }
+        }
+        return;
+    }
+    named_bar_sync(2, 160); /* the barriers are initialised */
+    const int lane = tid & 31, g = lane >> 2, q = lane & 3;
+    int s = 0;
+    uint32_t ph = 0;
+    for (int it = i0; it < i1; it++) {
+        const int nb = it % sp.nblk, r = it / sp.nblk;
+        const int tt = r % sp.ntt, h = r / sp.ntt;
+        float acc[MW][NT / 2];
+#pragma unroll
+        for (int b = 0; b < KB; b++) {
+            const uint32_t st = base + (uint32_t)s * ST;
+            mbar_wait(full0 + 8 * s, ph);
+#pragma unroll
+            for (int mw = 0; mw < MW; mw++)
+                acc_fence(acc[mw]);
+            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                const uint64_t db = smem_desc(st + (uint32_t)BM * 128 + kk * 32, 16, 1024);
+#pragma unroll
+                for (int mw = 0; mw < MW; mw++)
+                    wgmma_swap(acc[mw], smem_desc(st + (uint32_t)mw * 8192 + kk * 2048, 8192, 1024), db,
+                               b > 0 || kk > 0);
+            }
+            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+            for (int mw = 0; mw < MW; mw++)
+                acc_fence(acc[mw]);
+            if (lane == 0)
+                mbar_arrive(empty0 + 8 * s); /* this warp no longer reads the stage */
+            if (++s == NST) {
+                s = 0;
+                ph ^= 1;
+            }
+        }
+        /* Accumulator 4j + e of lane (g, q) in M block mw: column
+         * 64 mw + 16 warp + g (+8 for e >= 2) of the block, token row
+         * 8j + 2q + (e & 1) of the tile.  Transposed through shared memory
+         * (row pitch BM + 8: the four q of a column land in different
+         * banks), then written as 16-byte row chunks. */
+#pragma unroll
+        for (int mw = 0; mw < MW; mw++)
+#pragma unroll
+            for (int j = 0; j < NT / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int row = 8 * j + 2 * q + (e & 1), col = 64 * mw + 16 * warp + g + (e >= 2 ? 8 : 0);
+                    outs[row * OP + col] = __float2bfloat16_rn(acc[mw][4 * j + e]);
+                }
+        named_bar_sync(1, 128);
+        const int64_t t0 = (int64_t)tt * NT, n0 = (int64_t)nb * BM;
+        const int rows = (int)(p.T - t0 < NT ? p.T - t0 : NT);
+        __nv_bfloat16 *cb = p.c + h * p.c_sh + t0 * p.c_st + n0;
+        if (p.c_vec16) {
+            for (int i = tid; i < rows * (BM / 8); i += 128) {
+                const int rr = i / (BM / 8), cc = (i % (BM / 8)) * 8;
+                *(uint4 *)(cb + rr * p.c_st + cc) = *(const uint4 *)(outs + rr * OP + cc);
+            }
+        } else {
+            for (int i = tid; i < rows * BM; i += 128) {
+                const int rr = i / BM, cc = i % BM;
+                cb[rr * p.c_st + cc] = outs[rr * OP + cc];
+            }
+        }
+        if (p.pe_in && nb == 0)
+            pe_copy_wg(p, h, t0, t0 + NT, tid);
+        named_bar_sync(1, 128); /* the result buffer is free again */
+    }
+#else
+    __trap(); /* built without sm_90a: mlart_bmm_swap_ok refuses the path */
+#endif
+}
+
 bool aligned16(const void *p, int64_t s0, int64_t s1)
 {
     return ((uintptr_t)p % 16) == 0 && (s0 * 2) % 16 == 0 && (s1 * 2) % 16 == 0;
@@ -652,6 +892,36 @@ cudaError_t launch_ring_n(WParams &p, int nst, int per_sm, int pdl, int sms, cud
     }
 }
 
+/* Stages of the swap kernel: as many as fit beside the result buffer and
+ * the static barriers, at most 12. */
+constexpr int swap_nst(int bm, int nt)
+{
+    return (int)((232448 - 256 - (size_t)nt * (bm + 8) * 2 - 1024) / swap_stage(bm, nt)) > 12
+               ? 12
+               : (int)((232448 - 256 - (size_t)nt * (bm + 8) * 2 - 1024) / swap_stage(bm, nt));
+}
+
+template <int KB, int BM, int NT> cudaError_t launch_swap(const SwapParams &sp, int pdl, int sms, cudaStream_t st)
+{
+    constexpr int NST = swap_nst(BM, NT);
+    const size_t smem = swap_smem(BM, NT, NST);
+    cudaError_t e = cudaFuncSetAttribute(bmm_swap_kernel<KB, BM, NT, NST>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess)
+        return e;
+    cudaLaunchConfig_t lc;
+    cudaLaunchAttribute at[1];
+    lc.gridDim = dim3((unsigned)(sp.p.items < sms ? sp.p.items : sms));
+    lc.blockDim = dim3(SWAP_THREADS);
+    lc.dynamicSmemBytes = smem;
+    lc.stream = st;
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    lc.attrs = at;
+    lc.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&lc, bmm_swap_kernel<KB, BM, NT, NST>, sp);
+}
+
 } // namespace
 
 /* Compute capability major and multiprocessor count of the current device,
@@ -723,6 +993,7 @@ static void make_params(const mlart_bmm_desc *d, int bn, WParams &p)
     p.po_st = d->po_st;
     p.po_sh = d->po_sh;
     p.c_vec8 = aligned8(d->c, d->c_sh, d->c_st);
+    p.c_vec16 = aligned16(d->c, d->c_sh, d->c_st);
     p.pe_vec = d->pe_in && p.R % 8 == 0 && aligned16(d->pe_in, d->pi_st, d->pi_sh) &&
                aligned16(d->pe_out, d->po_st, d->po_sh);
     p.nslice = (int)(d->N / bn);
@@ -798,6 +1069,123 @@ extern "C" int mlart_bmm_ring_run(const mlart_bmm_desc *d, int bn, int stages, i
     case 5: return (int)launch_ring_n<2, 128>(p, stages, per_sm, pdl, sms, st);
     case 6: return (int)launch_ring_n<3, 64>(p, stages, per_sm, pdl, sms, st);
     case 7: return (int)launch_ring_n<3, 128>(p, stages, per_sm, pdl, sms, st);
+    default: return (int)cudaErrorInvalidConfiguration;
+    }
+}
+
+/* cuTensorMapEncodeTiled through the runtime's driver entry point (nothing
+ * links libcuda), looked up once; NULL when the driver lacks it. */
+typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static std::atomic<encode_tiled_fn> g_encode{nullptr};
+static std::atomic<int> g_encode_looked{0};
+
+static encode_tiled_fn encode_tiled()
+{
+    if (!g_encode_looked.load(std::memory_order_acquire)) {
+        void *fn = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            g_encode.store((encode_tiled_fn)fn, std::memory_order_relaxed);
+        else
+            (void)cudaGetLastError();
+        g_encode_looked.store(1, std::memory_order_release);
+    }
+    return g_encode.load(std::memory_order_relaxed);
+}
+
+/* The swap kernel's tensor maps for d: the weights as {64, K, N/64, H}
+ * (box 64 columns x 64 rows x bm/64 column blocks x 1 head) and the activation view as {K, H, T} (box 64
+ * of K x 1 head x nt token rows), both 128-byte swizzled, zeros outside.
+ * The maps describe exactly the views' elements, so no box reads outside
+ * them.  0 when the TMA cannot describe the views (alignment, strides,
+ * sizes). */
+static int encode_swap_maps(const mlart_bmm_desc *d, int bm, int nt, SwapParams &sp)
+{
+    const encode_tiled_fn enc = encode_tiled();
+    const int64_t lim = (int64_t)1 << 32;
+    if (!enc || d->H < 1 || d->T < 1 || d->H >= lim || d->T >= lim || d->N >= lim || d->w_sk < d->N ||
+        d->w_sh < d->K * d->w_sk || d->a_sh < d->K || d->a_st < d->H * d->a_sh || d->w_sh >= ((int64_t)1 << 39) ||
+        d->a_st >= ((int64_t)1 << 39))
+        return 0;
+    /* w[h, k, 64 c + x] as {x, k, c, h}: a box of BM/64 blocks is one copy */
+    const cuuint64_t wdim[4] = {64, (cuuint64_t)d->K, (cuuint64_t)(d->N / 64), (cuuint64_t)d->H};
+    const cuuint64_t wstr[3] = {(cuuint64_t)d->w_sk * 2, 128, (cuuint64_t)d->w_sh * 2};
+    const cuuint32_t wbox[4] = {64, 64, (cuuint32_t)(bm / 64), 1};
+    const cuuint64_t adim[3] = {(cuuint64_t)d->K, (cuuint64_t)d->H, (cuuint64_t)d->T};
+    const cuuint64_t astr[2] = {(cuuint64_t)d->a_sh * 2, (cuuint64_t)d->a_st * 2};
+    const cuuint32_t abox[3] = {64, 1, (cuuint32_t)nt};
+    const cuuint32_t one[4] = {1, 1, 1, 1};
+    if (d->N % 64 != 0)
+        return 0;
+    if (enc(&sp.tw, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)d->w, wdim, wstr, wbox, one,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return 0;
+    if (enc(&sp.ta, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)d->a, adim, astr, abox, one,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return 0;
+    return 1;
+}
+
+/* The swap path's defaults: 256 columns a block, 8 token rows a tile up to
+ * T = 8, else 16. */
+static void swap_defaults(const mlart_bmm_desc *d, int *bm, int *nt)
+{
+    *bm = *bm ? *bm : 256;
+    *nt = *nt ? *nt : (d->T <= 8 ? 8 : 16);
+}
+
+extern "C" int mlart_bmm_swap_ok(const mlart_bmm_desc *d, int bm, int nt)
+{
+    int major = 0, sms = 0;
+    swap_defaults(d, &bm, &nt);
+    if ((bm != 128 && bm != 256 && bm != 512) || (nt != 8 && nt != 16) || (d->K != 128 && d->K != 192) || d->N < bm ||
+        d->N % bm != 0)
+        return 0;
+    if (!aligned16(d->a, d->a_sh, d->a_st) || !aligned16(d->w, d->w_sh, d->w_sk))
+        return 0;
+    if (d->H * (d->N / bm) * ((d->T + nt - 1) / nt) >= ((int64_t)1 << 31))
+        return 0;
+    device_facts(&major, &sms);
+    if (major != 9)
+        return 0;
+    SwapParams sp;
+    return encode_swap_maps(d, bm, nt, sp);
+}
+
+extern "C" int mlart_bmm_swap_run(const mlart_bmm_desc *d, int bm, int nt, int pdl, void *stream)
+{
+    SwapParams sp;
+    int major = 0, sms = 0;
+    const cudaStream_t st = (cudaStream_t)stream;
+    swap_defaults(d, &bm, &nt);
+    device_facts(&major, &sms);
+    if (sms < 1)
+        return (int)cudaErrorInvalidDevice;
+    if (!encode_swap_maps(d, bm, nt, sp))
+        return (int)cudaErrorInvalidValue;
+    make_params(d, bm, sp.p);
+    sp.nblk = sp.p.nslice;
+    sp.ntt = (int)((d->T + nt - 1) / nt);
+    sp.p.items = (int)(d->H * sp.ntt * sp.nblk);
+    switch ((int)(d->K / 64) * 6 + (bm / 256) * 2 + (nt == 16)) {
+    case 12: return (int)launch_swap<2, 128, 8>(sp, pdl, sms, st);
+    case 13: return (int)launch_swap<2, 128, 16>(sp, pdl, sms, st);
+    case 14: return (int)launch_swap<2, 256, 8>(sp, pdl, sms, st);
+    case 15: return (int)launch_swap<2, 256, 16>(sp, pdl, sms, st);
+    case 16: return (int)launch_swap<2, 512, 8>(sp, pdl, sms, st);
+    case 17: return (int)launch_swap<2, 512, 16>(sp, pdl, sms, st);
+    case 18: return (int)launch_swap<3, 128, 8>(sp, pdl, sms, st);
+    case 19: return (int)launch_swap<3, 128, 16>(sp, pdl, sms, st);
+    case 20: return (int)launch_swap<3, 256, 8>(sp, pdl, sms, st);
+    case 21: return (int)launch_swap<3, 256, 16>(sp, pdl, sms, st);
+    case 22: return (int)launch_swap<3, 512, 8>(sp, pdl, sms, st);
+    case 23: return (int)launch_swap<3, 512, 16>(sp, pdl, sms, st);
     default: return (int)cudaErrorInvalidConfiguration;
     }
 }

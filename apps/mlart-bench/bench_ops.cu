@@ -614,6 +614,12 @@ int bench_variants(const mlart_bench_opts *o)
                         for (unsigned k = 0; k < sizeof rv / sizeof rv[0]; k++)
                             cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_RING, rv[k][1], 0, 0, rv[k][0], rv[k][2]};
                     }
+                    if (!vup && c.T <= 64) { /* swap: {columns a block, token rows a tile} */
+                        static const int sv[][2] = {{256, 0}, {128, 0}, {512, 0}, {256, 16}, {128, 16}};
+                        for (unsigned k = 0; k < sizeof sv / sizeof sv[0]; k++)
+                            if (!(sv[k][1] == 16 && c.T > 16) && !(sv[k][1] == 16 && c.T == 16))
+                                cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_SWAP, sv[k][1], 0, 0, sv[k][0], 0};
+                    }
                     if (c.T <= 16)
                         cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_STREAM, 1, c.H >= 64 ? 2 : 4, 0, 0, 0};
                     /* direct: {cols, split, groups, stage}; split 8 for K = 512 */
@@ -621,7 +627,9 @@ int bench_variants(const mlart_bench_opts *o)
                                                 {32, 3, 1, 0}, {64, 1, 1, 0}, {64, 2, 1, 0}, {32, 8, 1, 0},
                                                 {16, 1, 4, 1}, {32, 1, 2, 1}, {32, 1, 4, 1}, {32, 2, 1, 1},
                                                 {32, 2, 2, 1}, {32, 3, 1, 1}, {64, 1, 2, 1}, {64, 1, 4, 1},
-                                                {64, 2, 1, 1}, {64, 2, 2, 1}, {32, 8, 1, 1}, {64, 4, 1, 1}};
+                                                {64, 2, 1, 1}, {64, 2, 2, 1}, {32, 8, 1, 1}, {64, 4, 1, 1},
+                                                {32, 2, 4, 0}, {32, 2, 4, 1}, {64, 3, 1, 0}, {64, 3, 2, 0},
+                                                {64, 3, 1, 1}};
                     for (unsigned k = 0; c.T <= 64 && k < sizeof dv / sizeof dv[0]; k++) {
                         const int cw = dv[k][0], sp = dv[k][1], gr = dv[k][2], stage = dv[k][3];
                         const int kss = ks % sp ? 0 : ks / sp;
@@ -655,6 +663,8 @@ int bench_variants(const mlart_bench_opts *o)
                             snprintf(name, sizeof name, "%s wgmma n%d wg%d chunks %d", base, f->cols, f->warps, f->mt);
                         else if (f->path == MLART_BMM_RING)
                             snprintf(name, sizeof name, "%s ring n%d st%d b%d", base, f->cols, f->mt, f->groups);
+                        else if (f->path == MLART_BMM_SWAP)
+                            snprintf(name, sizeof name, "%s swap n%d t%d", base, f->cols, f->mt);
                         else if (f->path == MLART_BMM_STREAM)
                             snprintf(name, sizeof name, "%s stream mt%d w%d", base, f->mt, f->warps);
                         else

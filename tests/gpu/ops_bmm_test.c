@@ -353,6 +353,31 @@ START_TEST(ring_matrix)
 }
 END_TEST
 
+/* The swap path forced on T in {1, 4, 8, 9, 16, 64, 75} x H in {1, 11,
+ * 128} x P in {128, 192}, with and without the fused q_pe copy: the
+ * default configuration (256-column blocks, 8 or 16 token rows a tile by
+ * T), then 128-column blocks with 8-row tiles, 256-column blocks with
+ * 16-row tiles and 512-column blocks.  T > 16 takes several token tiles per head; at H = 128 each
+ * block takes several items, so the ring of stages wraps around. */
+static const int64_t k_sT[] = {1, 4, 8, 9, 16, 64, 75};
+
+static int swap_cfgs(const ops_case *c, mlart_bmm_config cfgs[4])
+{
+    (void)c;
+    cfgs[0] = (mlart_bmm_config){MLART_BMM_SWAP, 0, 0, 0, 0, 0, 0};
+    cfgs[1] = (mlart_bmm_config){MLART_BMM_SWAP, 8, 0, 0, 128, 0, 0};
+    cfgs[2] = (mlart_bmm_config){MLART_BMM_SWAP, 16, 0, 0, 256, 0, 0};
+    cfgs[3] = (mlart_bmm_config){MLART_BMM_SWAP, 0, 0, 0, 512, 0, 0};
+    return 4;
+}
+
+START_TEST(swap_matrix)
+{
+    forced_matrix("swap", MLART_BMM_SWAP, k_sT[_i], _i == 0, g_seed ^ (uint64_t)(_i + 401) * 0x9E3779B97F4A7C15ull,
+                  swap_cfgs);
+}
+END_TEST
+
 /* Every kernel path forced on the same shapes, odd strides (no 16-byte
  * access possible), and sizes only the generic path serves. */
 START_TEST(paths)
@@ -375,15 +400,17 @@ START_TEST(paths)
         /* wgmma: default; 2 row chunks, one warpgroup, 128-column slices */
         {MLART_BMM_WGMMA, 0, 0, 0, 0, 0, 0},   {MLART_BMM_WGMMA, 2, 1, 0, 128, 0, 0},
         /* ring: default; 64-column slices, 2 stages, two blocks an SM */
-        {MLART_BMM_RING, 0, 0, 0, 0, 0, 0},    {MLART_BMM_RING, 2, 0, 0, 64, 2, 0}};
+        {MLART_BMM_RING, 0, 0, 0, 0, 0, 0},    {MLART_BMM_RING, 2, 0, 0, 64, 2, 0},
+        /* swap: default; 128-column blocks with 16-row token tiles, PDL */
+        {MLART_BMM_SWAP, 0, 0, 0, 0, 0, 0},    {MLART_BMM_SWAP, 16, 0, 0, 128, 0, 1}};
     for (unsigned it = 0; it < 4; it++)
         for (unsigned ic = 0; ic < sizeof cfgs / sizeof cfgs[0]; ic++) {
             ops_case q = {0, 3, Ts[it], 192, 512, 64, 1, 0, 0};
             ops_case x = {1, 2, Ts[it], 512, 256, 0, 0, 0, 8};
             mlart_bmm_config cv = cfgs[ic];
             run_case(&q, &cfgs[ic], &rng, 0, &s);
-            if (cv.path == MLART_BMM_WGMMA || cv.path == MLART_BMM_RING) /* K = 512 is not served */
-                continue;
+            if (cv.path == MLART_BMM_WGMMA || cv.path == MLART_BMM_RING || cv.path == MLART_BMM_SWAP)
+                continue; /* K = 512 is not served */
             if (cv.warps) /* K = 512: 32 k-steps; 8 warps suit every row tile */
                 cv.warps = 8;
             if (cv.path == MLART_BMM_DIRECT && cv.groups) /* 8 warps split K: one column group a block */
@@ -465,6 +492,23 @@ START_TEST(paths)
             d.a_st = 131;
             d.K = 128;
         }
+        {
+            mlart_bmm_config sw = {MLART_BMM_SWAP, 0, 0, 0, 0, 0, 0};
+            ck_assert_int_eq(mlart_bmm_cuda_run(&d, &sw, 0), MLART_ENOTSUP); /* a rows not 16-byte aligned */
+            d.a = (const void *)(uintptr_t)16;
+            d.a_st = 136;
+            sw.cols = 64; /* 128- or 256-column blocks */
+            ck_assert_int_eq(mlart_bmm_cuda_run(&d, &sw, 0), MLART_ENOTSUP);
+            sw.cols = 0;
+            sw.mt = 4; /* 8 or 16 token rows a tile */
+            ck_assert_int_eq(mlart_bmm_cuda_run(&d, &sw, 0), MLART_ENOTSUP);
+            sw.mt = 0;
+            d.K = 512; /* K = 128 or 192 */
+            ck_assert_int_eq(mlart_bmm_cuda_run(&d, &sw, 0), MLART_ENOTSUP);
+            d.a = (const void *)(uintptr_t)2;
+            d.a_st = 131;
+            d.K = 128;
+        }
         d.K = 40;
         ck_assert_int_eq(mlart_bmm_cuda_run(&d, &stream, 0), MLART_ENOTSUP);
         {
@@ -476,7 +520,7 @@ START_TEST(paths)
             ck_assert_int_eq(mlart_bmm_cuda_run(&d, &direct, 0), MLART_ENOTSUP);
         }
     }
-    print_stats("forced paths (stream MT 1-4, persistent stream, tiled 64/128, generic, direct 8 configs, wgmma 2 configs, ring 2 configs), odd strides, P=40/L=72", &s);
+    print_stats("forced paths (stream MT 1-4, persistent stream, tiled 64/128, generic, direct 8 configs, wgmma 2 configs, ring 2 configs, swap 2 configs), odd strides, P=40/L=72", &s);
     check_norm(&s);
 }
 END_TEST
@@ -490,11 +534,14 @@ START_TEST(graph_replay)
     int cases = 0;
     for (unsigned it = 0; it < 5; it++)
         for (int op = 0; op < 2; op++)
-            for (int gen = 0; gen < 3; gen++) {
+            for (int gen = 0; gen < 4; gen++) {
                 ops_case c = op ? (ops_case){1, 16, Ts[it], 512, 256, 0, 0, 0, 0}
                                 : (ops_case){0, 16, Ts[it], 192, 512, 64, 1, 0, 0};
-                mlart_bmm_config gcfg = {gen == 2 ? MLART_BMM_RING : MLART_BMM_GENERIC, 0, 0, 0, 0, 0, 0};
-                if (gen == 2 && op) /* the ring serves the query only */
+                mlart_bmm_config gcfg = {gen == 3   ? MLART_BMM_SWAP
+                                         : gen == 2 ? MLART_BMM_RING
+                                                    : MLART_BMM_GENERIC,
+                                         0, 0, 0, 0, 0, 0};
+                if (gen >= 2 && op) /* the ring and the swap path serve the query only */
                     continue;
                 const size_t na = ops_a_elems(&c), nw = ops_w_elems(&c), nc = ops_c_elems(&c);
                 uint16_t *ha = malloc(na * 2), *hw = malloc(nw * 2), *h1 = malloc(nc * 2), *h2 = malloc(nc * 2);
@@ -550,7 +597,7 @@ START_TEST(graph_replay)
                 free(h2);
                 cases++;
             }
-    printf("graph replay = eager bit for bit: %d cases (T in {1,40,64,100,300}, both ops, auto and generic, the query also on the ring; seed %#llx)\n",
+    printf("graph replay = eager bit for bit: %d cases (T in {1,40,64,100,300}, both ops, auto and generic, the query also on the ring and the swap path; seed %#llx)\n",
            cases, (unsigned long long)g_seed);
 }
 END_TEST
@@ -722,6 +769,7 @@ int main(void)
     tcase_add_loop_test(tc, vup_matrix, 0, (int)(sizeof k_T / sizeof k_T[0]));
     tcase_add_loop_test(tc, wgmma_matrix, 0, (int)(sizeof k_wT / sizeof k_wT[0]));
     tcase_add_loop_test(tc, ring_matrix, 0, (int)(sizeof k_rT / sizeof k_rT[0]));
+    tcase_add_loop_test(tc, swap_matrix, 0, (int)(sizeof k_sT / sizeof k_sT[0]));
     suite_add_tcase(s, tc);
     return gpu_test_run(s, CK_FORK);
 }

@@ -103,7 +103,11 @@ static void guard_shape(const ops_case *c0, uint64_t *rng)
                                              * slices, 2 stages, two blocks an SM; one stage, four */
                                             {MLART_BMM_RING, 0, 0, 0, 0, 0, 0},
                                             {MLART_BMM_RING, 2, 0, 0, 64, 2, 0},
-                                            {MLART_BMM_RING, 1, 0, 0, 64, 4, 0}};
+                                            {MLART_BMM_RING, 1, 0, 0, 64, 4, 0},
+                                            /* swap (the query only): default; 128-column blocks,
+                                             * 8-row token tiles */
+                                            {MLART_BMM_SWAP, 0, 0, 0, 0, 0, 0},
+                                            {MLART_BMM_SWAP, 8, 0, 0, 128, 0, 0}};
     const size_t na = ops_a_elems(c0), nw = ops_w_elems(c0), nc = ops_c_elems(c0);
     uint16_t *ha = malloc(na * 2), *hw = malloc(nw * 2), *o1 = malloc(nc * 2), *o2 = malloc(nc * 2);
     uint16_t *da, *dw, *dc;
@@ -122,7 +126,9 @@ static void guard_shape(const ops_case *c0, uint64_t *rng)
         c.pe = pl == PL_FUSED;
         for (unsigned ic = 0; ic < sizeof cfgs / sizeof cfgs[0]; ic++) {
             char tag[160];
-            if ((cfgs[ic].path == MLART_BMM_WGMMA || cfgs[ic].path == MLART_BMM_RING) && c.vup)
+            if ((cfgs[ic].path == MLART_BMM_WGMMA || cfgs[ic].path == MLART_BMM_RING ||
+                 cfgs[ic].path == MLART_BMM_SWAP) &&
+                c.vup)
                 continue; /* K = 512 is not served (the weight slice would not fit shared memory) */
             mlart_guard_buf ga = {0}, gw = {0}, gc = {0};
             uint16_t *pa = da, *pw = dw, *pc = dc;
@@ -182,7 +188,7 @@ START_TEST(guard_matrix)
             guard_shape(&x, &rng);
         }
     printf("guard pages, T=%lld, H in {1,8,11,16,32,64,128}, P in {128,192}, V in {128,256}: %d guarded runs "
-           "(q_nope view, w, out view, fused q/q_mqa; paths auto/stream/persistent stream/tiled 64 and 128/generic/direct x5 (one PDL launch)/wgmma x3/ring x3), 0 faults, "
+           "(q_nope view, w, out view, fused q/q_mqa; paths auto/stream/persistent stream/tiled 64 and 128/generic/direct x5 (one PDL launch)/wgmma x3/ring x3/swap x2), 0 faults, "
            "bits equal to ordinary allocations (granularity %zu, seed %#llx)\n",
            (long long)k_T[_i], g_runs, mlart_guard_granularity(), (unsigned long long)g_seed);
 }
