@@ -59,8 +59,9 @@ typedef struct mlart_bmm_config {
     /* RING: `cols` columns per slice (64 or 128, 0 = 128); `mt` stages of
      * the ring (1, 2, 3, 4 or 6; 0 = as many as fit); `groups` blocks an
      * SM (1 to 4, 0 = 1) */
-    /* SWAP: `cols` columns a block (128 or 256, 0 = 256); `mt` token rows
-     * a tile (8 or 16, 0 = 8 up to T = 8, else 16) */
+    /* SWAP: `cols` columns a block (64, 128, 256 or 512, 0 = 256); `mt`
+     * token rows a tile (8, 16 or 64, not 64 with 512 columns; 0 = 8 up to
+     * T = 8, else 16) */
     /* DIRECT, RING and SWAP: 1 launches with programmatic dependent launch (the
      * direct kernel issues its weight loads, then waits for the previous
      * kernel of the stream before it reads `a` or writes, so the weights

@@ -38,6 +38,7 @@
 
 #include "ops/bmm_cuda.h"
 #include "ops/ops.h"
+#include "runtime/cuda_launch.h"
 #include "runtime/status.h"
 
 namespace {
@@ -1007,12 +1008,23 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c)
     c->path = MLART_BMM_GENERIC;
     c->mt = c->warps = c->bm = c->cols = c->groups = 0;
     DirectShape ds;
-    if (!wide_k && d.T > 8 && d.T <= 16 && d.K == 192 && d.H >= 64) {
-        /* swap variants table (docs/ops.md): weights streamed by the TMA,
-         * 256 columns a block (H128 T16 P192 9.9-10.1 us against 11.0 for
-         * the direct kernel; H64 6.6-6.7 against 6.8-6.9).  At fewer heads,
-         * P = 128 or T <= 8 the direct kernel is as fast or faster. */
-        mlart_bmm_config sc = {MLART_BMM_SWAP, 0, 0, 0, 256, 0, 0};
+    const bool few = (d.T > 8 && d.T <= 16 && (d.K == 192 ? d.H >= 64 : d.H >= 128)) ||
+                     (d.T > 1 && d.T <= 8 && d.K == 192 && d.H >= 128);
+    const bool wide = d.T > 32 && d.T <= 64 && (d.K == 192 || d.H >= 128);
+    if (!wide_k && (few || wide)) {
+        /* swap variants table (docs/ops.md): the weights streamed by the
+         * TMA.  T <= 16: 256 columns a block, 8- or 16-row token tiles
+         * (H128 T16 P192 9.9 us against 11.0 for the direct kernel, P128
+         * 8.0 against 8.1; H64 P192 6.6 against 6.7-6.9; H128 T4 P192
+         * 9.34-9.41 against 9.43-9.64, equal at T = 1).  33 <= T <= 64:
+         * one 64-row token tile, 64 columns a block at 16 heads, 128 up to
+         * 64 heads or at P = 128, else 256 (P192 against the ring: H16 4.5
+         * against 4.65 us, H32 5.7 against 5.8, H64 8.0 against 8.4, H128
+         * 12.5-12.7 against 13.2; H128 P128 10.4-10.6 against 10.7).
+         * Elsewhere (T = 1, fewer heads, P = 128 below 128 heads, and
+         * 17 <= T <= 32, not measured for this path) the kernels below. */
+        const int bm = !wide ? 256 : d.H <= 16 ? 64 : d.H <= 64 || d.K == 128 ? 128 : 256;
+        mlart_bmm_config sc = {MLART_BMM_SWAP, wide ? 64 : d.T <= 8 ? 8 : 16, 0, 0, bm, 0, 0};
         if (mlart_bmm_swap_ok(pub, sc.cols, sc.mt)) {
             *c = sc;
             return;
@@ -1226,16 +1238,9 @@ cudaError_t launch_direct_m(const Desc &d, const DirectShape &s, size_t smem, di
         if (e != cudaSuccess)
             return e;
     }
-    cudaLaunchConfig_t lc;
     cudaLaunchAttribute at[1];
-    lc.gridDim = grid;
-    lc.blockDim = dim3((unsigned)(s.split * s.groups * 32));
-    lc.dynamicSmemBytes = smem;
-    lc.stream = st;
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    lc.attrs = at;
-    lc.numAttrs = s.pdl ? 1 : 0;
+    const cudaLaunchConfig_t lc =
+        mlart_launch_cfg(grid, dim3((unsigned)(s.split * s.groups * 32)), smem, st, s.pdl, at);
     return cudaLaunchKernelEx(&lc, bmm_direct_kernel<KS, CW, MODE>, d, s.split, s.mt);
 }
 

@@ -41,6 +41,7 @@
 #include <atomic>
 
 #include "ops/bmm_cuda.h"
+#include "runtime/cuda_launch.h"
 
 namespace {
 
@@ -563,7 +564,7 @@ __global__ void __launch_bounds__(128, ring_min_blocks(KB, BN, NST)) bmm_ring_ke
  *
  * Swap the operands: c[h]^T (N x T) = w[h]^T (N x K) x a[h]^T (K x T), so
  * the weights are wgmma's A operand (M = 64 columns of w a wgmma, read
- * M-major with imm-trans-a) and the few token rows its N = NT (8 or 16):
+ * M-major with imm-trans-a) and the few token rows its N = NT (8, 16 or 64):
  * no MMA row is padding however small T is.  Items are (head, tile of NT
  * token rows, BM-column block), block fastest; each block (one per SM)
  * takes a contiguous run of them and cuts each into K/64 units.  A unit is
@@ -639,6 +640,25 @@ __device__ __forceinline__ void wgmma_swap(float (&d)[8], uint64_t da, uint64_t 
                  "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
                  "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 1, 0;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "l"(da), "l"(db), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_swap(float (&d)[32], uint64_t da, uint64_t db, int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7,"
+                 "%8, %9, %10, %11, %12, %13, %14, %15,"
+                 "%16, %17, %18, %19, %20, %21, %22, %23,"
+                 "%24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, %32, %33, p, 1, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+                   "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+                   "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                  : "l"(da), "l"(db), "r"(accumulate));
 }
 __device__ __forceinline__ void wgmma_swap(float (&d)[4], uint64_t da, uint64_t db, int accumulate)
@@ -722,7 +742,7 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
         return;
     }
     named_bar_sync(2, 160); /* the barriers are initialised */
-    const int lane = tid & 31, g = lane >> 2, q = lane & 3;
+    const int lane = tid & 31;
     int s = 0;
     uint32_t ph = 0;
     for (int it = i0; it < i1; it++) {
@@ -759,18 +779,37 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
         }
         /* Accumulator 4j + e of lane (g, q) in M block mw: column
          * 64 mw + 16 warp + g (+8 for e >= 2) of the block, token row
-         * 8j + 2q + (e & 1) of the tile.  Transposed through shared memory
-         * (row pitch BM + 8: the four q of a column land in different
-         * banks), then written as 16-byte row chunks. */
+         * 8j + 2q + (e & 1) of the tile.  Packed in pairs, that is the
+         * fragment of the 8 x 8 matrices (columns 16 warp + 8 hi + 0..7,
+         * tokens 8j + 0..7), which stmatrix.trans writes transposed: token
+         * rows of 16 bytes (row pitch BM + 8 elements: the eight rows of a
+         * matrix fall in different banks).  Then the rows leave as 16-byte
+         * chunks. */
+        {
+            const uint32_t ob = smem_u32(outs);
+            const int k = lane >> 3, i = lane & 7; /* lane gives row i of matrix k */
 #pragma unroll
-        for (int mw = 0; mw < MW; mw++)
+            for (int mw = 0; mw < MW; mw++) {
+                if constexpr (NT == 8) {
+                    const uint32_t a = ob + 2u * (uint32_t)(i * OP + 64 * mw + 16 * warp + 8 * (k & 1));
+                    asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};" ::"r"(a),
+                                 "r"(pack_bf16(acc[mw][0], acc[mw][1])), "r"(pack_bf16(acc[mw][2], acc[mw][3]))
+                                 : "memory");
+                } else {
 #pragma unroll
-            for (int j = 0; j < NT / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int row = 8 * j + 2 * q + (e & 1), col = 64 * mw + 16 * warp + g + (e >= 2 ? 8 : 0);
-                    outs[row * OP + col] = __float2bfloat16_rn(acc[mw][4 * j + e]);
+                    for (int j = 0; j < NT / 8; j += 2) {
+                        const uint32_t a =
+                            ob + 2u * (uint32_t)((8 * (j + (k >> 1)) + i) * OP + 64 * mw + 16 * warp + 8 * (k & 1));
+                        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(a),
+                                     "r"(pack_bf16(acc[mw][4 * j], acc[mw][4 * j + 1])),
+                                     "r"(pack_bf16(acc[mw][4 * j + 2], acc[mw][4 * j + 3])),
+                                     "r"(pack_bf16(acc[mw][4 * j + 4], acc[mw][4 * j + 5])),
+                                     "r"(pack_bf16(acc[mw][4 * j + 6], acc[mw][4 * j + 7]))
+                                     : "memory");
+                    }
                 }
+            }
+        }
         named_bar_sync(1, 128);
         const int64_t t0 = (int64_t)tt * NT, n0 = (int64_t)nb * BM;
         const int rows = (int)(p.T - t0 < NT ? p.T - t0 : NT);
@@ -866,16 +905,9 @@ cudaError_t launch_ring(WParams &p, int per_sm_want, int pdl, int sms, cudaStrea
     if (per_sm > per_sm_want)
         per_sm = per_sm_want;
     const int64_t slots = (int64_t)sms * per_sm;
-    cudaLaunchConfig_t lc;
     cudaLaunchAttribute at[1];
-    lc.gridDim = dim3((unsigned)(p.items < slots ? p.items : slots));
-    lc.blockDim = dim3(128);
-    lc.dynamicSmemBytes = smem;
-    lc.stream = st;
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    lc.attrs = at;
-    lc.numAttrs = pdl ? 1 : 0;
+    const cudaLaunchConfig_t lc =
+        mlart_launch_cfg(dim3((unsigned)(p.items < slots ? p.items : slots)), dim3(128), smem, st, pdl, at);
     return cudaLaunchKernelEx(&lc, bmm_ring_kernel<KB, BN, NST>, p);
 }
 
@@ -909,17 +941,33 @@ template <int KB, int BM, int NT> cudaError_t launch_swap(const SwapParams &sp, 
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return e;
-    cudaLaunchConfig_t lc;
     cudaLaunchAttribute at[1];
-    lc.gridDim = dim3((unsigned)(sp.p.items < sms ? sp.p.items : sms));
-    lc.blockDim = dim3(SWAP_THREADS);
-    lc.dynamicSmemBytes = smem;
-    lc.stream = st;
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    lc.attrs = at;
-    lc.numAttrs = pdl ? 1 : 0;
+    const cudaLaunchConfig_t lc =
+        mlart_launch_cfg(dim3((unsigned)(sp.p.items < sms ? sp.p.items : sms)), dim3(SWAP_THREADS), smem, st, pdl, at);
     return cudaLaunchKernelEx(&lc, bmm_swap_kernel<KB, BM, NT, NST>, sp);
+}
+
+template <int KB, int BM>
+cudaError_t launch_swap_bm(const SwapParams &sp, int nt, int pdl, int sms, cudaStream_t st)
+{
+    switch (nt) {
+    case 8: return launch_swap<KB, BM, 8>(sp, pdl, sms, st);
+    case 16: return launch_swap<KB, BM, 16>(sp, pdl, sms, st);
+    case 64: return launch_swap<KB, (BM < 512 ? BM : 256), 64>(sp, pdl, sms, st); /* 512 x 64: refused by _ok */
+    default: return cudaErrorInvalidConfiguration;
+    }
+}
+
+template <int KB>
+cudaError_t launch_swap_kb(const SwapParams &sp, int bm, int nt, int pdl, int sms, cudaStream_t st)
+{
+    switch (bm) {
+    case 64: return launch_swap_bm<KB, 64>(sp, nt, pdl, sms, st);
+    case 128: return launch_swap_bm<KB, 128>(sp, nt, pdl, sms, st);
+    case 256: return launch_swap_bm<KB, 256>(sp, nt, pdl, sms, st);
+    case 512: return launch_swap_bm<KB, 512>(sp, nt, pdl, sms, st);
+    default: return cudaErrorInvalidConfiguration;
+    }
 }
 
 } // namespace
@@ -1144,8 +1192,8 @@ extern "C" int mlart_bmm_swap_ok(const mlart_bmm_desc *d, int bm, int nt)
 {
     int major = 0, sms = 0;
     swap_defaults(d, &bm, &nt);
-    if ((bm != 128 && bm != 256 && bm != 512) || (nt != 8 && nt != 16) || (d->K != 128 && d->K != 192) || d->N < bm ||
-        d->N % bm != 0)
+    if ((bm != 64 && bm != 128 && bm != 256 && bm != 512) || (nt != 8 && nt != 16 && nt != 64) ||
+        (bm == 512 && nt == 64) || (d->K != 128 && d->K != 192) || d->N < bm || d->N % bm != 0)
         return 0;
     if (!aligned16(d->a, d->a_sh, d->a_st) || !aligned16(d->w, d->w_sh, d->w_sk))
         return 0;
@@ -1173,19 +1221,6 @@ extern "C" int mlart_bmm_swap_run(const mlart_bmm_desc *d, int bm, int nt, int p
     sp.nblk = sp.p.nslice;
     sp.ntt = (int)((d->T + nt - 1) / nt);
     sp.p.items = (int)(d->H * sp.ntt * sp.nblk);
-    switch ((int)(d->K / 64) * 6 + (bm / 256) * 2 + (nt == 16)) {
-    case 12: return (int)launch_swap<2, 128, 8>(sp, pdl, sms, st);
-    case 13: return (int)launch_swap<2, 128, 16>(sp, pdl, sms, st);
-    case 14: return (int)launch_swap<2, 256, 8>(sp, pdl, sms, st);
-    case 15: return (int)launch_swap<2, 256, 16>(sp, pdl, sms, st);
-    case 16: return (int)launch_swap<2, 512, 8>(sp, pdl, sms, st);
-    case 17: return (int)launch_swap<2, 512, 16>(sp, pdl, sms, st);
-    case 18: return (int)launch_swap<3, 128, 8>(sp, pdl, sms, st);
-    case 19: return (int)launch_swap<3, 128, 16>(sp, pdl, sms, st);
-    case 20: return (int)launch_swap<3, 256, 8>(sp, pdl, sms, st);
-    case 21: return (int)launch_swap<3, 256, 16>(sp, pdl, sms, st);
-    case 22: return (int)launch_swap<3, 512, 8>(sp, pdl, sms, st);
-    case 23: return (int)launch_swap<3, 512, 16>(sp, pdl, sms, st);
-    default: return (int)cudaErrorInvalidConfiguration;
-    }
+    return (int)(d->K == 128 ? launch_swap_kb<2>(sp, bm, nt, pdl, sms, st)
+                             : launch_swap_kb<3>(sp, bm, nt, pdl, sms, st));
 }

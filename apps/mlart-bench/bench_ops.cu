@@ -615,9 +615,10 @@ int bench_variants(const mlart_bench_opts *o)
                             cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_RING, rv[k][1], 0, 0, rv[k][0], rv[k][2]};
                     }
                     if (!vup && c.T <= 64) { /* swap: {columns a block, token rows a tile} */
-                        static const int sv[][2] = {{256, 0}, {128, 0}, {512, 0}, {256, 16}, {128, 16}};
+                        static const int sv[][2] = {{256, 0},  {128, 0},  {512, 0}, {256, 16},
+                                                    {128, 16}, {256, 64}, {128, 64}, {64, 64}};
                         for (unsigned k = 0; k < sizeof sv / sizeof sv[0]; k++)
-                            if (!(sv[k][1] == 16 && c.T > 16) && !(sv[k][1] == 16 && c.T == 16))
+                            if (sv[k][1] == 0 || (sv[k][1] == 16 && c.T < 16) || (sv[k][1] == 64 && c.T > 16))
                                 cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_SWAP, sv[k][1], 0, 0, sv[k][0], 0};
                     }
                     if (c.T <= 16)

@@ -45,6 +45,7 @@
 
 #include "backends/b12x_mla_sparse/b12x_attend.h"
 #include "backends/b12x_mla_sparse/b12x_common.cuh"
+#include "runtime/cuda_launch.h"
 
 namespace {
 
@@ -1603,16 +1604,8 @@ attend_kernel_fn pick_small(bool fp8, bool short_t, int chunk_slots, size_t *sme
 cudaError_t launch(attend_kernel_fn fn, dim3 grid, unsigned threads, size_t smem, cudaStream_t st,
                    bool pdl, const AttendArgs &a)
 {
-    cudaLaunchConfig_t cfg;
     cudaLaunchAttribute at[1];
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(threads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
+    const cudaLaunchConfig_t cfg = mlart_launch_cfg(grid, dim3(threads), smem, st, pdl, at);
     return cudaLaunchKernelEx(&cfg, fn, a);
 }
 

@@ -54,6 +54,7 @@
 
 #include "backends/b12x_mla_sparse/b12x_attend.h"
 #include "backends/b12x_mla_sparse/b12x_common.cuh"
+#include "runtime/cuda_launch.h"
 
 namespace {
 
@@ -1116,16 +1117,8 @@ WgArgs split_args(const mlart_step *s, int splits, int blocks_per_split, int til
 cudaLaunchConfig_t split_cfg(const WgArgs &a, int tiles, unsigned threads, size_t smem, int pdl, void *stream,
                              cudaLaunchAttribute *at)
 {
-    cudaLaunchConfig_t cfg;
-    cfg.gridDim = dim3((unsigned)a.T, (unsigned)tiles, (unsigned)a.splits);
-    cfg.blockDim = dim3(threads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = (cudaStream_t)stream;
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cfg;
+    return mlart_launch_cfg(dim3((unsigned)a.T, (unsigned)tiles, (unsigned)a.splits), dim3(threads), smem,
+                            (cudaStream_t)stream, pdl, at);
 }
 
 } /* namespace */

@@ -278,9 +278,9 @@ static const int64_t k_wT[] = {64, 75, 256, 8192};
 
 /* One forced path over H in {1, 11, 128} x P in {128, 192} x (q_pe fused
  * or not) at one T, each case in the configurations cfgs_of gives (at
- * most 4); with `first` also output rows that are not 8-byte aligned
+ * most 6); with `first` also output rows that are not 8-byte aligned
  * (element stores, q_pe out of 16-byte step) in the path's defaults. */
-typedef int (*forced_cfgs_fn)(const ops_case *c, mlart_bmm_config cfgs[4]);
+typedef int (*forced_cfgs_fn)(const ops_case *c, mlart_bmm_config cfgs[6]);
 
 static void forced_matrix(const char *name, int path, int64_t T, int first, uint64_t rng, forced_cfgs_fn cfgs_of)
 {
@@ -292,7 +292,7 @@ static void forced_matrix(const char *name, int path, int64_t T, int first, uint
         for (int p = 0; p < 2; p++)
             for (int pe = 0; pe < 2; pe++) {
                 ops_case c = {0, Hs[ih], T, p ? 192 : 128, 512, 64, pe, 0, 0};
-                mlart_bmm_config cfgs[4];
+                mlart_bmm_config cfgs[6];
                 const int n = cfgs_of(&c, cfgs);
                 for (int i = 0; i < n; i++)
                     run_case(&c, &cfgs[i], &rng, 0, &s);
@@ -310,7 +310,7 @@ static void forced_matrix(const char *name, int path, int64_t T, int first, uint
     check_norm(&s);
 }
 
-static int wgmma_cfgs(const ops_case *c, mlart_bmm_config cfgs[4])
+static int wgmma_cfgs(const ops_case *c, mlart_bmm_config cfgs[6])
 {
     const int big = c->T == 8192 && c->H == 128;
     if (big && c->pe != (c->K == 192))
@@ -338,7 +338,7 @@ END_TEST
  * wraps around. */
 static const int64_t k_rT[] = {1, 4, 16, 64, 75};
 
-static int ring_cfgs(const ops_case *c, mlart_bmm_config cfgs[4])
+static int ring_cfgs(const ops_case *c, mlart_bmm_config cfgs[6])
 {
     cfgs[0] = (mlart_bmm_config){MLART_BMM_RING, 0, 0, 0, 0, 0, 0};
     cfgs[1] = (mlart_bmm_config){MLART_BMM_RING, c->pe ? 3 : 0, 0, 0, 64, c->pe ? 1 : 2, 0};
@@ -357,18 +357,21 @@ END_TEST
  * 128} x P in {128, 192}, with and without the fused q_pe copy: the
  * default configuration (256-column blocks, 8 or 16 token rows a tile by
  * T), then 128-column blocks with 8-row tiles, 256-column blocks with
- * 16-row tiles and 512-column blocks.  T > 16 takes several token tiles per head; at H = 128 each
+ * 16-row tiles, 512-column blocks, and 64-row tiles with 64- and
+ * 256-column blocks.  T > 16 takes several token tiles per head; at H = 128 each
  * block takes several items, so the ring of stages wraps around. */
 static const int64_t k_sT[] = {1, 4, 8, 9, 16, 64, 75};
 
-static int swap_cfgs(const ops_case *c, mlart_bmm_config cfgs[4])
+static int swap_cfgs(const ops_case *c, mlart_bmm_config cfgs[6])
 {
     (void)c;
     cfgs[0] = (mlart_bmm_config){MLART_BMM_SWAP, 0, 0, 0, 0, 0, 0};
     cfgs[1] = (mlart_bmm_config){MLART_BMM_SWAP, 8, 0, 0, 128, 0, 0};
     cfgs[2] = (mlart_bmm_config){MLART_BMM_SWAP, 16, 0, 0, 256, 0, 0};
     cfgs[3] = (mlart_bmm_config){MLART_BMM_SWAP, 0, 0, 0, 512, 0, 0};
-    return 4;
+    cfgs[4] = (mlart_bmm_config){MLART_BMM_SWAP, 64, 0, 0, 64, 0, 0};
+    cfgs[5] = (mlart_bmm_config){MLART_BMM_SWAP, 64, 0, 0, 256, 0, 0};
+    return 6;
 }
 
 START_TEST(swap_matrix)
@@ -603,7 +606,7 @@ START_TEST(graph_replay)
 END_TEST
 
 /* Programmatic dependent launch: the decode kernels (direct at T <= 16,
- * ring at T = 64) may start while the previous kernel of the stream still
+ * ring or swap at T = 64) may start while the previous kernel of the stream still
  * runs, and must wait for it before they read the query.  The previous kernel here (pdl_late_copy) lets
  * dependents start at once and writes the new query only after 200 us; the
  * op, eager and replayed from a graph, must give exactly the output of the
@@ -651,7 +654,9 @@ START_TEST(pdl_order)
                 desc_from_views(&c, &v, &d);
                 {
                     const int path = mlart_bmm_cuda_path(&d, NULL);
-                    ck_assert_msg(path == (c.T > 32 ? MLART_BMM_RING : MLART_BMM_DIRECT),
+                    ck_assert_msg(path == (c.T <= 32  ? MLART_BMM_DIRECT
+                                           : c.K == 192 ? MLART_BMM_SWAP
+                                                        : MLART_BMM_RING),
                                   "T %lld: the automatic choice is path %d, not the kernel this test expects; "
                                   "update this test",
                                   (long long)c.T, path);
@@ -705,7 +710,7 @@ START_TEST(pdl_order)
                 cases++;
             }
     cudaStreamDestroy(st);
-    printf("pdl order: %d cases (H16, T in {1,4,16,64}, both P, q_pe fused, plain and PDL launch; direct kernel at T <= 16, ring at 64): the op's output is "
+    printf("pdl order: %d cases (H16, T in {1,4,16,64}, both P, q_pe fused, plain and PDL launch; direct kernel at T <= 16; at 64 the ring at P = 128, the swap path at P = 192): the op's output is "
            "that of a query written late by the previous kernel, eager and in a graph; control: a dependent that "
            "does not wait read old bytes in a graph %s, eagerly %s\n",
            cases, early[1] ? "yes" : "no", early[0] ? "yes" : "no");
