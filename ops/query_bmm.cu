@@ -1011,7 +1011,13 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c)
     const bool few = (d.T > 8 && d.T <= 16 && (d.K == 192 ? d.H >= 64 : d.H >= 128)) ||
                      (d.T > 1 && d.T <= 8 && d.K == 192 && d.H >= 128);
     const bool wide = d.T > 32 && d.T <= 64 && (d.K == 192 || d.H >= 128);
-    if (!wide_k && (few || wide)) {
+    /* with the fused q_pe copy (column block 0 copies after its result) only
+     * at 128 heads and T >= 9: fused H128 T16 P192 10.9 against 12.0 us
+     * direct, T64 P192 14.1 against 16.0 on the ring, T16 P128 8.8 against
+     * 9.3, T64 P128 13.0 against 13.3; fused H16-H64 T64 P192 and H64 T16
+     * P192, H128 T4 P192 were 0.2-0.4 us slower than before */
+    const bool pe_ok = !d.pe_in || (d.H >= 128 && d.T > 8);
+    if (!wide_k && (few || wide) && pe_ok) {
         /* swap variants table (docs/ops.md): the weights streamed by the
          * TMA.  T <= 16: 256 columns a block, 8- or 16-row token tiles
          * (H128 T16 P192 9.9 us against 11.0 for the direct kernel, P128
