@@ -562,8 +562,9 @@ __global__ void __launch_bounds__(128, ring_min_blocks(KB, BN, NST)) bmm_ring_ke
 #endif
 }
 
-/* Decode with few token rows (T <= 16 by default): the weight stream of
- * the product, fed by the tensor memory accelerator (TMA).
+/* Decode with few token rows (T <= 16 and 33 <= T <= 64 by the automatic
+ * choice, at many heads or P = 192): the weight stream of the product, fed
+ * by the tensor memory accelerator (TMA).
  *
  * Swap the operands: c[h]^T (N x T) = w[h]^T (N x K) x a[h]^T (K x T), so
  * the weights are wgmma's A operand (M = 64 columns of w a wgmma, read
@@ -580,11 +581,11 @@ __global__ void __launch_bounds__(128, ring_min_blocks(KB, BN, NST)) bmm_ring_ke
  * stream at the rate of the memory system instead of the registers a
  * thread can hold.  The warpgroup waits for a unit's `full` barrier, runs
  * its 4 x BM/64 wgmma, releases the stage on `empty` (one arrival a warp),
- * and after the item's last unit writes the NT x BM result through shared
- * memory as whole 16-byte row chunks.
+ * and after the item's last unit writes the NT x BM result transposed
+ * into shared memory (stmatrix) and from there as 16-byte row chunks.
  *
  * Read-exact: the two tensor maps describe exactly the views' elements
- * (weights {N, K, H}, activation {K, H, T}); token rows t >= T lie outside
+ * (weights {64, K, N/64, H}, activation {K, H, T}); token rows t >= T lie outside
  * the map, where the TMA writes zeros and reads nothing.  Writes: t < T,
  * n < N, and the q_pe rows of the item's tile (by column block 0). */
 constexpr int SWAP_THREADS = 160;
