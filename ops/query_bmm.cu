@@ -1,11 +1,11 @@
 /* Query absorption on sm_90 and the batched BF16 product it shares with the
  * V up-projection (ops/bmm_cuda.h).  Byte and FLOP counts: docs/ops.md.
  *
- * Six kernels, all read-exact (they load only elements of the views, so no
+ * Eight kernels, all read-exact (they load only elements of the views, so no
  * load can cross the end of an operand's storage) and all writing only
  * elements of the output view; auto_config picks one per shape from the
  * measured variants (docs/PERF.md):
- *   direct  decode (the query at T <= 16, and T <= 64 at few heads): each
+ *   direct  decode (the query at T <= 16 where swap is not chosen): each
  *           warp issues all its weight loads at kernel start straight into
  *           registers, takes its activation rows with plain 8-byte loads
  *           (or, staged, from one cp.async copy per block in shared memory)
@@ -26,11 +26,13 @@
  *   wgmma   the query at T >= 256: a persistent grid that keeps each head's
  *           weight slice in shared memory and streams 64-row activation
  *           tiles through wgmma;
- *   ring    the query at 33 <= T <= 64: (head, tile, slice) items through a
- *           ring of shared-memory stages, wgmma, results from registers;
- *   swap    the query at 9 <= T <= 16 with many heads and K = 192: the TMA
- *           streams the weights through a ring of stages as wgmma's A
- *           operand, the token rows are its N.
+ *   ring    the query at 33 <= T <= 64 below 128 heads at P = 128 or
+ *           fused: (head, tile, slice) items through a ring of
+ *           shared-memory stages, wgmma, results from registers;
+ *   swap    the query at T <= 16 with many heads and at 33 <= T <= 64 at
+ *           P = 192 (auto_config says exactly where): the TMA streams the
+ *           weights through a ring of stages as wgmma's A operand, the
+ *           token rows are its N.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
