@@ -1140,13 +1140,22 @@ static encode_tiled_fn encode_tiled()
  * The maps describe exactly the views' elements, so no box reads outside
  * them.  0 when the TMA cannot describe the views (alignment, strides,
  * sizes). */
+/* Whether the maps below can describe d's views (sizes, strides; the
+ * 16-byte alignment is checked by the caller) and the driver has the
+ * encoder: the checks of encoding without the encoding, so that choosing
+ * the path costs no host work beyond comparisons. */
+static int swap_maps_fit(const mlart_bmm_desc *d)
+{
+    const int64_t lim = (int64_t)1 << 32;
+    return encode_tiled() && d->H >= 1 && d->T >= 1 && d->H < lim && d->T < lim && d->N < lim && d->N % 64 == 0 &&
+           d->w_sk >= d->N && d->w_sh >= d->K * d->w_sk && d->a_sh >= d->K && d->a_st >= d->H * d->a_sh &&
+           d->w_sh < ((int64_t)1 << 39) && d->a_st < ((int64_t)1 << 39);
+}
+
 static int encode_swap_maps(const mlart_bmm_desc *d, int bm, int nt, SwapParams &sp)
 {
     const encode_tiled_fn enc = encode_tiled();
-    const int64_t lim = (int64_t)1 << 32;
-    if (!enc || d->H < 1 || d->T < 1 || d->H >= lim || d->T >= lim || d->N >= lim || d->w_sk < d->N ||
-        d->w_sh < d->K * d->w_sk || d->a_sh < d->K || d->a_st < d->H * d->a_sh || d->w_sh >= ((int64_t)1 << 39) ||
-        d->a_st >= ((int64_t)1 << 39))
+    if (!swap_maps_fit(d))
         return 0;
     /* w[h, k, 64 c + x] as {x, k, c, h}: a box of BM/64 blocks is one copy */
     const cuuint64_t wdim[4] = {64, (cuuint64_t)d->K, (cuuint64_t)(d->N / 64), (cuuint64_t)d->H};
@@ -1156,8 +1165,6 @@ static int encode_swap_maps(const mlart_bmm_desc *d, int bm, int nt, SwapParams 
     const cuuint64_t astr[2] = {(cuuint64_t)d->a_sh * 2, (cuuint64_t)d->a_st * 2};
     const cuuint32_t abox[3] = {64, 1, (cuuint32_t)nt};
     const cuuint32_t one[4] = {1, 1, 1, 1};
-    if (d->N % 64 != 0)
-        return 0;
     if (enc(&sp.tw, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)d->w, wdim, wstr, wbox, one,
             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
@@ -1189,10 +1196,7 @@ extern "C" int mlart_bmm_swap_ok(const mlart_bmm_desc *d, int bm, int nt)
     if (d->H * (d->N / bm) * ((d->T + nt - 1) / nt) >= ((int64_t)1 << 31))
         return 0;
     device_facts(&major, &sms);
-    if (major != 9)
-        return 0;
-    SwapParams sp;
-    return encode_swap_maps(d, bm, nt, sp);
+    return major == 9 && swap_maps_fit(d);
 }
 
 extern "C" int mlart_bmm_swap_run(const mlart_bmm_desc *d, int bm, int nt, int pdl, void *stream)
