@@ -496,20 +496,35 @@ START_TEST(paths)
             d.K = 128;
         }
         {
+            /* head strides the tensor maps can describe, so that each
+             * refusal below has the one reason it names (the path is
+             * checked to accept the view first) */
             mlart_bmm_config sw = {MLART_BMM_SWAP, 0, 0, 0, 0, 0, 0};
+            d.a_sh = 131;
+            d.w_sh = 128 * 512;
             ck_assert_int_eq(mlart_bmm_cuda_run(&d, &sw, 0), MLART_ENOTSUP); /* a rows not 16-byte aligned */
             d.a = (const void *)(uintptr_t)16;
             d.a_st = 136;
-            sw.cols = 64; /* 128- or 256-column blocks */
+            d.a_sh = 136;
+            ck_assert_int_eq(mlart_bmm_cuda_path(&d, &sw), MLART_BMM_SWAP);
+            sw.cols = 96; /* 64, 128, 256 or 512 columns a block */
+            ck_assert_int_eq(mlart_bmm_cuda_run(&d, &sw, 0), MLART_ENOTSUP);
+            sw.cols = 512;
+            sw.mt = 64; /* 64-row token tiles with at most 256 columns */
             ck_assert_int_eq(mlart_bmm_cuda_run(&d, &sw, 0), MLART_ENOTSUP);
             sw.cols = 0;
-            sw.mt = 4; /* 8 or 16 token rows a tile */
+            sw.mt = 4; /* 8, 16 or 64 token rows a tile */
             ck_assert_int_eq(mlart_bmm_cuda_run(&d, &sw, 0), MLART_ENOTSUP);
             sw.mt = 0;
+            d.w_sh = 128 * 512 - 8; /* heads of w overlap: no tensor map */
+            ck_assert_int_eq(mlart_bmm_cuda_run(&d, &sw, 0), MLART_ENOTSUP);
+            d.w_sh = 128 * 512;
             d.K = 512; /* K = 128 or 192 */
             ck_assert_int_eq(mlart_bmm_cuda_run(&d, &sw, 0), MLART_ENOTSUP);
             d.a = (const void *)(uintptr_t)2;
             d.a_st = 131;
+            d.a_sh = 0;
+            d.w_sh = 0;
             d.K = 128;
         }
         d.K = 40;
