@@ -185,9 +185,31 @@ extern "C" int mlart_bench_fill_bf16(void *p, size_t n, uint64_t seed, cudaStrea
     return cudaGetLastError() != cudaSuccess;
 }
 
+/* --filter: alternatives separated by '|'; a name matches one when it
+ * contains it, or, for an alternative that ends in '$', ends with it. */
 extern "C" int mlart_bench_match(const mlart_bench_opts *o, const char *name)
 {
-    return !o->filter || !*o->filter || strstr(name, o->filter) != NULL;
+    if (!o->filter || !*o->filter)
+        return 1;
+    const size_t nl = strlen(name);
+    for (const char *p = o->filter;;) {
+        const char *bar = strchr(p, '|');
+        size_t n = bar ? (size_t)(bar - p) : strlen(p);
+        const int anchored = n > 0 && p[n - 1] == '$';
+        if (anchored)
+            n--;
+        if (anchored) {
+            if (nl >= n && !memcmp(name + nl - n, p, n))
+                return 1;
+        } else {
+            for (const char *q = name; q + n <= name + nl; q++)
+                if (!memcmp(q, p, n))
+                    return 1;
+        }
+        if (!bar)
+            return 0;
+        p = bar + 1;
+    }
 }
 
 extern "C" void mlart_bench_table_head(const mlart_bench_opts *o, const mlart_bench_table *t)

@@ -19,7 +19,8 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: mlart-bench [--filter STR] [--json FILE] [--reps N] [--warmup N] [--variants] [--device N]\n"
                "                   [--sets N]\n"
-               "  --filter STR  only rows whose name contains STR (e.g. 'qbmm H128', 'v_up')\n"
+               "  --filter STR  only rows whose name contains STR (e.g. 'qbmm H128', 'v_up'); alternatives\n"
+               "                separated by '|', one ending in '$' matches the end of a name ('H16 bf16 T1$')\n"
                "  --json FILE   also write every row as JSON\n"
                "  --reps N      timed graph replays per measurement, median reported (default 25)\n"
                "  --warmup N    untimed replays first (default 3)\n"
