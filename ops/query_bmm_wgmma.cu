@@ -688,16 +688,13 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
     const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
     const int i0 = (int)((int64_t)blockIdx.x * p.items / gridDim.x);
     const int i1 = (int)((int64_t)(blockIdx.x + 1) * p.items / gridDim.x);
-    /* With programmatic dependent launch, wait for the previous kernel of
-     * the stream and its memory before any load (a no-op otherwise), then
-     * let the next kernel be scheduled, as the ring does. */
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     if (warp == 4) { /* the producer: one thread */
         if (tid == 128) {
             /* The producer initialises the barriers and starts copying at
              * once; the warpgroup waits on named barrier 2 for the
-             * initialisation only. */
+             * initialisation only.  The tensor maps are kernel parameters
+             * and the barriers shared memory, so this much may run before
+             * the previous kernel of the stream has finished. */
             asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)&sp.tw) : "memory");
             asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)&sp.ta) : "memory");
 #pragma unroll
@@ -709,6 +706,14 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
         }
         __syncwarp();
         asm volatile("bar.arrive 2, 160;" ::: "memory");
+    }
+    /* With programmatic dependent launch, every thread waits for the
+     * previous kernel of the stream and its memory before it reads or
+     * writes global memory (a no-op otherwise), then lets the next kernel
+     * be scheduled, as the ring does. */
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (warp == 4) {
         if (tid == 128) {
             int s = 0;
             uint32_t ph = 0;
@@ -738,6 +743,11 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
         const int nb = it % sp.nblk, r = it / sp.nblk;
         const int tt = r % sp.ntt, h = r / sp.ntt;
         float acc[MW][NT / 2];
+        /* One unit's wgmma stay in flight while the warpgroup waits for the
+         * next unit: a stage is released when the group after it has been
+         * committed and its own has completed (wait_group 1), the last one
+         * after wait_group 0. */
+        int prev = 0;
 #pragma unroll
         for (int b = 0; b < KB; b++) {
             const uint32_t st = base + (uint32_t)s * ST;
@@ -755,17 +765,23 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
                                b > 0 || kk > 0);
             }
             asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-#pragma unroll
-            for (int mw = 0; mw < MW; mw++)
-                acc_fence(acc[mw]);
-            if (lane == 0)
-                mbar_arrive(empty0 + 8 * s); /* this warp no longer reads the stage */
+            if (b > 0) {
+                asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+                if (lane == 0)
+                    mbar_arrive(empty0 + 8 * prev); /* this warp no longer reads that stage */
+            }
+            prev = s;
             if (++s == NST) {
                 s = 0;
                 ph ^= 1;
             }
         }
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+        for (int mw = 0; mw < MW; mw++)
+            acc_fence(acc[mw]);
+        if (lane == 0)
+            mbar_arrive(empty0 + 8 * prev);
         /* Accumulator 4j + e of lane (g, q) in M block mw: column
          * 64 mw + 16 warp + g (+8 for e >= 2) of the block, token row
          * 8j + 2q + (e & 1) of the tile.  Packed in pairs, that is the
