@@ -41,9 +41,17 @@
 #include <atomic>
 
 #include "ops/bmm_cuda.h"
+#include "runtime/cuda_async.h"
 #include "runtime/cuda_launch.h"
 
 namespace {
+
+using mlart_sm90::fence_proxy_async;
+using mlart_sm90::mbar_arrive;
+using mlart_sm90::mbar_expect_tx;
+using mlart_sm90::mbar_init;
+using mlart_sm90::mbar_wait;
+using mlart_sm90::reg_fence;
 
 constexpr int WG_BM = 64; /* rows per warpgroup tile (wgmma M) */
 
@@ -88,7 +96,6 @@ __device__ __forceinline__ void cp_async_wait_upto(int n)
 
 /* cp.async writes are generic-proxy writes; wgmma reads through the async
  * proxy: each writing thread fences before the barrier that publishes. */
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 __device__ __forceinline__ void named_bar_sync(int id, int threads)
 {
@@ -99,15 +106,6 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
 {
     return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
            ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62); /* 62-63: 128-byte swizzle */
-}
-
-/* Keeps the compiler from moving accumulator reads or writes across the
- * asynchronous wgmma boundaries. */
-template <int NA> __device__ __forceinline__ void acc_fence(float (&d)[NA])
-{
-#pragma unroll
-    for (int i = 0; i < NA; i++)
-        asm volatile("" : "+f"(d[i])::"memory");
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -241,7 +239,7 @@ __device__ __forceinline__ void wgmma_bn(float (&d)[32], uint64_t da, uint64_t d
 template <int KB, int BN> __device__ __forceinline__ void mma_tile(float (&acc)[BN / 2], uint32_t as, uint32_t ws)
 {
     constexpr int K = 64 * KB;
-    acc_fence(acc);
+    reg_fence(acc);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int kk = 0; kk < K / 16; kk++) {
@@ -251,7 +249,7 @@ template <int KB, int BN> __device__ __forceinline__ void mma_tile(float (&acc)[
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-    acc_fence(acc);
+    reg_fence(acc);
 }
 #endif
 
@@ -416,7 +414,7 @@ __global__ void __launch_bounds__(128 * NWG, 1) bmm_wgmma_kernel(const __grid_co
          * (without one it multiplies stale shared memory and stores
          * nothing), so no wgmma sits in a branch the compiler must treat as
          * divergent. */
-        acc_fence(acc);
+        reg_fence(acc);
 #pragma unroll
         for (int b = 0; b < KB; b++) {
             cp_async_wait_upto(KB - b); /* blocks after b and the second tiles may still fly */
@@ -432,7 +430,7 @@ __global__ void __launch_bounds__(128 * NWG, 1) bmm_wgmma_kernel(const __grid_co
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-        acc_fence(acc);
+        reg_fence(acc);
         if (has0)
             store_tile<BN>(p, acc, h, (int64_t)tile0 * WG_BM, n0, nh, wt);
 
@@ -598,28 +596,6 @@ struct SwapParams {
     int ntt;  /* token tiles of NT rows */
 };
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
-{
-    asm volatile("{\n.reg .pred P;\nWAIT_%=:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n"
-                 "@!P bra WAIT_%=;\n}" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar)
-{
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes)
-{
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}" ::"r"(bar),
-                 "r"(bytes)
-                 : "memory");
-}
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, uint32_t bar)
 {
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
@@ -754,7 +730,7 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
             mbar_wait(full0 + 8 * s, ph);
 #pragma unroll
             for (int mw = 0; mw < MW; mw++)
-                acc_fence(acc[mw]);
+                reg_fence(acc[mw]);
             asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) {
@@ -779,7 +755,7 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
         for (int mw = 0; mw < MW; mw++)
-            acc_fence(acc[mw]);
+            reg_fence(acc[mw]);
         if (lane == 0)
             mbar_arrive(empty0 + 8 * prev);
         /* Accumulator 4j + e of lane (g, q) in M block mw: column

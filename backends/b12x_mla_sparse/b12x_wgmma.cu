@@ -54,6 +54,7 @@
 
 #include "backends/b12x_mla_sparse/b12x_attend.h"
 #include "backends/b12x_mla_sparse/b12x_common.cuh"
+#include "runtime/cuda_async.h"
 #include "runtime/cuda_launch.h"
 
 namespace {
@@ -113,39 +114,15 @@ using b12x::grid_dep_wait;
 using b12x::smem_u32;
 using b12x::st_shared16;
 using b12x::store_row16;
+using mlart_sm90::fence_proxy_async;
+using mlart_sm90::mbar_expect_tx;
+using mlart_sm90::mbar_init;
+using mlart_sm90::mbar_wait;
+using mlart_sm90::reg_fence;
 
 __device__ __forceinline__ void st_shared32(uint32_t addr, uint32_t v)
 {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-
-/* Ordinary shared-memory writes (and cp.async data) of this thread become
- * visible to the tensor cores' (async proxy) reads that follow a barrier. */
-__device__ __forceinline__ void fence_proxy_async()
-{
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-/* mbarrier of the fp8 raw stages: one arrival (with the expected bytes)
- * per phase, completed by the bulk copies' byte counts. */
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
-{
-    asm volatile("{\n.reg .pred done;\nWAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-                 "@!done bra WAIT;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
 }
 
 /* One contiguous copy global -> shared by the copy engine (16-byte
@@ -171,16 +148,6 @@ __device__ __forceinline__ void wgmma_commit()
 template <int N> __device__ __forceinline__ void wgmma_wait()
 {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
-/* Keeps the compiler from moving reads or writes of an accumulator across
- * the wgmma issue/wait points (the registers belong to the tensor cores in
- * between). */
-template <int N> __device__ __forceinline__ void reg_fence(float (&d)[N])
-{
-#pragma unroll
-    for (int i = 0; i < N; i++)
-        asm volatile("" : "+f"(d[i])::"memory");
 }
 
 /* Shared-memory matrix descriptor: start address, leading and stride byte
