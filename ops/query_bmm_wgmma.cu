@@ -46,6 +46,9 @@
 
 namespace {
 
+/* cp.async writes are generic-proxy writes and wgmma reads through the
+ * async proxy: each writing thread runs fence_proxy_async before the
+ * barrier that publishes its writes. */
 using mlart_sm90::fence_proxy_async;
 using mlart_sm90::mbar_arrive;
 using mlart_sm90::mbar_expect_tx;
@@ -93,9 +96,6 @@ __device__ __forceinline__ void cp_async_wait_upto(int n)
     default: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
     }
 }
-
-/* cp.async writes are generic-proxy writes; wgmma reads through the async
- * proxy: each writing thread fences before the barrier that publishes. */
 
 __device__ __forceinline__ void named_bar_sync(int id, int threads)
 {
