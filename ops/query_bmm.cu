@@ -14,9 +14,9 @@
  *   stream  every weight byte is loaded once per 16*MT rows of T, 16 bytes
  *           per load into registers, fed to mma.sync with the columns
  *           permuted; K split across the warps of a block and reduced in
- *           shared memory (V up-projection at T <= 16).
+ *           shared memory (V up-projection where swap does not serve).
  *   pstream the stream tile on a persistent grid that prefetches its next
- *           item (V up-projection at few heads).
+ *           item (V up-projection at few heads where swap does not serve).
  *   tiled   64 or 128 x 128 output tiles, K in steps of 32 through a
  *           4-stage cp.async pipeline, ldmatrix (.trans for the weights) and
  *           mma.sync.  Rows past T are zero-filled with src-size 0 copies
@@ -30,9 +30,10 @@
  *           fused: (head, tile, slice) items through a ring of
  *           shared-memory stages, wgmma, results from registers;
  *   swap    the query at T <= 16 with many heads and at 33 <= T <= 64 at
- *           P = 192 (auto_config says exactly where): the TMA streams the
- *           weights through a ring of stages as wgmma's A operand, the
- *           token rows are its N.
+ *           P = 192, the V up-projection at T <= 16 and 33 <= T <= 64
+ *           (auto_config says exactly where): the TMA streams the weights
+ *           through a ring of stages as wgmma's A operand, the token rows
+ *           are its N.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -1033,6 +1034,22 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c)
          * 17 <= T <= 32, not measured for this path) the kernels below. */
         const int bm = !wide ? 256 : d.H <= 16 ? 64 : d.H <= 64 || d.K == 128 ? 128 : 256;
         mlart_bmm_config sc = {MLART_BMM_SWAP, wide ? 64 : d.T <= 8 ? 8 : 16, 0, 0, bm, 0, 0};
+        if (mlart_bmm_swap_ok(pub, sc.cols, sc.mt)) {
+            *c = sc;
+            return;
+        }
+    }
+    if (wide_k && (d.T <= 16 || (d.T > 32 && d.T <= 64)) && !d.pe_in) {
+        /* the V up-projection (K = L = 512) on the swap path, variants
+         * table of 19:37 UTC (docs/ops.md): T <= 16 128 columns a block
+         * with 8- or 16-row tiles (H128 T1 V256 11.0 against 12.1 us, V128
+         * 7.0 against 8.0; 0.1 us slower at H64 T16 V128 and H32 T16
+         * V256); 33 <= T <= 64 one 64-row tile, 128 columns a block once
+         * there are 256 64-column blocks, else 64 (H64 T64 V128 6.4
+         * against 10.9, H128 V256 14.4 against 16.1) */
+        const bool t64 = d.T > 32;
+        const int bm = !t64 ? 128 : d.H * (d.N / 64) >= 256 ? 128 : 64;
+        mlart_bmm_config sc = {MLART_BMM_SWAP, t64 ? 64 : d.T <= 8 ? 8 : 16, 0, 0, bm, 0, 0};
         if (mlart_bmm_swap_ok(pub, sc.cols, sc.mt)) {
             *c = sc;
             return;

@@ -583,17 +583,20 @@ __global__ void __launch_bounds__(128, ring_min_blocks(KB, BN, NST)) bmm_ring_ke
  * into shared memory (stmatrix) and from there as 16-byte row chunks.
  *
  * Read-exact: the two tensor maps describe exactly the views' elements
- * (weights {64, K, N/64, H}, activation {K, H, T}); token rows t >= T lie outside
+ * (weights {64, K, N/64, H}, activation {K, H, T}, or {K, T, H} when the
+ * view is head-major, as the V up-projection's); token rows t >= T lie outside
  * the map, where the TMA writes zeros and reads nothing.  Writes: t < T,
  * n < N, and the q_pe rows of the item's tile (by column block 0). */
 constexpr int SWAP_THREADS = 160;
 
 struct SwapParams {
     CUtensorMap tw; /* weights: dims {64, K, N / 64, H}, box {64, 64, BM / 64, 1} */
-    CUtensorMap ta; /* activation view: dims {K, H, T}, box {64, 1, NT} */
+    CUtensorMap ta; /* activation view: dims {K, H, T}, box {64, 1, NT}; head-major views
+                     * (the V up-projection's [H,T,L]) {K, T, H}, box {64, NT, 1} */
     WParams p;
-    int nblk; /* N / BM */
-    int ntt;  /* token tiles of NT rows */
+    int nblk;       /* N / BM */
+    int ntt;        /* token tiles of NT rows */
+    int a_headmaj;  /* ta is {K, T, H} */
 };
 
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, uint32_t bar)
@@ -701,7 +704,10 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
                     mbar_wait(empty0 + 8 * s, ph ^ 1); /* passes at once on the first lap */
                     mbar_expect_tx(full, ST);
                     tma_load_4d(st, &sp.tw, 0, 64 * b, nb * MW, h, full);
-                    tma_load_3d(st + (uint32_t)BM * 128, &sp.ta, 64 * b, h, tt * NT, full);
+                    if (sp.a_headmaj)
+                        tma_load_3d(st + (uint32_t)BM * 128, &sp.ta, 64 * b, tt * NT, h, full);
+                    else
+                        tma_load_3d(st + (uint32_t)BM * 128, &sp.ta, 64 * b, h, tt * NT, full);
                     if (++s == NST) {
                         s = 0;
                         ph ^= 1;
@@ -1128,7 +1134,8 @@ static encode_tiled_fn encode_tiled()
 
 /* The swap kernel's tensor maps for d: the weights as {64, K, N/64, H}
  * (box 64 columns x 64 rows x bm/64 column blocks x 1 head) and the activation view as {K, H, T} (box 64
- * of K x 1 head x nt token rows), both 128-byte swizzled, zeros outside.
+ * of K x 1 head x nt token rows), or {K, T, H} for a head-major view (the
+ * V up-projection's [H, T, L]), both 128-byte swizzled, zeros outside.
  * The maps describe exactly the views' elements, so no box reads outside
  * them.  0 when the TMA cannot describe the views (alignment, strides,
  * sizes). */
@@ -1136,12 +1143,18 @@ static encode_tiled_fn encode_tiled()
  * 16-byte alignment is checked by the caller) and the driver has the
  * encoder: the checks of encoding without the encoding, so that choosing
  * the path costs no host work beyond comparisons. */
+static int swap_a_headmaj(const mlart_bmm_desc *d)
+{
+    return !(d->a_sh >= d->K && d->a_st >= d->H * d->a_sh);
+}
+
 static int swap_maps_fit(const mlart_bmm_desc *d)
 {
     const int64_t lim = (int64_t)1 << 32;
+    const int a_ok = swap_a_headmaj(d) ? d->a_st >= d->K && d->a_sh >= d->T * d->a_st && d->a_sh < ((int64_t)1 << 39)
+                                       : d->a_st < ((int64_t)1 << 39);
     return encode_tiled() && d->H >= 1 && d->T >= 1 && d->H < lim && d->T < lim && d->N < lim && d->N % 64 == 0 &&
-           d->w_sk >= d->N && d->w_sh >= d->K * d->w_sk && d->a_sh >= d->K && d->a_st >= d->H * d->a_sh &&
-           d->w_sh < ((int64_t)1 << 39) && d->a_st < ((int64_t)1 << 39);
+           d->w_sk >= d->N && d->w_sh >= d->K * d->w_sk && d->w_sh < ((int64_t)1 << 39) && a_ok;
 }
 
 static int encode_swap_maps(const mlart_bmm_desc *d, int bm, int nt, SwapParams &sp)
@@ -1153,9 +1166,13 @@ static int encode_swap_maps(const mlart_bmm_desc *d, int bm, int nt, SwapParams 
     const cuuint64_t wdim[4] = {64, (cuuint64_t)d->K, (cuuint64_t)(d->N / 64), (cuuint64_t)d->H};
     const cuuint64_t wstr[3] = {(cuuint64_t)d->w_sk * 2, 128, (cuuint64_t)d->w_sh * 2};
     const cuuint32_t wbox[4] = {64, 64, (cuuint32_t)(bm / 64), 1};
-    const cuuint64_t adim[3] = {(cuuint64_t)d->K, (cuuint64_t)d->H, (cuuint64_t)d->T};
-    const cuuint64_t astr[2] = {(cuuint64_t)d->a_sh * 2, (cuuint64_t)d->a_st * 2};
-    const cuuint32_t abox[3] = {64, 1, (cuuint32_t)nt};
+    /* a[h, t, k] as {k, h, t} (the query's token-major view) or, for a
+     * head-major view, {k, t, h}: the strides grow with the dimension */
+    const int hm = swap_a_headmaj(d);
+    const cuuint64_t adim[3] = {(cuuint64_t)d->K, (cuuint64_t)(hm ? d->T : d->H), (cuuint64_t)(hm ? d->H : d->T)};
+    const cuuint64_t astr[2] = {(cuuint64_t)(hm ? d->a_st : d->a_sh) * 2, (cuuint64_t)(hm ? d->a_sh : d->a_st) * 2};
+    const cuuint32_t abox[3] = {64, hm ? (cuuint32_t)nt : 1u, hm ? 1u : (cuuint32_t)nt};
+    sp.a_headmaj = hm;
     const cuuint32_t one[4] = {1, 1, 1, 1};
     if (enc(&sp.tw, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)d->w, wdim, wstr, wbox, one,
             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -1181,7 +1198,7 @@ extern "C" int mlart_bmm_swap_ok(const mlart_bmm_desc *d, int bm, int nt)
     int major = 0, sms = 0;
     swap_defaults(d, &bm, &nt);
     if ((bm != 64 && bm != 128 && bm != 256 && bm != 512) || (nt != 8 && nt != 16 && nt != 64) ||
-        (bm == 512 && nt == 64) || (d->K != 128 && d->K != 192) || d->N < bm || d->N % bm != 0)
+        (bm == 512 && nt == 64) || (d->K != 128 && d->K != 192 && d->K != 512) || d->N < bm || d->N % bm != 0)
         return 0;
     if (!aligned16(d->a, d->a_sh, d->a_st) || !aligned16(d->w, d->w_sh, d->w_sk))
         return 0;
@@ -1206,6 +1223,7 @@ extern "C" int mlart_bmm_swap_run(const mlart_bmm_desc *d, int bm, int nt, int p
     sp.nblk = sp.p.nslice;
     sp.ntt = (int)((d->T + nt - 1) / nt);
     sp.p.items = (int)(d->H * sp.ntt * sp.nblk);
-    return (int)(d->K == 128 ? launch_swap_kb<2>(sp, bm, nt, pdl, sms, st)
-                             : launch_swap_kb<3>(sp, bm, nt, pdl, sms, st));
+    return (int)(d->K == 128   ? launch_swap_kb<2>(sp, bm, nt, pdl, sms, st)
+                 : d->K == 192 ? launch_swap_kb<3>(sp, bm, nt, pdl, sms, st)
+                               : launch_swap_kb<8>(sp, bm, nt, pdl, sms, st));
 }

@@ -614,7 +614,7 @@ int bench_variants(const mlart_bench_opts *o)
                         for (unsigned k = 0; k < sizeof rv / sizeof rv[0]; k++)
                             cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_RING, rv[k][1], 0, 0, rv[k][0], rv[k][2]};
                     }
-                    if (!vup && c.T <= 64) { /* swap: {columns a block, token rows a tile} */
+                    if (c.T <= 64) { /* swap: {columns a block, token rows a tile} */
                         static const int sv[][2] = {{256, 0},  {128, 0},  {512, 0}, {256, 16},
                                                     {128, 16}, {256, 64}, {128, 64}, {64, 64}};
                         for (unsigned k = 0; k < sizeof sv / sizeof sv[0]; k++)

@@ -381,6 +381,35 @@ START_TEST(swap_matrix)
 }
 END_TEST
 
+/* The swap path on the V up-projection (K = 512, a head-major activation
+ * view {K, T, H}): T in {1, 4, 8, 9, 16, 64, 75} x H in {1, 11, 128} x V in
+ * {128, 256}: 128-column blocks with the default token tiles and with
+ * 64-row tiles, 64-column blocks with 16-row tiles, and at V = 256 the
+ * default 256-column blocks. */
+START_TEST(vup_swap_matrix)
+{
+    static const int64_t Hs[] = {1, 11, 128};
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 501) * 0x9E3779B97F4A7C15ull;
+    ops_stats s = {0};
+    char what[96];
+    int cases = 0;
+    for (unsigned ih = 0; ih < 3; ih++)
+        for (int vv = 0; vv < 2; vv++) {
+            const ops_case c = {1, Hs[ih], k_sT[_i], 512, vv ? 256 : 128, 0, 0, 0, 0};
+            const mlart_bmm_config cfgs[4] = {{MLART_BMM_SWAP, 0, 0, 0, 128, 0, 0},
+                                              {MLART_BMM_SWAP, 64, 0, 0, 128, 0, 0},
+                                              {MLART_BMM_SWAP, 16, 0, 0, 64, 0, 0},
+                                              {MLART_BMM_SWAP, 0, 0, 0, 256, 0, 0}};
+            for (int i = 0; i < (vv ? 4 : 3); i++, cases++)
+                run_case(&c, &cfgs[i], &rng, 0, &s);
+        }
+    snprintf(what, sizeof what, "swap path, v_up T=%lld, H in {1,11,128}, V in {128,256}, %d cases",
+             (long long)k_sT[_i], cases);
+    print_stats(what, &s);
+    check_norm(&s);
+}
+END_TEST
+
 /* Every kernel path forced on the same shapes, odd strides (no 16-byte
  * access possible), and sizes only the generic path serves. */
 START_TEST(paths)
@@ -788,6 +817,7 @@ int main(void)
     tcase_add_loop_test(tc, wgmma_matrix, 0, (int)(sizeof k_wT / sizeof k_wT[0]));
     tcase_add_loop_test(tc, ring_matrix, 0, (int)(sizeof k_rT / sizeof k_rT[0]));
     tcase_add_loop_test(tc, swap_matrix, 0, (int)(sizeof k_sT / sizeof k_sT[0]));
+    tcase_add_loop_test(tc, vup_swap_matrix, 0, (int)(sizeof k_sT / sizeof k_sT[0]));
     suite_add_tcase(s, tc);
     return gpu_test_run(s, CK_FORK);
 }

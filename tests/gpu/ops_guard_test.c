@@ -104,8 +104,8 @@ static void guard_shape(const ops_case *c0, uint64_t *rng)
                                             {MLART_BMM_RING, 0, 0, 0, 0, 0, 0},
                                             {MLART_BMM_RING, 2, 0, 0, 64, 2, 0},
                                             {MLART_BMM_RING, 1, 0, 0, 64, 4, 0},
-                                            /* swap (the query only): default; 128-column blocks,
-                                             * 8-row token tiles */
+                                            /* swap: default (256-column blocks, not at V = 128);
+                                             * 128-column blocks, 8-row token tiles */
                                             {MLART_BMM_SWAP, 0, 0, 0, 0, 0, 0},
                                             {MLART_BMM_SWAP, 8, 0, 0, 128, 0, 0}};
     const size_t na = ops_a_elems(c0), nw = ops_w_elems(c0), nc = ops_c_elems(c0);
@@ -126,10 +126,10 @@ static void guard_shape(const ops_case *c0, uint64_t *rng)
         c.pe = pl == PL_FUSED;
         for (unsigned ic = 0; ic < sizeof cfgs / sizeof cfgs[0]; ic++) {
             char tag[160];
-            if ((cfgs[ic].path == MLART_BMM_WGMMA || cfgs[ic].path == MLART_BMM_RING ||
-                 cfgs[ic].path == MLART_BMM_SWAP) &&
-                c.vup)
+            if ((cfgs[ic].path == MLART_BMM_WGMMA || cfgs[ic].path == MLART_BMM_RING) && c.vup)
                 continue; /* K = 512 is not served (the weight slice would not fit shared memory) */
+            if (cfgs[ic].path == MLART_BMM_SWAP && c.N % (cfgs[ic].cols ? cfgs[ic].cols : 256))
+                continue; /* V = 128: only the 128-column blocks */
             mlart_guard_buf ga = {0}, gw = {0}, gc = {0};
             uint16_t *pa = da, *pw = dw, *pc = dc;
             size_t a_bytes = na * 2, c_bytes = nc * 2, cmp_bytes;
