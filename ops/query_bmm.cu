@@ -29,8 +29,8 @@
  *   ring    the query at 33 <= T <= 64 below 128 heads at P = 128 or
  *           fused: (head, tile, slice) items through a ring of
  *           shared-memory stages, wgmma, results from registers;
- *   swap    the query at T <= 16 with many heads and at 33 <= T <= 64 at
- *           P = 192, the V up-projection at T <= 16 and 33 <= T <= 64
+ *   swap    the query at T <= 16 with many heads, at 17 <= T <= 32 and at
+ *           33 <= T <= 64 at P = 192, the V up-projection at T <= 64
  *           (auto_config says exactly where): the TMA streams the weights
  *           through a ring of stages as wgmma's A operand, the token rows
  *           are its N.
@@ -1013,7 +1013,7 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c)
     DirectShape ds;
     const bool few = (d.T > 8 && d.T <= 16 && (d.K == 192 ? d.H >= 64 : d.H >= 128)) ||
                      (d.T > 1 && d.T <= 8 && d.K == 192 && d.H >= 128);
-    const bool wide = d.T > 32 && d.T <= 64 && (d.K == 192 || d.H >= 128);
+    const bool wide = (d.T > 16 && d.T <= 32) || (d.T > 32 && d.T <= 64 && (d.K == 192 || d.H >= 128));
     /* with the fused q_pe copy (column block 0 copies after its result) only
      * at 128 heads and T >= 9: fused H128 T16 P192 10.9 against 12.0 us
      * direct, T64 P192 14.1 against 16.0 on the ring, T16 P128 8.8 against
@@ -1029,9 +1029,12 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c)
          * one 64-row token tile, 64 columns a block at 16 heads, 128 up to
          * 64 heads or at P = 128, else 256 (P192 against the ring: H16 4.5
          * against 4.65 us, H32 5.7 against 5.8, H64 8.0 against 8.4, H128
-         * 12.5-12.7 against 13.2; H128 P128 10.4-10.6 against 10.7).
-         * Elsewhere (T = 1, fewer heads, P = 128 below 128 heads, and
-         * 17 <= T <= 32, not measured for this path) the kernels below. */
+         * 12.5-12.7 against 13.2; H128 P128 10.4-10.6 against 10.7);
+         * 17 <= T <= 32 the same tiles at every head count (variants of
+         * 19:48 UTC at T = 32: H128 P192 11.0 against 13.7 us, P128 9.1
+         * against 11.0, H32 P192 5.1 against 5.6; H16 P128 3.90 either
+         * way).  Elsewhere (T = 1, fewer heads, P = 128 below 128 heads at
+         * T > 32) the kernels below. */
         const int bm = !wide ? 256 : d.H <= 16 ? 64 : d.H <= 64 || d.K == 128 ? 128 : 256;
         mlart_bmm_config sc = {MLART_BMM_SWAP, wide ? 64 : d.T <= 8 ? 8 : 16, 0, 0, bm, 0, 0};
         if (mlart_bmm_swap_ok(pub, sc.cols, sc.mt)) {
@@ -1039,15 +1042,16 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c)
             return;
         }
     }
-    if (wide_k && (d.T <= 16 || (d.T > 32 && d.T <= 64)) && !d.pe_in) {
+    if (wide_k && d.T <= 64 && !d.pe_in) {
         /* the V up-projection (K = L = 512) on the swap path, variants
          * table of 19:37 UTC (docs/ops.md): T <= 16 128 columns a block
          * with 8- or 16-row tiles (H128 T1 V256 11.0 against 12.1 us, V128
          * 7.0 against 8.0; 0.1 us slower at H64 T16 V128 and H32 T16
-         * V256); 33 <= T <= 64 one 64-row tile, 128 columns a block once
+         * V256); 17 <= T <= 64 one 64-row tile, 128 columns a block once
          * there are 256 64-column blocks, else 64 (H64 T64 V128 6.4
-         * against 10.9, H128 V256 14.4 against 16.1) */
-        const bool t64 = d.T > 32;
+         * against 10.9, H128 V256 14.4 against 16.1; at T = 32, 19:48 UTC,
+         * H64 V128 5.8 against 8.9, H32 V256 5.6 against 8.7) */
+        const bool t64 = d.T > 16;
         const int bm = !t64 ? 128 : d.H * (d.N / 64) >= 256 ? 128 : 64;
         mlart_bmm_config sc = {MLART_BMM_SWAP, t64 ? 64 : d.T <= 8 ? 8 : 16, 0, 0, bm, 0, 0};
         if (mlart_bmm_swap_ok(pub, sc.cols, sc.mt)) {

@@ -556,13 +556,13 @@ int bench_variants(const mlart_bench_opts *o)
     static const mlart_bench_col cols[] = {{"time", "us", 9, 2}, {"GB/s", "unique", 8, 0}};
     const mlart_bench_table t = {"variants: floors, direct [staged a] (cols, split, groups, mt), ring (cols, stages, blocks/SM), stream (mt, warps), tiled (bm)",
                                  "shape variant", 40, cols, 2};
-    static const int64_t Ts[] = {1, 4, 16, 64, 256, 1024, 8192};
+    static const int64_t Ts[] = {1, 4, 16, 32, 64, 256, 1024, 8192};
     static const int64_t Hs[] = {16, 32, 64, 128};
     mlart_bench_table_head(o, &t);
     for (int vup = 0; vup < 2; vup++)
         for (int p = 0; p < 2; p++)
             for (int ih = 0; ih < 4; ih++)
-                for (int it = 0; it < 7; it++) {
+                for (int it = 0; it < (int)(sizeof Ts / sizeof Ts[0]); it++) {
                     Ctx c;
                     memset(&c, 0, sizeof c);
                     if (vup && Ts[it] > 64)

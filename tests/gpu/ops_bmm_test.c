@@ -220,7 +220,7 @@ static void check_norm(const ops_stats *s)
                   sqrt(s->nrm_err / s->nrm_ref));
 }
 
-static const int64_t k_T[] = {1, 2, 3, 6, 9, 11, 16, 64, 75, 256, 8192};
+static const int64_t k_T[] = {1, 2, 3, 6, 9, 11, 16, 32, 64, 75, 256, 8192};
 static const int64_t k_H[] = {1, 8, 11, 16, 32, 64, 128};
 
 /* T = 8192 runs with H <= 16 only (H = 32..128 would take minutes of

@@ -15,7 +15,7 @@
 
 static uint64_t g_seed;
 
-static const int64_t k_T[] = {1, 2, 3, 6, 9, 11, 16, 64, 75, 256, 8192};
+static const int64_t k_T[] = {1, 2, 3, 6, 9, 11, 16, 32, 64, 75, 256, 8192};
 static const int64_t k_H[] = {1, 8, 11, 16, 32, 64, 128};
 
 enum { PL_A, PL_W, PL_C, PL_FUSED, PL_COUNT };
