@@ -1020,40 +1020,35 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c)
      * 9.3, T64 P128 13.0 against 13.3; fused H16-H64 T64 P192 and H64 T16
      * P192, H128 T4 P192 were 0.2-0.4 us slower than before */
     const bool pe_ok = !d.pe_in || (d.H >= 128 && d.T > 8);
-    if (!wide_k && (few || wide) && pe_ok) {
-        /* swap variants table (docs/ops.md): the weights streamed by the
-         * TMA.  T <= 16: 256 columns a block, 8- or 16-row token tiles
-         * (H128 T16 P192 9.9 us against 11.0 for the direct kernel, P128
-         * 8.0 against 8.1; H64 P192 6.6 against 6.7-6.9; H128 T4 P192
-         * 9.34-9.41 against 9.43-9.64, equal at T = 1).  33 <= T <= 64:
-         * one 64-row token tile, 64 columns a block at 16 heads, 128 up to
-         * 64 heads or at P = 128, else 256 (P192 against the ring: H16 4.5
-         * against 4.65 us, H32 5.7 against 5.8, H64 8.0 against 8.4, H128
-         * 12.5-12.7 against 13.2; H128 P128 10.4-10.6 against 10.7);
-         * 17 <= T <= 32 the same tiles at every head count (variants of
-         * 19:48 UTC at T = 32: H128 P192 11.0 against 13.7 us, P128 9.1
-         * against 11.0, H32 P192 5.1 against 5.6; H16 P128 3.90 either
-         * way).  Elsewhere (T = 1, fewer heads, P = 128 below 128 heads at
-         * T > 32) the kernels below. */
-        const int bm = !wide ? 256 : d.H <= 16 ? 64 : d.H <= 64 || d.K == 128 ? 128 : 256;
-        mlart_bmm_config sc = {MLART_BMM_SWAP, wide ? 64 : d.T <= 8 ? 8 : 16, 0, 0, bm, 0, 0};
-        if (mlart_bmm_swap_ok(pub, sc.cols, sc.mt)) {
-            *c = sc;
-            return;
-        }
-    }
-    if (wide_k && d.T <= 64 && !d.pe_in) {
-        /* the V up-projection (K = L = 512) on the swap path, variants
-         * table of 19:37 UTC (docs/ops.md): T <= 16 128 columns a block
-         * with 8- or 16-row tiles (H128 T1 V256 11.0 against 12.1 us, V128
-         * 7.0 against 8.0; 0.1 us slower at H64 T16 V128 and H32 T16
-         * V256); 17 <= T <= 64 one 64-row tile, 128 columns a block once
-         * there are 256 64-column blocks, else 64 (H64 T64 V128 6.4
-         * against 10.9, H128 V256 14.4 against 16.1; at T = 32, 19:48 UTC,
-         * H64 V128 5.8 against 8.9, H32 V256 5.6 against 8.7) */
-        const bool t64 = d.T > 16;
-        const int bm = !t64 ? 128 : d.H * (d.N / 64) >= 256 ? 128 : 64;
-        mlart_bmm_config sc = {MLART_BMM_SWAP, t64 ? 64 : d.T <= 8 ? 8 : 16, 0, 0, bm, 0, 0};
+    /* The swap path: the weights streamed by the TMA (variants tables,
+     * docs/ops.md).  One 64-row token tile past T = 16, else 8- or 16-row
+     * tiles.
+     *   The query: T <= 16 256 columns a block (H128 T16 P192 9.9 us
+     *   against 11.0 for the direct kernel, P128 8.0 against 8.1; H64 P192
+     *   6.6 against 6.7-6.9; H128 T4 P192 9.34-9.41 against 9.43-9.64,
+     *   equal at T = 1).  33 <= T <= 64: 64 columns a block at 16 heads,
+     *   128 up to 64 heads or at P = 128, else 256 (P192 against the ring:
+     *   H16 4.5 against 4.65 us, H32 5.7 against 5.8, H64 8.0 against 8.4,
+     *   H128 12.5-12.7 against 13.2; H128 P128 10.4-10.6 against 10.7);
+     *   17 <= T <= 32 the same blocks at every head count (variants of
+     *   19:48 UTC at T = 32: H128 P192 11.0 against 13.7 us, P128 9.1
+     *   against 11.0, H32 P192 5.1 against 5.6; H16 P128 3.90 either way).
+     *   Elsewhere (T = 1, fewer heads, P = 128 below 128 heads at T > 32)
+     *   the kernels below.
+     *   The V up-projection (K = L = 512), variants of 19:37 UTC: T <= 16
+     *   128 columns a block (H128 T1 V256 11.0 against 12.1 us, V128 7.0
+     *   against 8.0; 0.1 us slower at H64 T16 V128 and H32 T16 V256);
+     *   17 <= T <= 64 128 columns once there are 256 64-column blocks,
+     *   else 64 (H64 T64 V128 6.4 against 10.9, H128 V256 14.4 against
+     *   16.1; at T = 32, 19:48 UTC, H64 V128 5.8 against 8.9, H32 V256 5.6
+     *   against 8.7). */
+    int swap_bm = 0;
+    if (!wide_k && (few || wide) && pe_ok)
+        swap_bm = !wide ? 256 : d.H <= 16 ? 64 : d.H <= 64 || d.K == 128 ? 128 : 256;
+    else if (wide_k && d.T <= 64 && !d.pe_in)
+        swap_bm = d.T <= 16 || d.H * (d.N / 64) >= 256 ? 128 : 64;
+    if (swap_bm) {
+        mlart_bmm_config sc = {MLART_BMM_SWAP, d.T > 16 ? 64 : d.T <= 8 ? 8 : 16, 0, 0, swap_bm, 0, 0};
         if (mlart_bmm_swap_ok(pub, sc.cols, sc.mt)) {
             *c = sc;
             return;
