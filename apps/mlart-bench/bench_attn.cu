@@ -429,14 +429,14 @@ void backend_init(const mlart_bench_opts *o, const Ctx *c, mlart_backend_init *i
 struct Variant {
     Ctx *c;
     b12x_tune tune;
-    int sms;
+    const b12x_dev *dev;
 };
 
 int enqueue_variant(void *ctx, int set, cudaStream_t stream)
 {
     Variant *v = (Variant *)ctx;
     mlart_step st = make_step(*v->c, set, false);
-    return b12x_attend_launch_tuned(&st, v->sms, &v->tune, stream, bench_err) != 0;
+    return b12x_attend_launch_tuned(&st, v->dev, &v->tune, stream, bench_err) != 0;
 }
 
 /* Tuning table (environment MLART_BENCH_ATTN_VARIANTS=1): where the time of
@@ -484,7 +484,9 @@ int bench_attn_variants(const mlart_bench_opts *o)
         {"s32", {32, 0, 0, 1}},     {"s64", {64, 0, 0, 1}},         {"s8", {8, 0, 0, 1}},
         {"s4", {4, 0, 0, 1}},       {"s3", {3, 0, 0, 1}},           {"s2", {2, 0, 0, 1}},
         {"s1", {1, 0, 0, 1}},       {"s5", {5, 0, 0, 1}},           {"cb-spread", {0, 0, 0, 1, 1}},
-        {"cb-packed", {0, 0, 0, 1, -1}},
+        {"cb-packed", {0, 0, 0, 1, -1}}, {"inplace", {0, 0, 0, 1, 0, 1}}, {"s64i", {64, 0, 0, 1, 0, 1}},
+        {"s32i", {32, 0, 0, 1, 0, 1}},  {"s16i", {16, 0, 0, 1, 0, 1}},  {"s8i", {8, 0, 0, 1, 0, 1}},
+        {"s4i", {4, 0, 0, 1, 0, 1}},    {"s2i", {2, 0, 0, 1, 0, 1}},
     };
     const int(*Ts)[16] = kVarTs;
     const int *Hs = kVarHs;
@@ -494,12 +496,17 @@ int bench_attn_variants(const mlart_bench_opts *o)
     mlart_bench_opts ref_opts = *o;
     ref_opts.reps = 1;
     ref_opts.warmup = 0;
+    b12x_dev dev;
+    if (b12x_attend_setup(&dev, bench_err))
+        return -1;
     mlart_bench_table_head(o, &t);
     for (int f = 0; f < 2; f++) {
         mlart_geometry g0;
         void *kv = open_cache(fmts[f], &g0);
-        if (!kv)
+        if (!kv) {
+            b12x_attend_teardown(&dev);
             return -1;
+        }
         const size_t row_bytes = fmts[f] == MLART_KV_BF16 ? 1152 : 656;
         for (int m = 0; m < 3; m++) {
             Ctx *c = (Ctx *)calloc(1, sizeof(Ctx));
@@ -515,6 +522,7 @@ int bench_attn_variants(const mlart_bench_opts *o)
                     c->vt->destroy(c->state);
                 free(c);
                 cudaFree(kv);
+                b12x_attend_teardown(&dev);
                 return -1;
             }
             for (int it = 0; Ts[m][it]; it++) {
@@ -533,18 +541,21 @@ int bench_attn_variants(const mlart_bench_opts *o)
                     continue;
                 }
                 for (size_t vi = 0; vi < sizeof vars / sizeof vars[0]; vi++) {
-                    Variant v = {c, vars[vi].tune, o->sms};
+                    Variant v = {c, vars[vi].tune, &dev};
                     char name[96];
                     double vals[3];
                     snprintf(name, sizeof name, "%s %s", base, vars[vi].name);
                     const b12x_split sp =
-                        b12x_attend_split(c->T, Hs[m], kTopk, fmts[f] == MLART_KV_FP8_DS_MLA, o->sms);
+                        b12x_attend_split(c->T, Hs[m], kTopk, fmts[f] == MLART_KV_FP8_DS_MLA, dev.num_sms);
                     const int nblk = kTopk / 32;
                     int splits = sp.splits;
                     if (v.tune.splits) {
                         const int bps = (nblk + v.tune.splits - 1) / v.tune.splits;
                         splits = (nblk + bps - 1) / bps;
                     }
+                    /* the in-place combine only where the launch can take it */
+                    if (v.tune.inplace > 0 && (Hs[m] > 16 || splits < 2 || (int64_t)c->T * splits > dev.resident))
+                        continue;
                     if (cudaMemset(c->sets[0].out, 0xff, (size_t)Hs[m] * c->T * 1024) != cudaSuccess ||
                         mlart_bench_time(o, enqueue_variant, &v, nsets, &vals[0])) {
                         wrong++;
@@ -567,6 +578,7 @@ int bench_attn_variants(const mlart_bench_opts *o)
         }
         cudaFree(kv);
     }
+    b12x_attend_teardown(&dev);
     return wrong;
 }
 

@@ -27,7 +27,10 @@
  * row or a quarter of it, so the combine's reads spread over the GPU.
  * (Combining in the last-finishing chunk instead was measured 2-7x slower
  * at T <= 4: one block then reads every partial of 64 heads;
- * docs/attention.md.)  Both kernels are launched with programmatic
+ * docs/attention.md.)  Opt-in (b12x_dev.inplace), the small-head kernels
+ * combine in place instead when the whole grid is resident: the chunks
+ * of a token meet at a barrier and each combines a slice of its rows
+ * (combine_in_kernel).  Both kernels are launched with programmatic
  * dependent launch: each becomes resident while the previous kernel of the
  * stream finishes.  The main kernel resolves its slots and issues its first
  * gathers meanwhile (inputs that kernel does not write: the stream contract
@@ -42,6 +45,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backends/b12x_mla_sparse/b12x_attend.h"
 #include "backends/b12x_mla_sparse/b12x_common.cuh"
@@ -764,7 +768,152 @@ __device__ __forceinline__ float lazy_softmax(const float *part, int s_ld, int s
     return alpha;
 }
 
-template <bool FP8, bool SHORT>
+/* ---- the combine inside the small-head kernels ---------------------------
+ * When the whole grid is resident at once (the launch checks T x splits
+ * against what fits, b12x_dev.resident) the chunks of a token can meet at
+ * a barrier after their partial writes, and each then combines its share
+ * of the token's rows: no combine kernel, no second launch.  The barrier
+ * of token t is one word, a.bar[32 t] (128 bytes apart).  Chunk 0 adds
+ * 2^31 - (splits - 1) and every other chunk 1, so the arrivals add
+ * exactly 2^31: bit 31 flips when the last one lands and the low bits are
+ * back where they started, whatever the count.  A chunk waits until bit 31
+ * differs from what its own atomic returned (a half-counted barrier never
+ * flips it: the low bits stay below 2^31).  The array needs zeroing only
+ * once (setup), and consecutive calls may use different split counts.
+ * Only the math warps (threads 0..255) take part; the load warps have
+ * left.  Fences as in a grid-wide barrier: bar.sync, then one thread's
+ * gpu-scope fence before its arrival and after its wait. */
+__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned *p)
+{
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void split_barrier(const AttendArgs &a, int t, int split, int tid)
+{
+    math_sync(); /* every math thread's partial and LSE stores issued */
+    if (tid == 0) {
+        unsigned *w = a.bar + 32 * t;
+        const unsigned add = split == 0 ? 0x80000000u - (unsigned)(a.splits - 1) : 1u;
+        __threadfence();
+        const unsigned old = atomicAdd(w, add);
+        if ((((old + add) ^ old) & 0x80000000u) == 0)
+            while (((ld_acquire_gpu(w) ^ old) & 0x80000000u) == 0) {
+            }
+        __threadfence();
+    }
+    math_sync();
+}
+
+/* Chunk `split` of token t combines columns-of-four units [u0, u1) of the
+ * token's `rows` head rows from h0 (rows x 128 units, cut evenly over the
+ * splits): out = sum_z w_z part_z / sum_z w_z, w_z = exp(lse_z - max),
+ * as b12x_combine_kernel.  G lanes share a unit (G a power of two, as many
+ * as keep the 256 threads busy), each takes every G-th split, eight at a
+ * time with all eight loads first (from L2: other multiprocessors wrote
+ * them) and a running maximum; then the G lanes merge by shuffles.  Every
+ * lane of a warp runs the same rounds, so the shuffles see the whole
+ * warp. */
+__device__ __forceinline__ void combine_slice(const AttendArgs &a, int t, int h0, int rows, int split, int tid)
+{
+    constexpr int UNITS = KV_L / 4, ZB = 8;
+    const int S = a.splits, U = rows * UNITS;
+    const int u0 = split * U / S, u1 = (split + 1) * U / S;
+    int G = 32;
+    while (G > 1 && G * (u1 - u0) > NTHREADS)
+        G >>= 1;
+    while (G > 1 && (G >> 1) >= S)
+        G >>= 1;
+    const int g = tid & (G - 1), per = NTHREADS / G;
+    /* Row z T H + t H + h of the workspace; fewer than 2^31 / 512 rows
+     * (splits x resident tokens x 16 heads), so 32-bit offsets do. */
+    const unsigned zstride = (unsigned)a.T * (unsigned)a.H;
+    const uint2 *wo = reinterpret_cast<const uint2 *>(a.ws_o);
+    for (int base = u0; base < u1; base += per) {
+        const int u = base + tid / G;
+        const bool act = u < u1;
+        const int h = h0 + (act ? u / UNITS : 0), c = (act ? u % UNITS : 0) * 4;
+        const unsigned row0 = (unsigned)t * (unsigned)a.H + (unsigned)h;
+        float m = -INFINITY, sum = 0.0f;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int z0 = g; z0 < S; z0 += ZB * G) {
+            float lz[ZB];
+            uint2 v[ZB];
+#pragma unroll
+            for (int i = 0; i < ZB; i++) {
+                const int z = z0 + i * G;
+                const unsigned row = (unsigned)z * zstride + row0;
+                lz[i] = -INFINITY;
+                v[i] = make_uint2(0, 0);
+                if (act && z < S) {
+                    lz[i] = __ldcg(a.ws_lse + row);
+                    v[i] = __ldcg(wo + row * (KV_L / 4) + c / 4);
+                }
+            }
+            float mn = m;
+#pragma unroll
+            for (int i = 0; i < ZB; i++)
+                mn = fmaxf(mn, lz[i]);
+            if (mn == -INFINITY)
+                continue;
+            const float f = expf(m - mn); /* 0 while m is -inf */
+            sum *= f;
+            acc.x *= f;
+            acc.y *= f;
+            acc.z *= f;
+            acc.w *= f;
+            m = mn;
+#pragma unroll
+            for (int i = 0; i < ZB; i++) {
+                const float wz = expf(lz[i] - m);
+                if (wz == 0.0f)
+                    continue;
+                sum += wz;
+                acc.x += wz * bf16_lo(v[i].x);
+                acc.y += wz * bf16_hi(v[i].x);
+                acc.z += wz * bf16_lo(v[i].y);
+                acc.w += wz * bf16_hi(v[i].y);
+            }
+        }
+        float M = m;
+        for (int d = G >> 1; d >= 1; d >>= 1)
+            M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, d));
+        const float f = m == -INFINITY ? 0.0f : expf(m - M);
+        sum *= f;
+        acc.x *= f;
+        acc.y *= f;
+        acc.z *= f;
+        acc.w *= f;
+        for (int d = G >> 1; d >= 1; d >>= 1) {
+            sum += __shfl_xor_sync(0xffffffffu, sum, d);
+            acc.x += __shfl_xor_sync(0xffffffffu, acc.x, d);
+            acc.y += __shfl_xor_sync(0xffffffffu, acc.y, d);
+            acc.z += __shfl_xor_sync(0xffffffffu, acc.z, d);
+            acc.w += __shfl_xor_sync(0xffffffffu, acc.w, d);
+        }
+        if (act && g == 0) {
+            const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+            *reinterpret_cast<uint2 *>(a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + c) =
+                make_uint2(pack_bf16(acc.x * inv, acc.y * inv), pack_bf16(acc.z * inv, acc.w * inv));
+            if (c == 0 && a.lse)
+                a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = sum > 0.0f ? M + logf(sum) : -INFINITY;
+        }
+    }
+}
+
+/* The end of a small-head kernel's math warps when it combines in place. */
+__device__ __forceinline__ void combine_in_kernel(const AttendArgs &a, int t, int h0, int rows, int split, int tid)
+{
+    if (a.splits <= 1)
+        return;
+    split_barrier(a, t, split, tid);
+    combine_slice(a, t, h0, rows, split, tid);
+}
+
+/* IP: the instantiation that combines in place (a.bar set, splits > 1);
+ * the others are the kernels without that tail. */
+template <bool FP8, bool SHORT, bool IP>
 __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch)) b12x_small_kernel(const AttendArgs a)
 {
     using S = SmallSmem<FP8, SHORT>;
@@ -1041,6 +1190,8 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch)) b12x_small_kernel(c
     if (tid < rows)
         store_row_lse(a, t, h0 + tid, split, s_stat[16 + tid], s_stat[32 + tid]);
     B12X_PROF_MAIN(5, clock64());
+    if constexpr (IP)
+        combine_in_kernel(a, t, h0, rows, split, tid);
     B12X_PROF_MAIN(7, prof_gt());
 }
 
@@ -1154,7 +1305,7 @@ __device__ __forceinline__ uint32_t movm_t(uint32_t x)
     return y;
 }
 
-__global__ void __maxnreg__(RcRegs::launch) b12x_small_rc_kernel(const AttendArgs a)
+template <bool IP> __device__ __forceinline__ void small_rc(const AttendArgs &a)
 {
     using S = RcSmem;
     extern __shared__ __align__(128) uint8_t smem[];
@@ -1459,7 +1610,20 @@ __global__ void __maxnreg__(RcRegs::launch) b12x_small_rc_kernel(const AttendArg
     if (tid < rows)
         store_row_lse(a, t, h0 + tid, split, s_stat[tid], s_stat[16 + tid]);
     B12X_PROF_MAIN(5, clock64());
+    if constexpr (IP)
+        combine_in_kernel(a, t, h0, rows, split, tid);
     B12X_PROF_MAIN(7, prof_gt());
+}
+
+/* The kernel without and with the in-place combine. */
+__global__ void __maxnreg__(RcRegs::launch) b12x_small_rc_kernel(const AttendArgs a)
+{
+    small_rc<false>(a);
+}
+
+__global__ void __maxnreg__(RcRegs::launch) b12x_small_rc_ip_kernel(const AttendArgs a)
+{
+    small_rc<true>(a);
 }
 
 /* out[h,t,:] = sum_z w_z * part_z / sum_z w_z with w_z = exp(lse_z - max).
@@ -1580,22 +1744,32 @@ attend_kernel_fn pick_kernel(bool fp8, int rt, int chunk_slots, size_t *smem)
 }
 
 /* The small-head kernel for a format and step size (`short_t`: at most
- * SMALL_SHORT_T tokens), and its shared-memory bytes for a chunk of
- * `chunk_slots`. */
-attend_kernel_fn pick_small(bool fp8, bool short_t, int chunk_slots, size_t *smem)
+ * SMALL_SHORT_T tokens), with the in-place combine or not, and its
+ * shared-memory bytes for a chunk of `chunk_slots`. */
+attend_kernel_fn pick_small(bool fp8, bool short_t, bool ip, int chunk_slots, size_t *smem)
 {
-#define B12X_PICK_(F, SH)                                     \
-    if (fp8 == F && short_t == SH) {                          \
+#define B12X_PICK_(F, SH, IP)                                 \
+    if (fp8 == F && short_t == SH && ip == IP) {              \
         *smem = SmallSmem<F, SH>::bytes(chunk_slots);         \
-        return b12x_small_kernel<F, SH>;                      \
+        return b12x_small_kernel<F, SH, IP>;                  \
     }
-    B12X_PICK_(false, false)
-    B12X_PICK_(false, true)
-    B12X_PICK_(true, false)
-    B12X_PICK_(true, true)
+    B12X_PICK_(false, false, false)
+    B12X_PICK_(false, true, false)
+    B12X_PICK_(true, false, false)
+    B12X_PICK_(true, true, false)
+    B12X_PICK_(false, false, true)
+    B12X_PICK_(false, true, true)
+    B12X_PICK_(true, false, true)
+    B12X_PICK_(true, true, true)
 #undef B12X_PICK_
     *smem = 0;
     return nullptr;
+}
+
+/* The register-conversion kernel, with the in-place combine or not. */
+attend_kernel_fn pick_rc(bool ip)
+{
+    return ip ? b12x_small_rc_ip_kernel : b12x_small_rc_kernel;
 }
 
 /* A launch, with programmatic stream serialization when `pdl` (the kernel
@@ -1639,9 +1813,10 @@ int allow_smem(const void *fn, size_t bytes, int optin, int dev, mlart_error_fn 
 
 } /* namespace */
 
-extern "C" int b12x_attend_setup(int *num_sms, mlart_error_fn err)
+extern "C" int b12x_attend_setup(b12x_dev *out, mlart_error_fn err)
 {
     int dev = 0, sms = 0, optin = 0;
+    memset(out, 0, sizeof *out);
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
@@ -1664,14 +1839,13 @@ extern "C" int b12x_attend_setup(int *num_sms, mlart_error_fn err)
             attend_kernel_fn fn = pick_kernel(f != 0, rt, B12X_MAX_TOPK, &bytes);
             rc = allow_smem((const void *)fn, bytes, optin, dev, err);
         }
-    for (int f = 0; f < 2 && rc == 0; f++)
-        for (int sh = 0; sh < 2 && rc == 0; sh++) {
-            size_t bytes;
-            attend_kernel_fn fn = pick_small(f != 0, sh != 0, B12X_MAX_TOPK, &bytes);
-            rc = allow_smem((const void *)fn, bytes, optin, dev, err);
-        }
-    if (rc == 0)
-        rc = allow_smem((const void *)b12x_small_rc_kernel, RcSmem::bytes(B12X_MAX_TOPK), optin, dev, err);
+    for (int k = 0; k < 8 && rc == 0; k++) {
+        size_t bytes;
+        attend_kernel_fn fn = pick_small((k & 1) != 0, (k & 2) != 0, (k & 4) != 0, B12X_MAX_TOPK, &bytes);
+        rc = allow_smem((const void *)fn, bytes, optin, dev, err);
+    }
+    for (int ip = 0; ip < 2 && rc == 0; ip++)
+        rc = allow_smem((const void *)pick_rc(ip != 0), RcSmem::bytes(B12X_MAX_TOPK), optin, dev, err);
     if (rc != 0)
         return rc;
     const char *rcv = getenv("MLART_B12X_RC");
@@ -1689,8 +1863,44 @@ extern "C" int b12x_attend_setup(int *num_sms, mlart_error_fn err)
     e = (cudaError_t)b12x_wgmma_setup(); /* b12x_wgmma.cu: its shared memory, MLART_B12X_WGMMA */
     if (e != cudaSuccess)
         return cuda_fail(err, "wgmma kernel setup", e);
-    *num_sms = sms;
+    /* Blocks of the in-place small-head kernels the device holds at once
+     * (the fewest of any of them, at the largest chunk): the in-place
+     * combine needs every block of the grid resident together. */
+    int resident = 0;
+    for (int k = 0; k < 5; k++) {
+        size_t bytes = RcSmem::bytes(B12X_MAX_TOPK);
+        attend_kernel_fn fn =
+            k == 4 ? pick_rc(true) : pick_small((k & 1) != 0, (k & 2) != 0, true, B12X_MAX_TOPK, &bytes);
+        int n = 0;
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, SMALL_THREADS, bytes);
+        if (e != cudaSuccess)
+            return cuda_fail(err, "occupancy query", e);
+        resident = k == 0 || n < resident ? n : resident;
+    }
+    out->num_sms = sms;
+    out->resident = resident * sms;
+    const char *ipv = getenv("MLART_B12X_INPLACE");
+    out->inplace = ipv && *ipv == '1';
+    if (out->resident > 0) {
+        const size_t bytes = (size_t)out->resident * 32 * sizeof(unsigned);
+        e = cudaMalloc((void **)&out->bar, bytes);
+        if (e == cudaSuccess)
+            e = cudaMemset(out->bar, 0, bytes);
+        if (e == cudaSuccess)
+            e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) {
+            b12x_attend_teardown(out);
+            return cuda_fail(err, "barrier array", e);
+        }
+    }
     return 0;
+}
+
+extern "C" void b12x_attend_teardown(b12x_dev *dev)
+{
+    if (dev->bar)
+        cudaFree(dev->bar);
+    dev->bar = NULL;
 }
 
 extern "C" b12x_split b12x_attend_split(int T, int heads, int topk, int fp8, int num_sms)
@@ -1747,9 +1957,10 @@ extern "C" size_t b12x_attend_workspace(int T, int heads, int topk, int fp8, int
     return rows * KV_L * sizeof(__nv_bfloat16) + rows * sizeof(float);
 }
 
-extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const b12x_tune *tune,
+extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev, const b12x_tune *tune,
                                         void *stream, mlart_error_fn err)
 {
+    const int num_sms = dev->num_sms;
     const mlart_geometry *g = &s->geom;
     const int T = s->T, H = g->heads;
     if (T == 0)
@@ -1779,7 +1990,8 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
                    "b12x_mla_sparse: attn_out rows must be 8-byte aligned with inner stride 1");
 
     if (tune && (tune->combine < 0 || tune->combine > 2 || tune->parts < 0 || tune->parts > 3 ||
-                 tune->combine_spread < -1 || tune->combine_spread > 1))
+                 tune->combine_spread < -1 || tune->combine_spread > 1 || tune->inplace < -1 ||
+                 tune->inplace > 1))
         return err(MLART_EINVAL, "b12x_mla_sparse: tuning values out of range");
     b12x_split sp = b12x_attend_split(T, H, g->topk, fp8, num_sms);
     if (tune && tune->splits > 0) {
@@ -1813,9 +2025,21 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
 
     const int full = H / HEAD_TILE, rem = H % HEAD_TILE;
     const int chunk = sp.blocks_per_split * BN;
+    /* The combine inside the small-head kernel: one launch of it covers
+     * the step (<= 16 heads, not routed to a wgmma kernel) and the whole
+     * grid fits on the device at once, so no block waits at the barrier
+     * for one that cannot start. */
+    const bool inplace_ok = dev->bar && sp.splits > 1 && full == 0 && rem <= 16 && !b12x_swg_mode() &&
+                            b12x_wgmma_mode() != 2 && (int64_t)T * sp.splits <= dev->resident;
+    if (tune && tune->inplace > 0 && !inplace_ok)
+        return err(MLART_EINVAL, "b12x_mla_sparse: no in-place combine for this step");
+    const bool inplace = inplace_ok && (tune && tune->inplace ? tune->inplace > 0 : dev->inplace != 0) &&
+                         !(tune && tune->parts == 2);
+    if (inplace && !(tune && tune->parts == 1))
+        a.bar = dev->bar;
 #ifdef B12X_PROFILE
     prof_main_blocks = T * (full + (rem ? 1 : 0)) * sp.splits; /* tile 0 comes first in the table */
-    prof_cb_blocks = sp.splits > 1 ? T * H * (combine == 1 ? 1 : KV_L / 128) : 0;
+    prof_cb_blocks = sp.splits > 1 && !inplace ? T * H * (combine == 1 ? 1 : KV_L / 128) : 0;
 #endif
     cudaStream_t st = (cudaStream_t)stream;
     cudaError_t e = cudaSuccess;
@@ -1845,9 +2069,9 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
         if (rt == 1) {
             /* one row tile: eight math warps on each block, eight load
              * warps ahead of them (b12x_small_kernel) */
-            fn = pick_small(fp8, T <= SMALL_SHORT_T, chunk, &smem);
+            fn = pick_small(fp8, T <= SMALL_SHORT_T, a.bar != nullptr, chunk, &smem);
             if (fp8 && g_rc && T >= SMALL_RC_T) {
-                fn = b12x_small_rc_kernel;
+                fn = pick_rc(a.bar != nullptr);
                 smem = RcSmem::bytes(chunk);
             }
             threads = SMALL_THREADS;
@@ -1858,7 +2082,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const 
         e = launch(fn, dim3((unsigned)T, (unsigned)tiles, (unsigned)sp.splits), threads, smem, st,
                    pdl, a);
     }
-    if (sp.splits > 1 && (parts & 2) && e == cudaSuccess) {
+    if (sp.splits > 1 && !inplace && (parts & 2) && e == cudaSuccess) {
         const int ng1 = (sp.splits + CB_Z - 1) / CB_Z;
         const int ng2 = sp.splits < CB_MAX_GROUPS ? sp.splits : CB_MAX_GROUPS;
         /* After the small-head kernel, and unless the combine has more than
@@ -1955,8 +2179,8 @@ extern "C" void b12x_profile_dump(FILE *f, const char *label)
 }
 #endif
 
-extern "C" int b12x_attend_launch(const mlart_step *s, int num_sms, void *stream,
+extern "C" int b12x_attend_launch(const mlart_step *s, const b12x_dev *dev, void *stream,
                                   mlart_error_fn err)
 {
-    return b12x_attend_launch_tuned(s, num_sms, NULL, stream, err);
+    return b12x_attend_launch_tuned(s, dev, NULL, stream, err);
 }

@@ -27,9 +27,24 @@ typedef struct b12x_split {
     int blocks_per_split;
 } b12x_split;
 
-/* Prepare the kernels on the current device (shared-memory limits) and
- * return its multiprocessor count.  Returns 0 or a negative status. */
-int b12x_attend_setup(int *num_sms, mlart_error_fn err);
+/* What the launches need to know of the device, from b12x_attend_setup:
+ * its multiprocessor count, how many blocks of the small-head kernels it
+ * holds at once, the barrier array of their in-place combine (device
+ * memory, `resident` words 128 bytes apart, zeroed once), and whether
+ * steps use it by default (`inplace`: MLART_B12X_INPLACE=1 when the
+ * backend is created; otherwise split steps run the combine kernel). */
+typedef struct b12x_dev {
+    int num_sms;
+    int resident;
+    unsigned *bar;
+    int inplace;
+} b12x_dev;
+
+/* Prepare the kernels on the current device (shared-memory limits), fill
+ * *dev and allocate its barrier array.  Returns 0 or a negative status;
+ * b12x_attend_teardown frees what setup allocated (accepts a zeroed dev). */
+int b12x_attend_setup(b12x_dev *dev, mlart_error_fn err);
+void b12x_attend_teardown(b12x_dev *dev);
 /* The split chosen for T tokens: a function of T, heads, topk, the cache
  * format (`fp8`: fp8_ds_mla, else bf16) and the multiprocessor count
  * only, so plan() and attend() agree. */
@@ -38,23 +53,27 @@ b12x_split b12x_attend_split(int T, int heads, int topk, int fp8, int num_sms);
 size_t b12x_attend_workspace(int T, int heads, int topk, int fp8, int num_sms);
 /* The sparse attention of one step on `stream`.  Views were validated by
  * the runtime; this checks only what the kernels assume about alignment. */
-int b12x_attend_launch(const mlart_step *s, int num_sms, void *stream, mlart_error_fn err);
+int b12x_attend_launch(const mlart_step *s, const b12x_dev *dev, void *stream, mlart_error_fn err);
 
 /* Tuning hook (mlart-bench's attention variants table; zeros select what
  * b12x_attend_launch does): `splits` forces the chunk count (<= 64, the
  * workspace must hold it: splits x T x H x (512 bf16 + 1 float)); `parts`
- * 1 = the main kernel only, 2 = the combine only, 3 = both; `combine` 1 = whole-row
- * combine blocks, 2 = quarter-row blocks; `pdl` 0 launches without
- * programmatic dependent launch; `combine_spread` 1 caps the combine at two
- * blocks a multiprocessor, -1 leaves it uncapped. */
+ * 1 = the main kernel only (no combine of either kind), 2 = the combine
+ * kernel only, 3 = both; `combine` 1 = whole-row combine blocks, 2 =
+ * quarter-row blocks; `pdl` 0 launches without programmatic dependent
+ * launch; `combine_spread` 1 caps the combine at two blocks a
+ * multiprocessor, -1 leaves it uncapped; `inplace` 1 combines inside the
+ * small-head kernel (an error where that is not possible), -1 runs the
+ * combine kernel, 0 follows b12x_dev.inplace. */
 typedef struct b12x_tune {
     int splits;
     int parts;
     int combine;
     int pdl;
     int combine_spread;
+    int inplace;
 } b12x_tune;
-int b12x_attend_launch_tuned(const mlart_step *s, int num_sms, const b12x_tune *tune, void *stream,
+int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev, const b12x_tune *tune, void *stream,
                              mlart_error_fn err);
 
 /* The wgmma kernel (b12x_wgmma.cu, sm_90a) for tiles of up to 64 heads.

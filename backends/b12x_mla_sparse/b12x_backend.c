@@ -9,14 +9,15 @@
 
 typedef struct b12x_state {
     mlart_backend_init init;
-    int num_sms;
+    b12x_dev dev;
 } b12x_state;
 
 static int b12x_create(const mlart_backend_init *init, void **state)
 {
     const mlart_geometry *g = &init->geom;
     b12x_state *st;
-    int sms = 0, rc;
+    b12x_dev dev;
+    int rc;
     if (init->device < 0)
         return init->error(MLART_ENOTSUP, "b12x_mla_sparse: runs on CUDA devices only (device %d)",
                            init->device);
@@ -33,21 +34,26 @@ static int b12x_create(const mlart_backend_init *init, void **state)
                            B12X_MAX_TOPK, (int)g->topk);
     if (g->page_size < 1)
         return init->error(MLART_EINVAL, "b12x_mla_sparse: page_size %d", (int)g->page_size);
-    rc = b12x_attend_setup(&sms, init->error);
+    rc = b12x_attend_setup(&dev, init->error);
     if (rc < 0)
         return rc;
     st = calloc(1, sizeof *st);
-    if (!st)
+    if (!st) {
+        b12x_attend_teardown(&dev);
         return init->error(MLART_ENOMEM, "b12x_mla_sparse: out of host memory");
+    }
     st->init = *init;
-    st->num_sms = sms;
+    st->dev = dev;
     *state = st;
     return 0;
 }
 
 static void b12x_destroy(void *state)
 {
-    free(state);
+    b12x_state *st = state;
+    if (st)
+        b12x_attend_teardown(&st->dev);
+    free(st);
 }
 
 static int b12x_plan(void *state, const mlart_plan *plan, size_t *workspace_bytes)
@@ -60,7 +66,7 @@ static int b12x_plan(void *state, const mlart_plan *plan, size_t *workspace_byte
      * step may have, not just for max_tokens. */
     for (int32_t T = 1; T <= plan->max_tokens; T++) {
         size_t b = b12x_attend_workspace(T, plan->geom.heads, plan->geom.topk,
-                                         plan->geom.kv_format == MLART_KV_FP8_DS_MLA, st->num_sms);
+                                         plan->geom.kv_format == MLART_KV_FP8_DS_MLA, st->dev.num_sms);
         if (b > most)
             most = b;
     }
@@ -71,7 +77,7 @@ static int b12x_plan(void *state, const mlart_plan *plan, size_t *workspace_byte
 static int b12x_attend(void *state, const mlart_step *s, void *stream)
 {
     b12x_state *st = state;
-    return b12x_attend_launch(s, st->num_sms, stream, st->init.error);
+    return b12x_attend_launch(s, &st->dev, stream, st->init.error);
 }
 
 static const mlart_backend_vtable b12x_vtable = {

@@ -43,6 +43,7 @@ struct AttendArgs {
     int blocks_per_split; /* pipeline blocks (32 slots) per chunk */
     int splits;
     float scale_log2;     /* softmax scale * log2(e) */
+    unsigned *bar;        /* barriers of the in-place combine (b12x_small_kernel<.., true>), else NULL */
 };
 
 /* Slots per pipeline block, in every kernel: the split model, the chunks
@@ -100,6 +101,7 @@ inline void args_from_step(AttendArgs *a, const mlart_step *s)
     a->l_st = s->lse.stride[1];
     a->ws_o = NULL;
     a->ws_lse = NULL;
+    a->bar = NULL;
     a->T = s->T;
     a->H = g->heads;
     a->B = s->B;

@@ -312,6 +312,103 @@ START_TEST(test_rc)
 }
 END_TEST
 
+/* <= 16 heads with splits: with MLART_B12X_INPLACE=1 (read when the
+ * backend is created; each test runs in its own process) the combine
+ * inside the small-head kernels, wherever the whole grid fits on the
+ * device, and with =0 the combine kernel (the default).  64 chunks of one block (T =
+ * 1, 2), 32 and 16 chunks, two chunks at T = 64 (128 blocks), uneven
+ * slices (11 heads, 1 head), a partial last block, shared requests,
+ * out-of-range indices, empty rows; fp8 at T >= 8 on the register-
+ * conversion kernel. */
+START_TEST(test_inplace)
+{
+    const mlart_kv_format fmt = g_fmts[_i % 2];
+    const int inplace = _i < 2;
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 61) * 0x9E3779B97F4A7C15ull;
+    shared_cache c;
+    cudaStream_t st;
+    setenv("MLART_B12X_INPLACE", inplace ? "1" : "0", 1);
+    GPU_CUDA(cudaStreamCreate(&st));
+    cache_open(&c, fmt, &rng);
+    const attn_shape shapes[] = {
+        {1, 16, 2048, fmt, 1, 0, 0, 0.0417f},  /* 64 chunks of one block */
+        {2, 16, 2048, fmt, 1, 0, 0, 0.3f},
+        {4, 11, 2048, fmt, 1, 1, 0, 0.0417f},  /* uneven slices of 11 x 128 units */
+        {3, 1, 576, fmt, 1, 1, 0, 0.0417f},    /* one head */
+        {8, 16, 2048, fmt, 1, 1, 0, 0.0417f},  /* fp8: the register-conversion kernel */
+        {12, 16, 2048, fmt, 4, 1, 0, 0.0417f}, /* 4 tokens per request */
+        {9, 16, 2048, fmt, 1, 1, 1, 0.0417f},  /* out-of-range indices */
+        {64, 16, 2048, fmt, 1, 1, 0, 0.0417f}, /* two chunks, 128 blocks */
+        {5, 16, 100, fmt, 1, 1, 0, 0.0417f},   /* topk % 32 != 0 */
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        check_step(&shapes[i], c.host, c.dev, &rng, st);
+    printf("<= 16 heads with splits, MLART_B12X_INPLACE=%d, %s: %zu shapes match (seed 0x%llx)\n", inplace,
+           mlart_kv_format_name(fmt), sizeof shapes / sizeof shapes[0], (unsigned long long)g_seed);
+    cache_close(&c);
+    cudaStreamDestroy(st);
+}
+END_TEST
+
+/* The in-place combine's barriers go back to their first state after
+ * every use: 60 calls back to back on one stream, no synchronisation,
+ * with 1..4 tokens (64, 64, 64 and 32 chunks, so the barrier of token 0
+ * counts to different totals), then the full step, which must equal the
+ * reference and a fresh backend's result bit for bit. */
+START_TEST(test_inplace_repeat)
+{
+    const mlart_kv_format fmt = g_fmts[_i];
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 71) * 0x9E3779B97F4A7C15ull;
+    shared_cache c;
+    cudaStream_t st;
+    attn_host h;
+    attn_dev d;
+    attn_result once, again, ref;
+    b12x_run run, fresh;
+    char msg[256];
+    const attn_shape sh = {4, 16, 2048, fmt, 1, 0, 0, 0.0417f};
+    setenv("MLART_B12X_INPLACE", "1", 1);
+    GPU_CUDA(cudaStreamCreate(&st));
+    cache_open(&c, fmt, &rng);
+    attn_host_make(&h, &sh, c.host, &rng);
+    attn_dev_upload(&d, &h, c.dev);
+    b12x_open(&fresh, &h, &d, sh.T);
+    b12x_attend_sync(&fresh, &h, &d, st);
+    attn_fetch(&once, &d, &h);
+    fresh.vt->destroy(fresh.state);
+
+    b12x_open(&run, &h, &d, sh.T);
+    attn_poison(&d, &h);
+    mlart_step s = attn_dev_step(&h, &d);
+    for (int k = 0; k < 60; k++) {
+        s.T = 1 + k % 4;
+        ck_assert_msg(run.vt->attend(run.state, &s, st) == 0, "attend %d: %s", k, attn_last_msg);
+    }
+    s.T = sh.T;
+    ck_assert_msg(run.vt->attend(run.state, &s, st) == 0, "attend: %s", attn_last_msg);
+    GPU_CUDA(cudaStreamSynchronize(st));
+    GPU_CUDA(cudaGetLastError());
+    attn_fetch(&again, &d, &h);
+    ck_assert_msg(memcmp(once.out, again.out, (size_t)sh.H * sh.T * 1024) == 0,
+                  "after 60 calls the output differs from a fresh backend's");
+    ck_assert_msg(memcmp(once.lse, again.lse, (size_t)sh.H * sh.T * 4) == 0,
+                  "after 60 calls the LSE differs from a fresh backend's");
+    ref_attend_sync(&h, &d, st);
+    attn_fetch(&ref, &d, &h);
+    ck_assert_msg(!attn_compare(&h, &again, &ref, NMSE_MAX, LSE_TOL, msg, sizeof msg), "vs reference: %s", msg);
+    printf("%s: 61 calls back to back (T = 1..4), then equal to a fresh backend bit for bit; %s\n",
+           mlart_kv_format_name(fmt), msg);
+    attn_result_free(&once);
+    attn_result_free(&again);
+    attn_result_free(&ref);
+    run.vt->destroy(run.state);
+    attn_dev_free(&d);
+    attn_host_free(&h);
+    cache_close(&c);
+    cudaStreamDestroy(st);
+}
+END_TEST
+
 /* Graph capture + replay equals the eager call bit for bit, also after the
  * indices change in place (the graph reads the persistent buffers). */
 START_TEST(test_graph)
@@ -587,6 +684,11 @@ int main(void)
     tc = tcase_create("rc");
     tcase_set_timeout(tc, 240);
     tcase_add_loop_test(tc, test_rc, 0, 2);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("inplace");
+    tcase_set_timeout(tc, 240);
+    tcase_add_loop_test(tc, test_inplace, 0, 4);
+    tcase_add_loop_test(tc, test_inplace_repeat, 0, 2);
     suite_add_tcase(s, tc);
     return gpu_test_run(s, CK_FORK);
 }
