@@ -589,7 +589,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     static const mlart_bench_col cols[] = {
         {"time", "us", 8, 2},    {"GB/s", "unique", 7, 0}, {"TFLOP/s", "", 8, 1}, {"floor", "us", 7, 2},
         {"%roof", "%", 6, 1},    {"ref", "us", 9, 1},      {"x_ref", "x", 7, 1},  {"err", "nmse", 9, 7},
-        {"qbmm", "us", 7, 2},    {"in_layer", "+us", 8, 2}};
+        {"qbmm", "us", 7, 2},    {"in_layer", "+us", 8, 2}, {"inplace", "us", 8, 2}};
     const mlart_bench_table t = {"attn decode: b12x_mla_sparse, topk 2048, each token its own request, "
                                  "q_mqa[T,H,576] x paged cache -> out[H,T,512] + lse",
                                  "shape", 34, cols, (int)(sizeof cols / sizeof cols[0])};
@@ -598,6 +598,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     static const mlart_kv_format fmts[] = {MLART_KV_BF16, MLART_KV_FP8_DS_MLA};
     int wrong = 0, any = 0;
     double worst_mem_ratio = 0, worst_small_us = 0, h128_fp8_t64 = NAN, worst_layer_mem = 0, worst_layer_small = 0;
+    double ip_mem_ratio = 0, ip_small_us = 0; /* the in-place combine's column, where it runs */
     char line[768];
     mlart_bench_opts ref_opts = *o;
     ref_opts.reps = o->reps < 3 ? o->reps : 3;
@@ -623,12 +624,19 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     }
     printf("\n# bf16 tensor-core rate, cuBLAS 8192^3 (median of 5): %.0f TFLOP/s; copy roofline %.0f GB/s\n",
            tc_peak, o->copy_gbs);
+    /* For the `inplace` column: the launch with the in-place combine forced
+     * (b12x_tune.inplace = 1), wherever the step can take it. */
+    b12x_dev dev;
+    if (b12x_attend_setup(&dev, bench_err))
+        return -1;
     mlart_bench_table_head(o, &t);
     for (int f = 0; f < 2; f++) {
         mlart_geometry g0;
         void *kv = open_cache(fmts[f], &g0);
-        if (!kv)
+        if (!kv) {
+            b12x_attend_teardown(&dev);
             return -1;
+        }
         const size_t row_bytes = fmts[f] == MLART_KV_BF16 ? 1152 : 656;
         for (int m = 0; m < 3; m++) {
             Ctx *c = (Ctx *)calloc(1, sizeof(Ctx));
@@ -654,11 +662,12 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
                     c->vt->destroy(c->state);
                 free(c);
                 cudaFree(kv);
+                b12x_attend_teardown(&dev);
                 return -1;
             }
             for (int it = 0; it < 7; it++) {
                 char name[64];
-                double v[10], ref_us = NAN, pair_us = NAN;
+                double v[11], ref_us = NAN, pair_us = NAN;
                 c->T = Ts[it];
                 snprintf(name, sizeof name, "attn %s H%d %s T%d", models[m].name, models[m].heads,
                          fmts[f] == MLART_KV_BF16 ? "bf16" : "fp8", c->T);
@@ -691,6 +700,26 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
                 v[7] = check_set0(*c);
                 if (!(v[7] <= kNmseMax))
                     wrong++;
+                /* The same step with the in-place combine (checked like the
+                 * main column), before the layer timing overwrites q. */
+                v[10] = NAN;
+                const b12x_split sp =
+                    b12x_attend_split(c->T, c->g.heads, kTopk, fmts[f] == MLART_KV_FP8_DS_MLA, dev.num_sms);
+                if (c->g.heads <= 16 && sp.splits > 1 && (int64_t)c->T * sp.splits <= dev.resident) {
+                    Variant ip = {c, {0, 0, 0, 1, 0, 1}, &dev};
+                    double ip_err = NAN;
+                    if (cudaMemset(c->sets[0].out, 0xff, (size_t)c->g.heads * c->T * 1024) != cudaSuccess ||
+                        mlart_bench_time(o, enqueue_variant, &ip, nsets, &v[10]) ||
+                        !((ip_err = check_set0(*c)) <= kNmseMax)) {
+                        fprintf(stderr, "mlart-bench attn: %s: in-place combine failed (nmse %g)\n", name, ip_err);
+                        v[10] = NAN;
+                        wrong++;
+                    } else if (c->T >= 8) {
+                        ip_mem_ratio = fmax(ip_mem_ratio, v[10] / (bytes / (o->copy_gbs * 1e3)));
+                    } else {
+                        ip_small_us = fmax(ip_small_us, v[10]);
+                    }
+                }
                 /* In a layer step: after the absorption that writes q (it lets
                  * attend() start once past its own wait); the cost is
                  * time(absorption + attend) - time(absorption).  Last, as it
@@ -722,6 +751,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
         }
         cudaFree(kv);
     }
+    b12x_attend_teardown(&dev);
     if (variants) {
         const int rc = bench_attn_variants(o);
         wrong += rc < 0 ? 1 : rc;
@@ -729,11 +759,12 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     snprintf(line, sizeof line,
              "attn targets: 16 heads T>=8 worst time/bandwidth-floor %.2fx (target <= 2: %s); 16 heads T<8 "
              "worst %.2f us (target < 5: %s); 128 heads fp8 T=64 %.1f TFLOP/s (target >= 250: %s); in a layer "
-             "step (after the absorption): 16 heads T>=8 worst %.2fx, T<8 worst %.2f us",
+             "step (after the absorption): 16 heads T>=8 worst %.2fx, T<8 worst %.2f us; with the in-place "
+             "combine (opt-in, where it runs): 16 heads T>=8 worst %.2fx, T<8 worst %.2f us",
              worst_mem_ratio, worst_mem_ratio == 0 ? "n/a" : worst_mem_ratio <= 2 ? "met" : "MISSED",
              worst_small_us, worst_small_us == 0 ? "n/a" : worst_small_us < 5 ? "met" : "MISSED", h128_fp8_t64,
              isnan(h128_fp8_t64) ? "n/a" : h128_fp8_t64 >= 250 ? "met" : "MISSED", worst_layer_mem,
-             worst_layer_small);
+             worst_layer_small, ip_mem_ratio, ip_small_us);
     mlart_bench_summary(o, t.title, line);
     return wrong;
 }
