@@ -554,7 +554,7 @@ int bench_attn_variants(const mlart_bench_opts *o)
                         splits = (nblk + bps - 1) / bps;
                     }
                     /* the in-place combine only where the launch can take it */
-                    if (v.tune.inplace > 0 && (Hs[m] > 16 || splits < 2 || (int64_t)c->T * splits > dev.resident))
+                    if (v.tune.inplace > 0 && !b12x_attend_inplace_ok(&dev, c->T, Hs[m], splits))
                         continue;
                     if (cudaMemset(c->sets[0].out, 0xff, (size_t)Hs[m] * c->T * 1024) != cudaSuccess ||
                         mlart_bench_time(o, enqueue_variant, &v, nsets, &vals[0])) {
@@ -705,7 +705,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
                 v[10] = NAN;
                 const b12x_split sp =
                     b12x_attend_split(c->T, c->g.heads, kTopk, fmts[f] == MLART_KV_FP8_DS_MLA, dev.num_sms);
-                if (c->g.heads <= 16 && sp.splits > 1 && (int64_t)c->T * sp.splits <= dev.resident) {
+                if (b12x_attend_inplace_ok(&dev, c->T, c->g.heads, sp.splits)) {
                     Variant ip = {c, {0, 0, 0, 1, 0, 1}, &dev};
                     double ip_err = NAN;
                     if (cudaMemset(c->sets[0].out, 0xff, (size_t)c->g.heads * c->T * 1024) != cudaSuccess ||
@@ -714,9 +714,9 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
                         fprintf(stderr, "mlart-bench attn: %s: in-place combine failed (nmse %g)\n", name, ip_err);
                         v[10] = NAN;
                         wrong++;
-                    } else if (c->T >= 8) {
+                    } else if (c->g.heads <= 16 && c->T >= 8) {
                         ip_mem_ratio = fmax(ip_mem_ratio, v[10] / (bytes / (o->copy_gbs * 1e3)));
-                    } else {
+                    } else if (c->g.heads <= 16) {
                         ip_small_us = fmax(ip_small_us, v[10]);
                     }
                 }

@@ -28,9 +28,10 @@
  * (Combining in the last-finishing chunk instead was measured 2-7x slower
  * at T <= 4: one block then reads every partial of 64 heads;
  * docs/attention.md.)  Opt-in (b12x_dev.inplace), the small-head kernels
- * combine in place instead when the whole grid is resident: the chunks
- * of a token meet at a barrier and each combines a slice of its rows
- * (combine_in_kernel).  Both kernels are launched with programmatic
+ * and the wgmma kernel combine in place instead when the whole grid is
+ * resident: the chunks of a token meet at a barrier and each combines a
+ * slice of its rows (b12x::combine_in_kernel, b12x_common.cuh).  Both
+ * kernels are launched with programmatic
  * dependent launch: each becomes resident while the previous kernel of the
  * stream finishes.  The main kernel resolves its slots and issues its first
  * gathers meanwhile (inputs that kernel does not write: the stream contract
@@ -768,149 +769,6 @@ __device__ __forceinline__ float lazy_softmax(const float *part, int s_ld, int s
     return alpha;
 }
 
-/* ---- the combine inside the small-head kernels ---------------------------
- * When the whole grid is resident at once (the launch checks T x splits
- * against what fits, b12x_dev.resident) the chunks of a token can meet at
- * a barrier after their partial writes, and each then combines its share
- * of the token's rows: no combine kernel, no second launch.  The barrier
- * of token t is one word, a.bar[32 t] (128 bytes apart).  Chunk 0 adds
- * 2^31 - (splits - 1) and every other chunk 1, so the arrivals add
- * exactly 2^31: bit 31 flips when the last one lands and the low bits are
- * back where they started, whatever the count.  A chunk waits until bit 31
- * differs from what its own atomic returned (a half-counted barrier never
- * flips it: the low bits stay below 2^31).  The array needs zeroing only
- * once (setup), and consecutive calls may use different split counts.
- * Only the math warps (threads 0..255) take part; the load warps have
- * left.  Fences as in a grid-wide barrier: bar.sync, then one thread's
- * gpu-scope fence before its arrival and after its wait. */
-__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned *p)
-{
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void split_barrier(const AttendArgs &a, int t, int split, int tid)
-{
-    math_sync(); /* every math thread's partial and LSE stores issued */
-    if (tid == 0) {
-        unsigned *w = a.bar + 32 * t;
-        const unsigned add = split == 0 ? 0x80000000u - (unsigned)(a.splits - 1) : 1u;
-        __threadfence();
-        const unsigned old = atomicAdd(w, add);
-        if ((((old + add) ^ old) & 0x80000000u) == 0)
-            while (((ld_acquire_gpu(w) ^ old) & 0x80000000u) == 0) {
-            }
-        __threadfence();
-    }
-    math_sync();
-}
-
-/* Chunk `split` of token t combines columns-of-four units [u0, u1) of the
- * token's `rows` head rows from h0 (rows x 128 units, cut evenly over the
- * splits): out = sum_z w_z part_z / sum_z w_z, w_z = exp(lse_z - max),
- * as b12x_combine_kernel.  G lanes share a unit (G a power of two, as many
- * as keep the 256 threads busy), each takes every G-th split, eight at a
- * time with all eight loads first (from L2: other multiprocessors wrote
- * them) and a running maximum; then the G lanes merge by shuffles.  Every
- * lane of a warp runs the same rounds, so the shuffles see the whole
- * warp. */
-__device__ __forceinline__ void combine_slice(const AttendArgs &a, int t, int h0, int rows, int split, int tid)
-{
-    constexpr int UNITS = KV_L / 4, ZB = 8;
-    const int S = a.splits, U = rows * UNITS;
-    const int u0 = split * U / S, u1 = (split + 1) * U / S;
-    int G = 32;
-    while (G > 1 && G * (u1 - u0) > NTHREADS)
-        G >>= 1;
-    while (G > 1 && (G >> 1) >= S)
-        G >>= 1;
-    const int g = tid & (G - 1), per = NTHREADS / G;
-    /* Row z T H + t H + h of the workspace; fewer than 2^31 / 512 rows
-     * (splits x resident tokens x 16 heads), so 32-bit offsets do. */
-    const unsigned zstride = (unsigned)a.T * (unsigned)a.H;
-    const uint2 *wo = reinterpret_cast<const uint2 *>(a.ws_o);
-    for (int base = u0; base < u1; base += per) {
-        const int u = base + tid / G;
-        const bool act = u < u1;
-        const int h = h0 + (act ? u / UNITS : 0), c = (act ? u % UNITS : 0) * 4;
-        const unsigned row0 = (unsigned)t * (unsigned)a.H + (unsigned)h;
-        float m = -INFINITY, sum = 0.0f;
-        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int z0 = g; z0 < S; z0 += ZB * G) {
-            float lz[ZB];
-            uint2 v[ZB];
-#pragma unroll
-            for (int i = 0; i < ZB; i++) {
-                const int z = z0 + i * G;
-                const unsigned row = (unsigned)z * zstride + row0;
-                lz[i] = -INFINITY;
-                v[i] = make_uint2(0, 0);
-                if (act && z < S) {
-                    lz[i] = __ldcg(a.ws_lse + row);
-                    v[i] = __ldcg(wo + row * (KV_L / 4) + c / 4);
-                }
-            }
-            float mn = m;
-#pragma unroll
-            for (int i = 0; i < ZB; i++)
-                mn = fmaxf(mn, lz[i]);
-            if (mn == -INFINITY)
-                continue;
-            const float f = expf(m - mn); /* 0 while m is -inf */
-            sum *= f;
-            acc.x *= f;
-            acc.y *= f;
-            acc.z *= f;
-            acc.w *= f;
-            m = mn;
-#pragma unroll
-            for (int i = 0; i < ZB; i++) {
-                const float wz = expf(lz[i] - m);
-                if (wz == 0.0f)
-                    continue;
-                sum += wz;
-                acc.x += wz * bf16_lo(v[i].x);
-                acc.y += wz * bf16_hi(v[i].x);
-                acc.z += wz * bf16_lo(v[i].y);
-                acc.w += wz * bf16_hi(v[i].y);
-            }
-        }
-        float M = m;
-        for (int d = G >> 1; d >= 1; d >>= 1)
-            M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, d));
-        const float f = m == -INFINITY ? 0.0f : expf(m - M);
-        sum *= f;
-        acc.x *= f;
-        acc.y *= f;
-        acc.z *= f;
-        acc.w *= f;
-        for (int d = G >> 1; d >= 1; d >>= 1) {
-            sum += __shfl_xor_sync(0xffffffffu, sum, d);
-            acc.x += __shfl_xor_sync(0xffffffffu, acc.x, d);
-            acc.y += __shfl_xor_sync(0xffffffffu, acc.y, d);
-            acc.z += __shfl_xor_sync(0xffffffffu, acc.z, d);
-            acc.w += __shfl_xor_sync(0xffffffffu, acc.w, d);
-        }
-        if (act && g == 0) {
-            const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-            *reinterpret_cast<uint2 *>(a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + c) =
-                make_uint2(pack_bf16(acc.x * inv, acc.y * inv), pack_bf16(acc.z * inv, acc.w * inv));
-            if (c == 0 && a.lse)
-                a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = sum > 0.0f ? M + logf(sum) : -INFINITY;
-        }
-    }
-}
-
-/* The end of a small-head kernel's math warps when it combines in place. */
-__device__ __forceinline__ void combine_in_kernel(const AttendArgs &a, int t, int h0, int rows, int split, int tid)
-{
-    if (a.splits <= 1)
-        return;
-    split_barrier(a, t, split, tid);
-    combine_slice(a, t, h0, rows, split, tid);
-}
-
 /* IP: the instantiation that combines in place (a.bar set, splits > 1);
  * the others are the kernels without that tail. */
 template <bool FP8, bool SHORT, bool IP>
@@ -1191,7 +1049,7 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch)) b12x_small_kernel(c
         store_row_lse(a, t, h0 + tid, split, s_stat[16 + tid], s_stat[32 + tid]);
     B12X_PROF_MAIN(5, clock64());
     if constexpr (IP)
-        combine_in_kernel(a, t, h0, rows, split, tid);
+        b12x::combine_in_kernel<NTHREADS>(a, t, h0, rows, split, tid, [] { math_sync(); });
     B12X_PROF_MAIN(7, prof_gt());
 }
 
@@ -1611,7 +1469,7 @@ template <bool IP> __device__ __forceinline__ void small_rc(const AttendArgs &a)
         store_row_lse(a, t, h0 + tid, split, s_stat[tid], s_stat[16 + tid]);
     B12X_PROF_MAIN(5, clock64());
     if constexpr (IP)
-        combine_in_kernel(a, t, h0, rows, split, tid);
+        b12x::combine_in_kernel<NTHREADS>(a, t, h0, rows, split, tid, [] { math_sync(); });
     B12X_PROF_MAIN(7, prof_gt());
 }
 
@@ -1877,12 +1735,18 @@ extern "C" int b12x_attend_setup(b12x_dev *out, mlart_error_fn err)
             return cuda_fail(err, "occupancy query", e);
         resident = k == 0 || n < resident ? n : resident;
     }
+    int wg_per_sm = 0;
+    e = (cudaError_t)b12x_wgmma_resident(&wg_per_sm);
+    if (e != cudaSuccess)
+        return cuda_fail(err, "occupancy query", e);
     out->num_sms = sms;
     out->resident = resident * sms;
+    out->resident_wg = wg_per_sm * sms;
     const char *ipv = getenv("MLART_B12X_INPLACE");
     out->inplace = ipv && *ipv == '1';
-    if (out->resident > 0) {
-        const size_t bytes = (size_t)out->resident * 32 * sizeof(unsigned);
+    const int words = out->resident > out->resident_wg ? out->resident : out->resident_wg;
+    if (words > 0) {
+        const size_t bytes = (size_t)words * 32 * sizeof(unsigned);
         e = cudaMalloc((void **)&out->bar, bytes);
         if (e == cudaSuccess)
             e = cudaMemset(out->bar, 0, bytes);
@@ -1893,6 +1757,18 @@ extern "C" int b12x_attend_setup(b12x_dev *out, mlart_error_fn err)
             return cuda_fail(err, "barrier array", e);
         }
     }
+    return 0;
+}
+
+extern "C" int b12x_attend_inplace_ok(const b12x_dev *dev, int T, int heads, int splits)
+{
+    if (!dev->bar || splits < 2 || b12x_swg_mode())
+        return 0;
+    const int wmode = b12x_wgmma_mode(), full = heads / HEAD_TILE, rem = heads % HEAD_TILE;
+    if (full == 0 && rem <= 16 && wmode != 2) /* one launch of a small-head kernel */
+        return (int64_t)T * splits <= dev->resident;
+    if (rem == 0 && wmode >= 1) /* every tile on the wgmma kernel */
+        return (int64_t)T * full * splits <= dev->resident_wg;
     return 0;
 }
 
@@ -2025,12 +1901,10 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
 
     const int full = H / HEAD_TILE, rem = H % HEAD_TILE;
     const int chunk = sp.blocks_per_split * BN;
-    /* The combine inside the small-head kernel: one launch of it covers
-     * the step (<= 16 heads, not routed to a wgmma kernel) and the whole
-     * grid fits on the device at once, so no block waits at the barrier
-     * for one that cannot start. */
-    const bool inplace_ok = dev->bar && sp.splits > 1 && full == 0 && rem <= 16 && !b12x_swg_mode() &&
-                            b12x_wgmma_mode() != 2 && (int64_t)T * sp.splits <= dev->resident;
+    /* The combine inside the kernels: every launch of the step can do it
+     * and its whole grid fits on the device at once, so no block waits at
+     * a barrier for one that cannot start. */
+    const bool inplace_ok = b12x_attend_inplace_ok(dev, T, H, sp.splits) != 0;
     if (tune && tune->inplace > 0 && !inplace_ok)
         return err(MLART_EINVAL, "b12x_mla_sparse: no in-place combine for this step");
     const bool inplace = inplace_ok && (tune && tune->inplace ? tune->inplace > 0 : dev->inplace != 0) &&
@@ -2056,7 +1930,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
             e = (cudaError_t)b12x_wgmma_launch(s, sp.splits, sp.blocks_per_split,
                                                part == 0 ? 0 : full, tiles,
                                                reinterpret_cast<uint16_t *>(a.ws_o), a.ws_lse,
-                                               pdl, stream);
+                                               a.bar, pdl, stream);
             continue;
         }
         if (rt == 1 && b12x_swg_mode()) {

@@ -28,14 +28,16 @@ typedef struct b12x_split {
 } b12x_split;
 
 /* What the launches need to know of the device, from b12x_attend_setup:
- * its multiprocessor count, how many blocks of the small-head kernels it
- * holds at once, the barrier array of their in-place combine (device
- * memory, `resident` words 128 bytes apart, zeroed once), and whether
- * steps use it by default (`inplace`: MLART_B12X_INPLACE=1 when the
- * backend is created; otherwise split steps run the combine kernel). */
+ * its multiprocessor count, how many blocks of the small-head kernels
+ * (`resident`) and of the 64-head wgmma kernel (`resident_wg`) it holds at
+ * once, the barrier array of the in-place combine (device memory, the
+ * larger of the two counts in words 128 bytes apart, zeroed once), and
+ * whether steps use it by default (`inplace`: MLART_B12X_INPLACE=1 when
+ * the backend is created; otherwise split steps run the combine kernel). */
 typedef struct b12x_dev {
     int num_sms;
     int resident;
+    int resident_wg;
     unsigned *bar;
     int inplace;
 } b12x_dev;
@@ -45,6 +47,12 @@ typedef struct b12x_dev {
  * b12x_attend_teardown frees what setup allocated (accepts a zeroed dev). */
 int b12x_attend_setup(b12x_dev *dev, mlart_error_fn err);
 void b12x_attend_teardown(b12x_dev *dev);
+/* Whether a step of T tokens, `heads` heads and `splits` chunks can
+ * combine in place: every launch of it is a small-head kernel (<= 16
+ * heads) or the wgmma kernel (a multiple of 64 heads, MLART_B12X_WGMMA 1
+ * or 2), its whole grid fits on the device at once, and setup allocated
+ * the barriers.  1 or 0. */
+int b12x_attend_inplace_ok(const b12x_dev *dev, int T, int heads, int splits);
 /* The split chosen for T tokens: a function of T, heads, topk, the cache
  * format (`fp8`: fp8_ds_mla, else bf16) and the multiprocessor count
  * only, so plan() and attend() agree. */
@@ -82,12 +90,17 @@ int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev, const b12
  * b12x_wgmma_mode().  Launch covers head tiles [tile_base, tile_base +
  * tiles) of the step with the given split (bf16 partials, as bits, into
  * ws_o and their fp32 LSEs into ws_lse, in the mma.sync kernel's layout,
- * when splits > 1; the caller runs the combine).  Both return a cudaError_t. */
+ * when splits > 1; the caller runs the combine kernel unless `bar`).  They
+ * return a cudaError_t. */
 int b12x_wgmma_setup(void);
 int b12x_wgmma_mode(void);
 size_t b12x_wgmma_smem(void);
+/* Blocks of its in-place instantiations a multiprocessor holds at once. */
+int b12x_wgmma_resident(int *per_sm);
+/* `bar` non-NULL: the instantiation that combines in place (the caller
+ * checked that the grid is resident at once and runs no combine kernel). */
 int b12x_wgmma_launch(const mlart_step *s, int splits, int blocks_per_split, int tile_base,
-                      int tiles, uint16_t *ws_o, float *ws_lse, int pdl, void *stream);
+                      int tiles, uint16_t *ws_o, float *ws_lse, unsigned *bar, int pdl, void *stream);
 /* Prototype, opt-in (MLART_B12X_SWG=1 when the backend is created, read
  * by b12x_wgmma_setup): one tile of <= 16 heads, both formats, on the
  * slots-as-M wgmma kernel (b12x_wgmma.cu); same split, partials and

@@ -303,6 +303,154 @@ __device__ __forceinline__ void resolve_slots(const AttendArgs &a, int t, int k0
     }
 }
 
+/* ---- the in-place combine (docs/attention.md, "In-place combine") -------
+ * When the whole grid of a launch is resident at once (the host checks it
+ * against b12x_dev), the chunks of a (token, head tile) meet at a barrier
+ * after writing their partials, and each then combines its share of the
+ * tile's rows: no combine kernel, no second launch.  The barrier is one
+ * word of a.bar, 128 bytes apart: index (tile, token) = (tile_base +
+ * blockIdx.y) x T + t.  Chunk 0 adds 2^31 - (splits - 1) and every other
+ * chunk 1, so the arrivals add exactly 2^31: bit 31 flips when the last
+ * one lands and the low bits are back where they started, whatever the
+ * count.  A chunk waits until bit 31 differs from what its own atomic
+ * returned (a half-counted barrier never flips it: the low bits stay
+ * below 2^31).  The words need zeroing only once (setup), and consecutive
+ * calls may use different split counts.  `sync` is a barrier of the NT
+ * threads that take part; fences as in a grid-wide barrier: the block
+ * barrier, then one thread's gpu-scope fence before its arrival and after
+ * its wait. */
+__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned *p)
+{
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+template <class Sync>
+__device__ __forceinline__ void split_barrier(const AttendArgs &a, int t, int split, int tid, Sync sync)
+{
+    sync(); /* every thread's partial and LSE stores issued */
+    if (tid == 0) {
+        unsigned *w = a.bar + 32 * ((a.tile_base + (int)blockIdx.y) * a.T + t);
+        const unsigned add = split == 0 ? 0x80000000u - (unsigned)(a.splits - 1) : 1u;
+        __threadfence();
+        const unsigned old = atomicAdd(w, add);
+        if ((((old + add) ^ old) & 0x80000000u) == 0)
+            while (((ld_acquire_gpu(w) ^ old) & 0x80000000u) == 0) {
+            }
+        __threadfence();
+    }
+    sync();
+}
+
+/* Chunk `split` of token t combines the columns-of-four units [u0, u1) of
+ * the `rows` head rows from h0 (rows x 128 units, cut evenly over the
+ * splits): out = sum_z w_z part_z / sum_z w_z, w_z = exp(lse_z - max), as
+ * b12x_combine_kernel.  G lanes share a unit (G a power of two, as many as
+ * keep the NT threads busy), each takes every G-th split, eight at a time
+ * with all eight loads first (from L2: other multiprocessors wrote them)
+ * and a running maximum; then the G lanes merge by shuffles.  Every lane
+ * of a warp runs the same rounds, so the shuffles see the whole warp. */
+template <int NT>
+__device__ __forceinline__ void combine_slice(const AttendArgs &a, int t, int h0, int rows, int split, int tid)
+{
+    constexpr int KV_L = B12X_KV_LORA, UNITS = KV_L / 4, ZB = 8;
+    const int S = a.splits, U = rows * UNITS;
+    const int u0 = split * U / S, u1 = (split + 1) * U / S;
+    int G = 32;
+    while (G > 1 && G * (u1 - u0) > NT)
+        G >>= 1;
+    while (G > 1 && (G >> 1) >= S)
+        G >>= 1;
+    const int g = tid & (G - 1), per = NT / G;
+    /* Row z T H + t H + h of the workspace; fewer than 2^31 / 512 rows
+     * (splits x resident tokens x heads), so 32-bit offsets do. */
+    const unsigned zstride = (unsigned)a.T * (unsigned)a.H;
+    const uint2 *wo = reinterpret_cast<const uint2 *>(a.ws_o);
+    for (int base = u0; base < u1; base += per) {
+        const int u = base + tid / G;
+        const bool act = u < u1;
+        const int h = h0 + (act ? u / UNITS : 0), c = (act ? u % UNITS : 0) * 4;
+        const unsigned row0 = (unsigned)t * (unsigned)a.H + (unsigned)h;
+        float m = -INFINITY, sum = 0.0f;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int z0 = g; z0 < S; z0 += ZB * G) {
+            float lz[ZB];
+            uint2 v[ZB];
+#pragma unroll
+            for (int i = 0; i < ZB; i++) {
+                const int z = z0 + i * G;
+                const unsigned row = (unsigned)z * zstride + row0;
+                lz[i] = -INFINITY;
+                v[i] = make_uint2(0, 0);
+                if (act && z < S) {
+                    lz[i] = __ldcg(a.ws_lse + row);
+                    v[i] = __ldcg(wo + row * (KV_L / 4) + c / 4);
+                }
+            }
+            float mn = m;
+#pragma unroll
+            for (int i = 0; i < ZB; i++)
+                mn = fmaxf(mn, lz[i]);
+            if (mn == -INFINITY)
+                continue;
+            const float f = expf(m - mn); /* 0 while m is -inf */
+            sum *= f;
+            acc.x *= f;
+            acc.y *= f;
+            acc.z *= f;
+            acc.w *= f;
+            m = mn;
+#pragma unroll
+            for (int i = 0; i < ZB; i++) {
+                const float wz = expf(lz[i] - m);
+                if (wz == 0.0f)
+                    continue;
+                sum += wz;
+                acc.x += wz * bf16_lo(v[i].x);
+                acc.y += wz * bf16_hi(v[i].x);
+                acc.z += wz * bf16_lo(v[i].y);
+                acc.w += wz * bf16_hi(v[i].y);
+            }
+        }
+        float M = m;
+        for (int d = G >> 1; d >= 1; d >>= 1)
+            M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, d));
+        const float f = m == -INFINITY ? 0.0f : expf(m - M);
+        sum *= f;
+        acc.x *= f;
+        acc.y *= f;
+        acc.z *= f;
+        acc.w *= f;
+        for (int d = G >> 1; d >= 1; d >>= 1) {
+            sum += __shfl_xor_sync(0xffffffffu, sum, d);
+            acc.x += __shfl_xor_sync(0xffffffffu, acc.x, d);
+            acc.y += __shfl_xor_sync(0xffffffffu, acc.y, d);
+            acc.z += __shfl_xor_sync(0xffffffffu, acc.z, d);
+            acc.w += __shfl_xor_sync(0xffffffffu, acc.w, d);
+        }
+        if (act && g == 0) {
+            const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+            *reinterpret_cast<uint2 *>(a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + c) =
+                make_uint2(pack_bf16(acc.x * inv, acc.y * inv), pack_bf16(acc.z * inv, acc.w * inv));
+            if (c == 0 && a.lse)
+                a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = sum > 0.0f ? M + logf(sum) : -INFINITY;
+        }
+    }
+}
+
+/* The tail of a kernel that combines in place: NT threads (tid < NT, all
+ * of them calling), `sync` their barrier. */
+template <int NT, class Sync>
+__device__ __forceinline__ void combine_in_kernel(const AttendArgs &a, int t, int h0, int rows, int split, int tid,
+                                                  Sync sync)
+{
+    if (a.splits <= 1)
+        return;
+    split_barrier(a, t, split, tid, sync);
+    combine_slice<NT>(a, t, h0, rows, split, tid);
+}
+
 } /* namespace b12x */
 
 #endif

@@ -291,7 +291,9 @@ __device__ uint32_t g_prof[2][12];
 #define PROF(k) ((void)0)
 #endif
 
-template <bool FP8>
+/* IP: the instantiation that combines in place (a.bar set, splits > 1;
+ * b12x_common.cuh). */
+template <bool FP8, bool IP>
 __global__ void __launch_bounds__(NTHREADS, 1) b12x_wgmma_kernel(const WgArgs a)
 {
 #ifdef B12X_WGMMA_PROF
@@ -692,6 +694,8 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_wgmma_kernel(const WgArgs a)
                             pack_bf16(o[8 * k + 4 + 2 * h] * inv, o[8 * k + 4 + 2 * h + 1] * inv), ok);
         }
     }
+    if constexpr (IP)
+        b12x::combine_in_kernel<NTHREADS>(a, t, h0, rows, split, tid, [] { __syncthreads(); });
 }
 
 
@@ -1040,14 +1044,24 @@ extern "C" int b12x_wgmma_setup(void)
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute((const void *)b12x_swg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)SwSmem<true>::bytes(B12X_MAX_TOPK));
+    const void *fns[4] = {(const void *)b12x_wgmma_kernel<false, false>, (const void *)b12x_wgmma_kernel<true, false>,
+                          (const void *)b12x_wgmma_kernel<false, true>, (const void *)b12x_wgmma_kernel<true, true>};
+    for (int k = 0; k < 4 && e == cudaSuccess; k++)
+        e = cudaFuncSetAttribute(fns[k], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)((k & 1) ? WgSmem<true>::bytes(B12X_MAX_TOPK) : WgSmem<false>::bytes(B12X_MAX_TOPK)));
+    return (int)e;
+}
+
+extern "C" int b12x_wgmma_resident(int *per_sm)
+{
+    /* the in-place instantiations, at the largest chunk; the fewest of both formats */
+    int a = 0, b = 0;
+    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&a, b12x_wgmma_kernel<false, true>, NTHREADS,
+                                                                  WgSmem<false>::bytes(B12X_MAX_TOPK));
     if (e == cudaSuccess)
-        e = cudaFuncSetAttribute((const void *)b12x_wgmma_kernel<false>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)WgSmem<false>::bytes(B12X_MAX_TOPK));
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute((const void *)b12x_wgmma_kernel<true>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)WgSmem<true>::bytes(B12X_MAX_TOPK));
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, b12x_wgmma_kernel<true, true>, NTHREADS,
+                                                          WgSmem<true>::bytes(B12X_MAX_TOPK));
+    *per_sm = a < b ? a : b;
     return (int)e;
 }
 
@@ -1091,17 +1105,19 @@ cudaLaunchConfig_t split_cfg(const WgArgs &a, int tiles, unsigned threads, size_
 } /* namespace */
 
 extern "C" int b12x_wgmma_launch(const mlart_step *s, int splits, int blocks_per_split,
-                                 int tile_base, int tiles, uint16_t *ws_o, float *ws_lse, int pdl,
-                                 void *stream)
+                                 int tile_base, int tiles, uint16_t *ws_o, float *ws_lse, unsigned *bar,
+                                 int pdl, void *stream)
 {
     const bool fp8 = s->geom.kv_format == MLART_KV_FP8_DS_MLA;
-    const WgArgs a = split_args(s, splits, blocks_per_split, tile_base, ws_o, ws_lse);
+    WgArgs a = split_args(s, splits, blocks_per_split, tile_base, ws_o, ws_lse);
+    a.bar = bar;
     const int chunk = blocks_per_split * BN;
     cudaLaunchAttribute at[1];
     const cudaLaunchConfig_t cfg =
         split_cfg(a, tiles, NTHREADS, fp8 ? WgSmem<true>::bytes(chunk) : WgSmem<false>::bytes(chunk), pdl, stream, at);
-    cudaError_t e = fp8 ? cudaLaunchKernelEx(&cfg, b12x_wgmma_kernel<true>, a)
-                        : cudaLaunchKernelEx(&cfg, b12x_wgmma_kernel<false>, a);
+    void (*fn)(WgArgs) = fp8 ? (bar ? b12x_wgmma_kernel<true, true> : b12x_wgmma_kernel<true, false>)
+                             : (bar ? b12x_wgmma_kernel<false, true> : b12x_wgmma_kernel<false, false>);
+    cudaError_t e = cudaLaunchKernelEx(&cfg, fn, a);
 #ifdef B12X_WGMMA_PROF
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     cudaStreamIsCapturing((cudaStream_t)stream, &cs);

@@ -15,6 +15,7 @@
 #include "attn_util.h"
 #include "pdl_probe.h"
 #include "backends/b12x_mla_sparse/b12x.h"
+#include "backends/b12x_mla_sparse/b12x_attend.h"
 #include "backends/reference/reference.h"
 
 #define NMSE_MAX 1e-4
@@ -312,14 +313,16 @@ START_TEST(test_rc)
 }
 END_TEST
 
-/* <= 16 heads with splits: with MLART_B12X_INPLACE=1 (read when the
- * backend is created; each test runs in its own process) the combine
- * inside the small-head kernels, wherever the whole grid fits on the
- * device, and with =0 the combine kernel (the default).  64 chunks of one block (T =
- * 1, 2), 32 and 16 chunks, two chunks at T = 64 (128 blocks), uneven
- * slices (11 heads, 1 head), a partial last block, shared requests,
- * out-of-range indices, empty rows; fp8 at T >= 8 on the register-
- * conversion kernel. */
+/* Split steps with MLART_B12X_INPLACE=1 (read when the backend is
+ * created; each test runs in its own process): the combine inside the
+ * small-head kernels (<= 16 heads) and the wgmma kernel (64 and 128
+ * heads), wherever the whole grid fits on the device; with =0 the combine
+ * kernel (the default).  64 chunks of one block (T = 1, 2), 32 and 16
+ * chunks, two chunks at T = 64 (128 blocks), uneven slices (11 heads, 1
+ * head), a partial last block, shared requests, out-of-range indices,
+ * empty rows; fp8 at T >= 8 on the register-conversion kernel; two 64-head
+ * tiles (128 heads: one barrier per tile); a step too large to be
+ * resident at once (T = 75 at 128 heads: the combine kernel either way). */
 START_TEST(test_inplace)
 {
     const mlart_kv_format fmt = g_fmts[_i % 2];
@@ -340,10 +343,34 @@ START_TEST(test_inplace)
         {9, 16, 2048, fmt, 1, 1, 1, 0.0417f},  /* out-of-range indices */
         {64, 16, 2048, fmt, 1, 1, 0, 0.0417f}, /* two chunks, 128 blocks */
         {5, 16, 100, fmt, 1, 1, 0, 0.0417f},   /* topk % 32 != 0 */
+        {1, 64, 2048, fmt, 1, 0, 0, 0.0417f},  /* wgmma kernel, 64 chunks */
+        {2, 128, 2048, fmt, 1, 0, 0, 0.3f},    /* two tiles */
+        {3, 128, 576, fmt, 1, 1, 0, 0.0417f},
+        {16, 64, 2048, fmt, 4, 1, 1, 0.0417f}, /* shared requests, out of range */
+        {75, 128, 64, fmt, 3, 1, 1, 0.3f},     /* not resident at once */
     };
+    if (inplace) {
+        /* the launch's own rule: the first shapes of each kernel do take the path */
+        b12x_dev dev;
+        const int fp8 = fmt == MLART_KV_FP8_DS_MLA;
+        ck_assert_msg(b12x_attend_setup(&dev, attn_error_cb) == 0, "setup: %s", attn_last_msg);
+        const b12x_split s16 = b12x_attend_split(1, 16, 2048, fp8, dev.num_sms);
+        const b12x_split s64 = b12x_attend_split(1, 64, 2048, fp8, dev.num_sms);
+        const b12x_split s75 = b12x_attend_split(75, 128, 64, fp8, dev.num_sms);
+        printf("in place: resident %d / %d blocks; T=1 H=16 %d chunks: %d; T=1 H=64 %d chunks: %d; T=75 H=128 "
+               "%d chunks: %d\n",
+               dev.resident, dev.resident_wg, s16.splits, b12x_attend_inplace_ok(&dev, 1, 16, s16.splits), s64.splits,
+               b12x_attend_inplace_ok(&dev, 1, 64, s64.splits), s75.splits,
+               b12x_attend_inplace_ok(&dev, 75, 128, s75.splits));
+        ck_assert_msg(b12x_attend_inplace_ok(&dev, 1, 16, s16.splits) && b12x_attend_inplace_ok(&dev, 1, 64, s64.splits),
+                      "T = 1 at 16 and 64 heads should combine in place");
+        ck_assert_msg(!b12x_attend_inplace_ok(&dev, 75, 128, s75.splits > 1 ? s75.splits : 2),
+                      "T = 75 at 128 heads cannot be resident at once");
+        b12x_attend_teardown(&dev);
+    }
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         check_step(&shapes[i], c.host, c.dev, &rng, st);
-    printf("<= 16 heads with splits, MLART_B12X_INPLACE=%d, %s: %zu shapes match (seed 0x%llx)\n", inplace,
+    printf("split steps, MLART_B12X_INPLACE=%d, %s: %zu shapes match (seed 0x%llx)\n", inplace,
            mlart_kv_format_name(fmt), sizeof shapes / sizeof shapes[0], (unsigned long long)g_seed);
     cache_close(&c);
     cudaStreamDestroy(st);
@@ -352,12 +379,13 @@ END_TEST
 
 /* The in-place combine's barriers go back to their first state after
  * every use: 60 calls back to back on one stream, no synchronisation,
- * with 1..4 tokens (64, 64, 64 and 32 chunks, so the barrier of token 0
+ * with 1..4 tokens (different split counts, so the barrier of token 0
  * counts to different totals), then the full step, which must equal the
- * reference and a fresh backend's result bit for bit. */
+ * reference and a fresh backend's result bit for bit.  16 heads (the
+ * small-head kernels) and 128 heads (the wgmma kernel, two tiles). */
 START_TEST(test_inplace_repeat)
 {
-    const mlart_kv_format fmt = g_fmts[_i];
+    const mlart_kv_format fmt = g_fmts[_i % 2];
     uint64_t rng = g_seed ^ (uint64_t)(_i + 71) * 0x9E3779B97F4A7C15ull;
     shared_cache c;
     cudaStream_t st;
@@ -366,7 +394,7 @@ START_TEST(test_inplace_repeat)
     attn_result once, again, ref;
     b12x_run run, fresh;
     char msg[256];
-    const attn_shape sh = {4, 16, 2048, fmt, 1, 0, 0, 0.0417f};
+    const attn_shape sh = {4, _i < 2 ? 16 : 128, 2048, fmt, 1, 0, 0, 0.0417f};
     setenv("MLART_B12X_INPLACE", "1", 1);
     GPU_CUDA(cudaStreamCreate(&st));
     cache_open(&c, fmt, &rng);
@@ -396,8 +424,8 @@ START_TEST(test_inplace_repeat)
     ref_attend_sync(&h, &d, st);
     attn_fetch(&ref, &d, &h);
     ck_assert_msg(!attn_compare(&h, &again, &ref, NMSE_MAX, LSE_TOL, msg, sizeof msg), "vs reference: %s", msg);
-    printf("%s: 61 calls back to back (T = 1..4), then equal to a fresh backend bit for bit; %s\n",
-           mlart_kv_format_name(fmt), msg);
+    printf("%s, %d heads: 61 calls back to back (T = 1..4), then equal to a fresh backend bit for bit; %s\n",
+           mlart_kv_format_name(fmt), sh.H, msg);
     attn_result_free(&once);
     attn_result_free(&again);
     attn_result_free(&ref);
@@ -688,7 +716,7 @@ int main(void)
     tc = tcase_create("inplace");
     tcase_set_timeout(tc, 240);
     tcase_add_loop_test(tc, test_inplace, 0, 4);
-    tcase_add_loop_test(tc, test_inplace_repeat, 0, 2);
+    tcase_add_loop_test(tc, test_inplace_repeat, 0, 4);
     suite_add_tcase(s, tc);
     return gpu_test_run(s, CK_FORK);
 }
