@@ -2,7 +2,10 @@
  * needed): for every T, head count and top-k the backend serves, the chunks
  * cover the top-k list exactly, stay within the kernel's limits, and the
  * workspace the launch needs never exceeds what plan() sized for a larger
- * max_tokens; and the model picks the split counts measured fastest. */
+ * max_tokens; the model picks the split counts measured fastest; and the
+ * in-place combine's rule (b12x_attend_inplace_ok) takes a step only when
+ * every launch of it can combine in place and its grid is resident at
+ * once, within the barrier words setup allocates. */
 #include <check.h>
 #include <stdio.h>
 
@@ -97,6 +100,51 @@ START_TEST(test_split_measured_best)
 }
 END_TEST
 
+/* The rule on a device like the H200 (132 multiprocessors, one block of
+ * either kernel on each), with the default kernel modes (setup not run:
+ * MLART_B12X_WGMMA=1, no slots-as-M prototype).  The barrier array is
+ * never dereferenced here. */
+START_TEST(test_inplace_rule)
+{
+    static unsigned words[132 * 32];
+    b12x_dev dev = {132, 132, 132, words, 1};
+    /* <= 16 heads: one small-head launch, T x splits blocks */
+    ck_assert(b12x_attend_inplace_ok(&dev, 1, 16, 64));
+    ck_assert(b12x_attend_inplace_ok(&dev, 2, 16, 64));  /* 128 blocks */
+    ck_assert(!b12x_attend_inplace_ok(&dev, 3, 16, 64)); /* 192 blocks */
+    ck_assert(b12x_attend_inplace_ok(&dev, 4, 11, 33));  /* 132: exactly one wave */
+    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 16, 1));  /* nothing to combine */
+    ck_assert(b12x_attend_inplace_ok(&dev, 66, 1, 2));
+    /* multiples of 64 heads: the wgmma kernel, T x tiles x splits blocks */
+    ck_assert(b12x_attend_inplace_ok(&dev, 1, 64, 64));
+    ck_assert(b12x_attend_inplace_ok(&dev, 1, 128, 64));  /* 128 blocks */
+    ck_assert(!b12x_attend_inplace_ok(&dev, 2, 128, 64)); /* 256 */
+    ck_assert(!b12x_attend_inplace_ok(&dev, 75, 128, 2));
+    /* a partial tile needs two kernels (or the mma.sync kernel): never */
+    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 80, 2));
+    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 40, 2));
+    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 127, 2));
+    /* no barriers, or no room: never */
+    dev.bar = NULL;
+    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 16, 64));
+    dev.bar = words;
+    dev.resident = 0;
+    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 16, 2));
+    ck_assert(b12x_attend_inplace_ok(&dev, 1, 64, 2));
+    /* The largest barrier index a taken step uses, (tile x T + t) x 32,
+     * stays inside the words setup allocates (the larger resident count). */
+    dev.resident = 132;
+    for (int H = 1; H <= 128; H++)
+        for (int T = 1; T <= 132; T++)
+            for (int S = 2; S <= 64; S++)
+                if (b12x_attend_inplace_ok(&dev, T, H, S)) {
+                    const int tiles = H <= 16 ? 1 : H / 64;
+                    ck_assert_int_le(tiles * T, 132);
+                }
+    printf("in-place rule: small-head and wgmma steps taken only when resident at once\n");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("attn_split");
@@ -106,6 +154,7 @@ int main(void)
     tcase_add_test(tc, test_split_covers_topk);
     tcase_add_test(tc, test_split_choices);
     tcase_add_test(tc, test_split_measured_best);
+    tcase_add_test(tc, test_inplace_rule);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
