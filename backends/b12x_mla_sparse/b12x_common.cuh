@@ -43,7 +43,7 @@ struct AttendArgs {
     int blocks_per_split; /* pipeline blocks (32 slots) per chunk */
     int splits;
     float scale_log2;     /* softmax scale * log2(e) */
-    unsigned *bar;        /* barriers of the in-place combine (b12x_small_kernel<.., true>), else NULL */
+    unsigned *bar;        /* barriers of the in-place combine (its kernel instantiations), else NULL */
 };
 
 /* Slots per pipeline block, in every kernel: the split model, the chunks
@@ -318,12 +318,29 @@ __device__ __forceinline__ void resolve_slots(const AttendArgs &a, int t, int k0
  * calls may use different split counts.  `sync` is a barrier of the NT
  * threads that take part; fences as in a grid-wide barrier: the block
  * barrier, then one thread's gpu-scope fence before its arrival and after
- * its wait. */
+ * its wait.  A wait of more than BARRIER_MAX_POLLS polls faults. */
 __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned *p)
 {
     unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n"
+                 : "=r"(v)
+                 : "l"((unsigned long long)__cvta_generic_to_global(p))
+                 : "memory");
     return v;
+}
+
+/* A barrier that has not completed after this many polls (each an L2 round
+ * trip of at least ~0.3 us: seconds) cannot complete (the grid was not
+ * resident at once after all: docs/attention.md): fault, so the launch
+ * fails with an error instead of hanging the stream. */
+constexpr unsigned BARRIER_MAX_POLLS = 1u << 24;
+
+/* The error: a store to global address 0, which faults (an illegal
+ * address, reported by the next synchronising call).  `trap` would do
+ * the same, but with it ptxas spilled registers in the kernels' loops. */
+__device__ __forceinline__ void barrier_fault()
+{
+    asm volatile("st.global.u32 [%0], %1;\n" ::"l"(0ull), "r"(0u) : "memory");
 }
 
 template <class Sync>
@@ -335,9 +352,14 @@ __device__ __forceinline__ void split_barrier(const AttendArgs &a, int t, int sp
         const unsigned add = split == 0 ? 0x80000000u - (unsigned)(a.splits - 1) : 1u;
         __threadfence();
         const unsigned old = atomicAdd(w, add);
-        if ((((old + add) ^ old) & 0x80000000u) == 0)
-            while (((ld_acquire_gpu(w) ^ old) & 0x80000000u) == 0) {
-            }
+        if ((((old + add) ^ old) & 0x80000000u) == 0) {
+            unsigned polls = 0;
+            while (((ld_acquire_gpu(w) ^ old) & 0x80000000u) == 0)
+                if (++polls == BARRIER_MAX_POLLS) {
+                    barrier_fault();
+                    break;
+                }
+        }
         __threadfence();
     }
     sync();
