@@ -28,11 +28,13 @@ run decode_tiny_cuda_ref "$dec" --config "$src/configs/tiny-cpu.ini" --device cu
 run decode_glm5_verify "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --batch 8 --context 4096 --steps 2 --verify
 run decode_dsv32_verify "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda --batch 8 --context 4096 --steps 2 --verify
 run decode_glm5_bf16_verify "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --kv-format bf16 --batch 4 --context 3000 --steps 2 --verify
-# 16 heads at T = 1 and 4 with the in-place combine (opt-in, docs/attention.md)
+# 16 heads at T = 1 and 4, 64 heads at T = 2, with the in-place combine (opt-in, docs/attention.md)
 run decode_dsv32_inplace_verify env MLART_B12X_INPLACE=1 "$dec" --config "$src/configs/deepseek-v32-tp8.ini" \
   --device cuda --batch 1 --context 2048 --steps 2 --verify
 run decode_dsv32_bf16_inplace_verify env MLART_B12X_INPLACE=1 "$dec" --config "$src/configs/deepseek-v32-tp8.ini" \
   --device cuda --kv-format bf16 --batch 4 --context 2048 --steps 2 --verify
+run decode_glm5_inplace_verify env MLART_B12X_INPLACE=1 "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" \
+  --device cuda --batch 2 --context 2048 --steps 2 --verify
 run decode_glm5 "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda
 run decode_dsv32 "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda
 exit "$failed"
