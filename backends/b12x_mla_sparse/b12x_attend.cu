@@ -1049,7 +1049,7 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch)) b12x_small_kernel(c
         store_row_lse(a, t, h0 + tid, split, s_stat[16 + tid], s_stat[32 + tid]);
     B12X_PROF_MAIN(5, clock64());
     if constexpr (IP)
-        b12x::combine_in_kernel<NTHREADS>(a, t, h0, rows, split, tid, [] { math_sync(); });
+        b12x::combine_in_kernel<NTHREADS, 16>(a, t, h0, rows, split, tid, [] { math_sync(); });
     B12X_PROF_MAIN(7, prof_gt());
 }
 
@@ -1469,7 +1469,7 @@ template <bool IP> __device__ __forceinline__ void small_rc(const AttendArgs &a)
         store_row_lse(a, t, h0 + tid, split, s_stat[tid], s_stat[16 + tid]);
     B12X_PROF_MAIN(5, clock64());
     if constexpr (IP)
-        b12x::combine_in_kernel<NTHREADS>(a, t, h0, rows, split, tid, [] { math_sync(); });
+        b12x::combine_in_kernel<NTHREADS, 16>(a, t, h0, rows, split, tid, [] { math_sync(); });
     B12X_PROF_MAIN(7, prof_gt());
 }
 

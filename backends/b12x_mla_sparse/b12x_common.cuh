@@ -369,14 +369,17 @@ __device__ __forceinline__ void split_barrier(const AttendArgs &a, int t, int sp
  * the `rows` head rows from h0 (rows x 128 units, cut evenly over the
  * splits): out = sum_z w_z part_z / sum_z w_z, w_z = exp(lse_z - max), as
  * b12x_combine_kernel.  G lanes share a unit (G a power of two, as many as
- * keep the NT threads busy), each takes every G-th split, eight at a time
- * with all eight loads first (from L2: other multiprocessors wrote them)
- * and a running maximum; then the G lanes merge by shuffles.  Every lane
- * of a warp runs the same rounds, so the shuffles see the whole warp. */
-template <int NT>
+ * keep the NT threads busy), each takes every G-th split, ZB at a time
+ * with all ZB loads first (from L2: other multiprocessors wrote them) and
+ * a running maximum; then the G lanes merge by shuffles.  Every lane of a
+ * warp runs the same rounds, so the shuffles see the whole warp.  A lane
+ * loads rows x 128 / NT partials in all, whatever the split count (16
+ * heads: 8; 64: 32), so ZB = that many makes it one round trip to L2. */
+template <int NT, int ZB>
 __device__ __forceinline__ void combine_slice(const AttendArgs &a, int t, int h0, int rows, int split, int tid)
 {
-    constexpr int KV_L = B12X_KV_LORA, UNITS = KV_L / 4, ZB = 8;
+    static_assert(ZB >= 1 && ZB <= 32, "partials a lane holds at once");
+    constexpr int KV_L = B12X_KV_LORA, UNITS = KV_L / 4;
     const int S = a.splits, U = rows * UNITS;
     const int u0 = split * U / S, u1 = (split + 1) * U / S;
     int G = 32;
@@ -462,15 +465,15 @@ __device__ __forceinline__ void combine_slice(const AttendArgs &a, int t, int h0
 }
 
 /* The tail of a kernel that combines in place: NT threads (tid < NT, all
- * of them calling), `sync` their barrier. */
-template <int NT, class Sync>
+ * of them calling), `sync` their barrier, tiles of up to ROWS head rows. */
+template <int NT, int ROWS, class Sync>
 __device__ __forceinline__ void combine_in_kernel(const AttendArgs &a, int t, int h0, int rows, int split, int tid,
                                                   Sync sync)
 {
     if (a.splits <= 1)
         return;
     split_barrier(a, t, split, tid, sync);
-    combine_slice<NT>(a, t, h0, rows, split, tid);
+    combine_slice<NT, (ROWS * B12X_KV_LORA / 4 + NT - 1) / NT>(a, t, h0, rows, split, tid);
 }
 
 } /* namespace b12x */
