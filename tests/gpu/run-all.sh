@@ -46,7 +46,7 @@ step attn_backend_gpu 150 "$build/tests/attn_backend_gpu"
 step test_runtime_layer_gpu 60 "$build/tests/test_runtime_layer_gpu"
 step ops_guard_gpu 300 "$build/tests/ops_guard_gpu"
 step ops_guard_cublas 60 "$build/tests/ops_guard_cublas"
-step decode_runs 150 "$src/tests/runtime/gpu-run.sh" "$build" "$out/decode"
+step decode_runs 240 "$src/tests/runtime/gpu-run.sh" "$build" "$out/decode"
 step bench 240 "$build/apps/mlart-bench/mlart-bench" --json "$out/bench.json"
 step ops_bmm_gpu 240 "$build/tests/ops_bmm_gpu"
 

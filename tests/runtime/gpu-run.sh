@@ -2,8 +2,10 @@
 # Runtime checks on a CUDA machine, from a build folder made elsewhere:
 #   tests/runtime/gpu-run.sh BUILD_DIR OUT_DIR
 # Runs the layer's device test and mlart-decode on the device (default backend
-# and reference, both KV formats, --verify against the float64 oracle), and
-# writes one log per run into OUT_DIR.  Exit status: number of failed runs.
+# and reference, both KV formats, --verify against the float64 oracle; steps
+# with the in-place combine, and compute-sanitizer memcheck on them when the
+# toolkit is installed), and writes one log per run into OUT_DIR.  Exit
+# status: number of failed runs.
 set -uo pipefail
 build=${1:?usage: gpu-run.sh BUILD_DIR OUT_DIR}
 out=${2:?usage: gpu-run.sh BUILD_DIR OUT_DIR}
@@ -35,6 +37,18 @@ run decode_dsv32_bf16_inplace_verify env MLART_B12X_INPLACE=1 "$dec" --config "$
   --device cuda --kv-format bf16 --batch 4 --context 2048 --steps 2 --verify
 run decode_glm5_inplace_verify env MLART_B12X_INPLACE=1 "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" \
   --device cuda --batch 2 --context 2048 --steps 2 --verify
+# compute-sanitizer memcheck on the in-place kernels (when the toolkit is there)
+san=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
+if [ -x "$san" ]; then
+  run memcheck_inplace_small env MLART_B12X_INPLACE=1 "$san" --tool memcheck --error-exitcode 1 \
+    --kernel-name kns=b12x_small "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda \
+    --batch 2 --context 2048 --steps 1 --verify
+  run memcheck_inplace_wgmma env MLART_B12X_INPLACE=1 "$san" --tool memcheck --error-exitcode 1 \
+    --kernel-name kns=b12x_wgmma "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda \
+    --batch 1 --context 2048 --steps 1 --verify
+else
+  echo "== compute-sanitizer not found: memcheck of the in-place kernels not run"
+fi
 run decode_glm5 "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda
 run decode_dsv32 "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda
 exit "$failed"
