@@ -31,13 +31,13 @@
  * and the wgmma kernel combine in place instead when the whole grid is
  * resident: the chunks of a token meet at a barrier and each combines a
  * slice of its rows (b12x::combine_in_kernel, b12x_common.cuh).  Both
- * kernels are launched with programmatic
- * dependent launch: each becomes resident while the previous kernel of the
- * stream finishes.  The main kernel resolves its slots and issues its first
- * gathers meanwhile (inputs that kernel does not write: the stream contract
- * in docs/attention.md), and both wait for it (griddepcontrol.wait) before
- * they read what it wrote or write anything.  No allocation, no host read, no synchronisation: the
- * launches can be captured in a graph. */
+ * kernels are launched with programmatic dependent launch: each becomes
+ * resident while the previous kernel of the stream finishes.  The main
+ * kernel resolves its slots and issues its first gathers meanwhile (inputs
+ * that kernel does not write: the stream contract in docs/attention.md),
+ * and both wait for it (griddepcontrol.wait) before they read what it
+ * wrote or write anything.  No allocation, no host read, no
+ * synchronisation: the launches can be captured in a graph. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>

@@ -387,8 +387,8 @@ END_TEST
  * with 1..4 tokens (different split counts, so the barrier of token 0
  * counts to different totals), then, on a poisoned workspace, the full
  * step, which must equal the reference and a fresh backend's result bit
- * for bit.  16 heads (the
- * small-head kernels) and 128 heads (the wgmma kernel, two tiles). */
+ * for bit.  16 heads (the small-head kernels) and 128 heads (the wgmma
+ * kernel, two tiles). */
 START_TEST(test_inplace_repeat)
 {
     const mlart_kv_format fmt = g_fmts[_i % 2];
