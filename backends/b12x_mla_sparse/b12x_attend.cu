@@ -74,10 +74,11 @@ static_assert(FP8_BYTES % 16 == 0, "fp8 records must be whole 16-byte pieces");
  * Main kernel, per block: [0] global timer at entry, [1..5] SM clock after
  * the slot resolution and the first gathers' issue, the dependency wait
  * (and the query's issue), the first block landing, the loop and the
- * writes, [6] SM clock at entry, [7] global timer at exit.
- * Combine, per block: global timer at entry and exit. */
+ * writes, [6] SM clock at entry, [7] global timer at exit, and with the
+ * in-place combine [8] SM clock after its barrier and [9] after it.
+ * Combine kernel, per block: global timer at entry and exit. */
 constexpr int PROF_BLOCKS = 4096;
-__device__ unsigned long long b12x_prof_main[PROF_BLOCKS][8];
+__device__ unsigned long long b12x_prof_main[PROF_BLOCKS][10];
 __device__ unsigned long long b12x_prof_cb[PROF_BLOCKS][2];
 /* Loop phases of the small-head kernel, SM cycles summed over the blocks
  * of 32 slots: as the first math thread sees them, [0] the wait for a
@@ -87,7 +88,7 @@ __device__ unsigned long long b12x_prof_cb[PROF_BLOCKS][2];
  * stage. */
 constexpr int PROF_LOOP = 8;
 __device__ unsigned long long b12x_prof_loop[PROF_BLOCKS][PROF_LOOP];
-int prof_main_blocks, prof_cb_blocks; /* of the last launch */
+int prof_main_blocks, prof_cb_blocks, prof_inplace; /* of the last launch */
 __device__ __forceinline__ unsigned long long prof_gt()
 {
     unsigned long long v;
@@ -1053,7 +1054,9 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch + (IP && FP8 && SHORT
         store_row_lse(a, t, h0 + tid, split, s_stat[16 + tid], s_stat[32 + tid]);
     B12X_PROF_MAIN(5, clock64());
     if constexpr (IP)
-        b12x::combine_in_kernel<NTHREADS, 16>(a, t, h0, rows, split, tid, [] { math_sync(); });
+        b12x::combine_in_kernel<NTHREADS, 16>(a, t, h0, rows, split, tid, [] { math_sync(); },
+                                              [&] { B12X_PROF_MAIN(8, clock64()); });
+    B12X_PROF_MAIN(9, clock64());
     B12X_PROF_MAIN(7, prof_gt());
 }
 
@@ -1473,7 +1476,9 @@ template <bool IP> __device__ __forceinline__ void small_rc(const AttendArgs &a)
         store_row_lse(a, t, h0 + tid, split, s_stat[tid], s_stat[16 + tid]);
     B12X_PROF_MAIN(5, clock64());
     if constexpr (IP)
-        b12x::combine_in_kernel<NTHREADS, 16>(a, t, h0, rows, split, tid, [] { math_sync(); });
+        b12x::combine_in_kernel<NTHREADS, 16>(a, t, h0, rows, split, tid, [] { math_sync(); },
+                                              [&] { B12X_PROF_MAIN(8, clock64()); });
+    B12X_PROF_MAIN(9, clock64());
     B12X_PROF_MAIN(7, prof_gt());
 }
 
@@ -1918,6 +1923,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
 #ifdef B12X_PROFILE
     prof_main_blocks = T * (full + (rem ? 1 : 0)) * sp.splits; /* tile 0 comes first in the table */
     prof_cb_blocks = sp.splits > 1 && !inplace ? T * H * (combine == 1 ? 1 : KV_L / 128) : 0;
+    prof_inplace = sp.splits > 1 && a.bar != nullptr;
 #endif
     cudaStream_t st = (cudaStream_t)stream;
     cudaError_t e = cudaSuccess;
@@ -2005,7 +2011,7 @@ static double prof_pick(double *v, int n, double q)
  * clock), median / max over blocks. */
 extern "C" void b12x_profile_dump(FILE *f, const char *label)
 {
-    static unsigned long long m[PROF_BLOCKS][8], c[PROF_BLOCKS][2], lp[PROF_BLOCKS][PROF_LOOP];
+    static unsigned long long m[PROF_BLOCKS][10], c[PROF_BLOCKS][2], lp[PROF_BLOCKS][PROF_LOOP];
     int clk_khz = 0;
     if (cudaDeviceSynchronize() != cudaSuccess ||
         cudaMemcpyFromSymbol(m, b12x_prof_main, sizeof m) != cudaSuccess ||
@@ -2016,7 +2022,7 @@ extern "C" void b12x_profile_dump(FILE *f, const char *label)
     const double cyc_us = 1e3 / (clk_khz > 0 ? clk_khz : 1980000);
     const int nm = prof_main_blocks < PROF_BLOCKS ? prof_main_blocks : PROF_BLOCKS;
     const int nc = prof_cb_blocks < PROF_BLOCKS ? prof_cb_blocks : PROF_BLOCKS;
-    static double v[8][PROF_BLOCKS];
+    static double v[9][PROF_BLOCKS];
     unsigned long long e0 = ~0ull;
     for (int b = 0; b < nm; b++)
         e0 = m[b][0] < e0 ? m[b][0] : e0;
@@ -2028,10 +2034,13 @@ extern "C" void b12x_profile_dump(FILE *f, const char *label)
         v[4][b] = (double)(m[b][3] - m[b][2]) * cyc_us;
         v[5][b] = (double)(m[b][4] - m[b][3]) * cyc_us;
         v[6][b] = (double)(m[b][5] - m[b][4]) * cyc_us;
+        v[7][b] = (double)(m[b][8] - m[b][5]) * cyc_us;
+        v[8][b] = (double)(m[b][9] - m[b][8]) * cyc_us;
     }
-    static const char *names[] = {"entry", "exit", "slots+issue", "dep-wait", "first-blk", "loop", "tail"};
+    static const char *names[] = {"entry", "exit", "slots+issue", "dep-wait", "first-blk", "loop", "tail",
+                                  "in-place barrier", "in-place combine"};
     fprintf(f, "# profile %s: main %d blocks:", label, nm);
-    for (int k = 0; k < 7; k++) {
+    for (int k = 0; k < (prof_inplace ? 9 : 7); k++) {
         const double mx = prof_pick(v[k], nm, 1.0), md = prof_pick(v[k], nm, 0.5);
         fprintf(f, " %s %.2f/%.2f", names[k], md, mx);
     }

@@ -465,14 +465,17 @@ __device__ __forceinline__ void combine_slice(const AttendArgs &a, int t, int h0
 }
 
 /* The tail of a kernel that combines in place: NT threads (tid < NT, all
- * of them calling), `sync` their barrier, tiles of up to ROWS head rows. */
-template <int NT, int ROWS, class Sync>
+ * of them calling), `sync` their barrier, tiles of up to ROWS head rows;
+ * `mark` runs between the barrier and the combine (a diagnostic build's
+ * time stamp; otherwise empty). */
+template <int NT, int ROWS, class Sync, class Mark>
 __device__ __forceinline__ void combine_in_kernel(const AttendArgs &a, int t, int h0, int rows, int split, int tid,
-                                                  Sync sync)
+                                                  Sync sync, Mark mark)
 {
     if (a.splits <= 1)
         return;
     split_barrier(a, t, split, tid, sync);
+    mark();
     combine_slice<NT, (ROWS * B12X_KV_LORA / 4 + NT - 1) / NT>(a, t, h0, rows, split, tid);
 }
 

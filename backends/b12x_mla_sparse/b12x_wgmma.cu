@@ -695,7 +695,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_wgmma_kernel(const WgArgs a)
         }
     }
     if constexpr (IP)
-        b12x::combine_in_kernel<NTHREADS, HT>(a, t, h0, rows, split, tid, [] { __syncthreads(); });
+        b12x::combine_in_kernel<NTHREADS, HT>(a, t, h0, rows, split, tid, [] { __syncthreads(); }, [] {});
 }
 
 
