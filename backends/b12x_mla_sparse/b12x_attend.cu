@@ -376,8 +376,8 @@ __device__ __forceinline__ Pipeline<FP8, S> start_block(const AttendArgs &a, uin
     return pipe;
 }
 
-template <bool FP8, int RT>
-__global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendArgs a)
+/* IP: the form that combines in place (a.bar set, splits > 1). */
+template <bool FP8, int RT, bool IP> __device__ __forceinline__ void attend_body(const AttendArgs &a)
 {
     using S = Smem<FP8, RT>;
     constexpr int KS = S::KS, GROUPS = S::GROUPS;
@@ -621,7 +621,23 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendAr
         }
     }
     B12X_PROF_MAIN(5, clock64());
+    if constexpr (IP)
+        b12x::combine_in_kernel<NTHREADS, 16 * RT>(a, t, h0, rows, split, tid, [] { __syncthreads(); },
+                                                   [&] { B12X_PROF_MAIN(8, clock64()); });
+    B12X_PROF_MAIN(9, clock64());
     B12X_PROF_MAIN(7, prof_gt());
+}
+
+/* The general kernel without and with the in-place combine. */
+template <bool FP8, int RT> __global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_kernel(const AttendArgs a)
+{
+    attend_body<FP8, RT, false>(a);
+}
+
+template <bool FP8, int RT>
+__global__ void __launch_bounds__(NTHREADS, 1) b12x_attend_ip_kernel(const AttendArgs a)
+{
+    attend_body<FP8, RT, true>(a);
 }
 
 /* <= 16 heads (one 16-row tile): the eight math warps on one block of 32
@@ -1590,21 +1606,27 @@ __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const At
 
 typedef void (*attend_kernel_fn)(AttendArgs);
 
-/* The kernel for a format and row-tile count, and its shared-memory bytes
- * for a chunk of `chunk_slots`. */
-attend_kernel_fn pick_kernel(bool fp8, int rt, int chunk_slots, size_t *smem)
+/* The kernel for a format and row-tile count, with the in-place combine or
+ * not, and its shared-memory bytes for a chunk of `chunk_slots`. */
+attend_kernel_fn pick_kernel(bool fp8, int rt, bool ip, int chunk_slots, size_t *smem)
 {
-#define B12X_PICK_(F, R)                                    \
-    if (fp8 == F && rt == R) {                              \
+#define B12X_PICK_(F, R, IP)                                \
+    if (fp8 == F && rt == R && ip == IP) {                  \
         *smem = Smem<F, R>::bytes(chunk_slots);             \
-        return b12x_attend_kernel<F, R>;                    \
+        return IP ? b12x_attend_ip_kernel<F, R> : b12x_attend_kernel<F, R>; \
     }
-    B12X_PICK_(false, 2)
-    B12X_PICK_(false, 3)
-    B12X_PICK_(false, 4)
-    B12X_PICK_(true, 2)
-    B12X_PICK_(true, 3)
-    B12X_PICK_(true, 4)
+    B12X_PICK_(false, 2, false)
+    B12X_PICK_(false, 3, false)
+    B12X_PICK_(false, 4, false)
+    B12X_PICK_(true, 2, false)
+    B12X_PICK_(true, 3, false)
+    B12X_PICK_(true, 4, false)
+    B12X_PICK_(false, 2, true)
+    B12X_PICK_(false, 3, true)
+    B12X_PICK_(false, 4, true)
+    B12X_PICK_(true, 2, true)
+    B12X_PICK_(true, 3, true)
+    B12X_PICK_(true, 4, true)
 #undef B12X_PICK_
     *smem = 0;
     return nullptr;
@@ -1701,11 +1723,12 @@ extern "C" int b12x_attend_setup(b12x_dev *out, mlart_error_fn err)
                    dev, major);
     int rc = 0;
     for (int f = 0; f < 2 && rc == 0; f++)
-        for (int rt = 2; rt <= 4 && rc == 0; rt++) {
-            size_t bytes;
-            attend_kernel_fn fn = pick_kernel(f != 0, rt, B12X_MAX_TOPK, &bytes);
-            rc = allow_smem((const void *)fn, bytes, optin, dev, err);
-        }
+        for (int rt = 2; rt <= 4 && rc == 0; rt++)
+            for (int ip = 0; ip < 2 && rc == 0; ip++) {
+                size_t bytes;
+                attend_kernel_fn fn = pick_kernel(f != 0, rt, ip != 0, B12X_MAX_TOPK, &bytes);
+                rc = allow_smem((const void *)fn, bytes, optin, dev, err);
+            }
     for (int k = 0; k < 8 && rc == 0; k++) {
         size_t bytes;
         attend_kernel_fn fn = pick_small((k & 1) != 0, (k & 2) != 0, (k & 4) != 0, B12X_MAX_TOPK, &bytes);
@@ -1744,16 +1767,28 @@ extern "C" int b12x_attend_setup(b12x_dev *out, mlart_error_fn err)
             return cuda_fail(err, "occupancy query", e);
         resident = k == 0 || n < resident ? n : resident;
     }
+    int gen = 0; /* the general kernel's in-place instantiations */
+    for (int k = 0; k < 6; k++) {
+        size_t bytes;
+        attend_kernel_fn fn = pick_kernel(k >= 3, 2 + k % 3, true, B12X_MAX_TOPK, &bytes);
+        int n = 0;
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, NTHREADS, bytes);
+        if (e != cudaSuccess)
+            return cuda_fail(err, "occupancy query", e);
+        gen = k == 0 || n < gen ? n : gen;
+    }
     int wg_per_sm = 0;
     e = (cudaError_t)b12x_wgmma_resident(&wg_per_sm);
     if (e != cudaSuccess)
         return cuda_fail(err, "occupancy query", e);
     out->num_sms = sms;
     out->resident = resident * sms;
+    out->resident_gen = gen * sms;
     out->resident_wg = wg_per_sm * sms;
     const char *ipv = getenv("MLART_B12X_INPLACE");
     out->inplace = ipv && *ipv == '1';
-    const int words = out->resident > out->resident_wg ? out->resident : out->resident_wg;
+    int words = out->resident > out->resident_wg ? out->resident : out->resident_wg;
+    words = words > out->resident_gen ? words : out->resident_gen;
     if (words > 0) {
         const size_t bytes = (size_t)words * 32 * sizeof(unsigned);
         e = cudaMalloc((void **)&out->bar, bytes);
@@ -1773,12 +1808,23 @@ extern "C" int b12x_attend_inplace_ok(const b12x_dev *dev, int T, int heads, int
 {
     if (!dev->bar || splits < 2 || b12x_swg_mode())
         return 0;
+    /* The launches of b12x_attend_launch_tuned: the full 64-head tiles (the
+     * wgmma kernel, or with MLART_B12X_WGMMA=0 the general one), then the
+     * last partial tile (a small-head kernel at <= 16 heads, the general
+     * kernel, or with MLART_B12X_WGMMA=2 the wgmma kernel).  Each grid
+     * must be resident at once by itself: the second launch's blocks
+     * start only once every block of the first has passed its
+     * launch_dependents, i.e. is resident, and they wait for the first to
+     * complete before they arrive at a barrier. */
     const int wmode = b12x_wgmma_mode(), full = heads / HEAD_TILE, rem = heads % HEAD_TILE;
-    if (full == 0 && rem <= 16 && wmode != 2) /* one launch of a small-head kernel */
-        return (int64_t)T * splits <= dev->resident;
-    if (rem == 0 && wmode >= 1) /* every tile on the wgmma kernel */
-        return (int64_t)T * full * splits <= dev->resident_wg;
-    return 0;
+    if (full > 0 && (int64_t)T * full * splits > (wmode >= 1 ? dev->resident_wg : dev->resident_gen))
+        return 0;
+    if (rem > 0) {
+        const int cap = wmode == 2 ? dev->resident_wg : rem <= 16 ? dev->resident : dev->resident_gen;
+        if ((int64_t)T * splits > cap)
+            return 0;
+    }
+    return 1;
 }
 
 extern "C" void b12x_attend_teardown(b12x_dev *dev)
@@ -1960,7 +2006,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
             }
             threads = SMALL_THREADS;
         } else {
-            fn = pick_kernel(fp8, rt, chunk, &smem);
+            fn = pick_kernel(fp8, rt, a.bar != nullptr, chunk, &smem);
         }
         a.tile_base = part == 0 ? 0 : full;
         e = launch(fn, dim3((unsigned)T, (unsigned)tiles, (unsigned)sp.splits), threads, smem, st,

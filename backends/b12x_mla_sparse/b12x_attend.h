@@ -29,17 +29,19 @@ typedef struct b12x_split {
 
 /* What the launches need to know of the device, from b12x_attend_setup:
  * its multiprocessor count, how many blocks of the small-head kernels
- * (`resident`) and of the 64-head wgmma kernel (`resident_wg`) it holds at
- * once, the barrier array of the in-place combine (device memory, the
- * larger of the two counts in words 128 bytes apart, zeroed once), and
- * whether steps use it by default (`inplace`: MLART_B12X_INPLACE=1 when
- * the backend is created; otherwise split steps run the combine kernel). */
+ * (`resident`), of the 64-head wgmma kernel (`resident_wg`) and of the
+ * general mma.sync kernel (`resident_gen`) it holds at once, the barrier
+ * array of the in-place combine (device memory, the largest of the three
+ * counts in words 128 bytes apart, zeroed once), and whether steps use it
+ * by default (`inplace`: MLART_B12X_INPLACE=1 when the backend is created;
+ * otherwise split steps run the combine kernel). */
 typedef struct b12x_dev {
     int num_sms;
     int resident;
     int resident_wg;
     unsigned *bar;
     int inplace;
+    int resident_gen;
 } b12x_dev;
 
 /* Prepare the kernels on the current device (shared-memory limits), fill
@@ -48,10 +50,9 @@ typedef struct b12x_dev {
 int b12x_attend_setup(b12x_dev *dev, mlart_error_fn err);
 void b12x_attend_teardown(b12x_dev *dev);
 /* Whether a step of T tokens, `heads` heads and `splits` chunks can
- * combine in place: every launch of it is a small-head kernel (<= 16
- * heads) or the wgmma kernel (a multiple of 64 heads, MLART_B12X_WGMMA 1
- * or 2), its whole grid fits on the device at once, and setup allocated
- * the barriers.  1 or 0. */
+ * combine in place: the grid of each of its launches (the full 64-head
+ * tiles, then the last partial tile) fits on the device at once, the
+ * slots-as-M prototype is off, and setup allocated the barriers.  1 or 0. */
 int b12x_attend_inplace_ok(const b12x_dev *dev, int T, int heads, int splits);
 /* The split chosen for T tokens: a function of T, heads, topk, the cache
  * format (`fp8`: fp8_ds_mla, else bf16) and the multiprocessor count

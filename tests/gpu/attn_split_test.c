@@ -101,13 +101,13 @@ START_TEST(test_split_measured_best)
 END_TEST
 
 /* The rule on a device like the H200 (132 multiprocessors, one block of
- * either kernel on each), with the default kernel modes (setup not run:
+ * each kernel on each), with the default kernel modes (setup not run:
  * MLART_B12X_WGMMA=1, no slots-as-M prototype).  The barrier array is
  * never dereferenced here. */
 START_TEST(test_inplace_rule)
 {
     static unsigned words[132 * 32];
-    b12x_dev dev = {132, 132, 132, words, 1};
+    b12x_dev dev = {132, 132, 132, words, 1, 132};
     /* <= 16 heads: one small-head launch, T x splits blocks */
     ck_assert(b12x_attend_inplace_ok(&dev, 1, 16, 64));
     ck_assert(b12x_attend_inplace_ok(&dev, 2, 16, 64));  /* 128 blocks */
@@ -120,28 +120,39 @@ START_TEST(test_inplace_rule)
     ck_assert(b12x_attend_inplace_ok(&dev, 1, 128, 64));  /* 128 blocks */
     ck_assert(!b12x_attend_inplace_ok(&dev, 2, 128, 64)); /* 256 */
     ck_assert(!b12x_attend_inplace_ok(&dev, 75, 128, 2));
-    /* a partial tile needs two kernels (or the mma.sync kernel): never */
+    /* 17..63 heads: the general kernel */
+    ck_assert(b12x_attend_inplace_ok(&dev, 2, 40, 64));
+    ck_assert(!b12x_attend_inplace_ok(&dev, 3, 32, 64));
+    /* a partial tile: two launches, each grid resident by itself */
+    ck_assert(b12x_attend_inplace_ok(&dev, 2, 80, 64));   /* 128 + 128 blocks */
+    ck_assert(b12x_attend_inplace_ok(&dev, 1, 127, 64));  /* 64 + 64 */
+    ck_assert(!b12x_attend_inplace_ok(&dev, 3, 100, 64)); /* 192 + 192 */
+    /* a kernel without room: every step that has a launch on it */
+    dev.resident = 0;
+    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 16, 2));
     ck_assert(!b12x_attend_inplace_ok(&dev, 1, 80, 2));
+    ck_assert(b12x_attend_inplace_ok(&dev, 1, 64, 2));
+    ck_assert(b12x_attend_inplace_ok(&dev, 1, 100, 2));
+    dev.resident = 132;
+    dev.resident_gen = 0;
     ck_assert(!b12x_attend_inplace_ok(&dev, 1, 40, 2));
-    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 127, 2));
-    /* no barriers, or no room: never */
+    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 100, 2));
+    ck_assert(b12x_attend_inplace_ok(&dev, 1, 80, 2));
+    dev.resident_gen = 132;
+    /* no barriers: never */
     dev.bar = NULL;
     ck_assert(!b12x_attend_inplace_ok(&dev, 1, 16, 64));
     dev.bar = words;
-    dev.resident = 0;
-    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 16, 2));
-    ck_assert(b12x_attend_inplace_ok(&dev, 1, 64, 2));
     /* The largest barrier index a taken step uses, (tile x T + t) x 32,
-     * stays inside the words setup allocates (the larger resident count). */
-    dev.resident = 132;
+     * stays inside the words setup allocates (the largest resident count). */
     for (int H = 1; H <= 128; H++)
         for (int T = 1; T <= 132; T++)
             for (int S = 2; S <= 64; S++)
                 if (b12x_attend_inplace_ok(&dev, T, H, S)) {
-                    const int tiles = H <= 16 ? 1 : H / 64;
+                    const int tiles = (H + 63) / 64;
                     ck_assert_int_le(tiles * T, 132);
                 }
-    printf("in-place rule: small-head and wgmma steps taken only when resident at once\n");
+    printf("in-place rule: every launch's grid resident at once, barrier words in range\n");
 }
 END_TEST
 
