@@ -1969,7 +1969,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
 #ifdef B12X_PROFILE
     prof_main_blocks = T * (full + (rem ? 1 : 0)) * sp.splits; /* tile 0 comes first in the table */
     prof_cb_blocks = sp.splits > 1 && !inplace ? T * H * (combine == 1 ? 1 : KV_L / 128) : 0;
-    prof_inplace = sp.splits > 1 && a.bar != nullptr;
+    prof_inplace = 0; /* set below when a kernel of this file (they stamp) combines in place */
 #endif
     cudaStream_t st = (cudaStream_t)stream;
     cudaError_t e = cudaSuccess;
@@ -2009,6 +2009,9 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
             fn = pick_kernel(fp8, rt, a.bar != nullptr, chunk, &smem);
         }
         a.tile_base = part == 0 ? 0 : full;
+#ifdef B12X_PROFILE
+        prof_inplace |= a.bar != nullptr;
+#endif
         e = launch(fn, dim3((unsigned)T, (unsigned)tiles, (unsigned)sp.splits), threads, smem, st,
                    pdl, a);
     }
@@ -2080,8 +2083,8 @@ extern "C" void b12x_profile_dump(FILE *f, const char *label)
         v[4][b] = (double)(m[b][3] - m[b][2]) * cyc_us;
         v[5][b] = (double)(m[b][4] - m[b][3]) * cyc_us;
         v[6][b] = (double)(m[b][5] - m[b][4]) * cyc_us;
-        v[7][b] = (double)(m[b][8] - m[b][5]) * cyc_us;
-        v[8][b] = (double)(m[b][9] - m[b][8]) * cyc_us;
+        v[7][b] = m[b][8] >= m[b][5] ? (double)(m[b][8] - m[b][5]) * cyc_us : NAN;
+        v[8][b] = m[b][9] >= m[b][8] ? (double)(m[b][9] - m[b][8]) * cyc_us : NAN;
     }
     static const char *names[] = {"entry", "exit", "slots+issue", "dep-wait", "first-blk", "loop", "tail",
                                   "in-place barrier", "in-place combine"};

@@ -400,15 +400,19 @@ __device__ __forceinline__ void combine_slice(const AttendArgs &a, int t, int h0
         float m = -INFINITY, sum = 0.0f;
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         for (int z0 = g; z0 < S; z0 += ZB * G) {
+            /* this round's splits: z0 + i G for i < nz (a lane's count
+             * can be far below ZB when there are few splits) */
+            const int nz = min(ZB, (S - z0 + G - 1) / G);
             float lz[ZB];
             uint2 v[ZB];
 #pragma unroll
             for (int i = 0; i < ZB; i++) {
-                const int z = z0 + i * G;
-                const unsigned row = (unsigned)z * zstride + row0;
                 lz[i] = -INFINITY;
                 v[i] = make_uint2(0, 0);
-                if (act && z < S) {
+                if (i >= nz)
+                    continue;
+                const unsigned row = (unsigned)(z0 + i * G) * zstride + row0;
+                if (act) {
                     lz[i] = __ldcg(a.ws_lse + row);
                     v[i] = __ldcg(wo + row * (KV_L / 4) + c / 4);
                 }
@@ -428,6 +432,8 @@ __device__ __forceinline__ void combine_slice(const AttendArgs &a, int t, int h0
             m = mn;
 #pragma unroll
             for (int i = 0; i < ZB; i++) {
+                if (i >= nz)
+                    break;
                 const float wz = expf(lz[i] - m);
                 if (wz == 0.0f)
                     continue;

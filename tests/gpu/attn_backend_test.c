@@ -209,8 +209,9 @@ END_TEST
 
 /* Both kernels of 64-head tiles on the same shapes: the wgmma kernel
  * (b12x_wgmma.cu; MLART_B12X_WGMMA=1, the default, for full tiles, =2 also
- * for the last partial tile) and the mma.sync kernel (=0).  The variable is
- * read when the backend is created; each test runs in its own process.
+ * for the last partial tile) and the mma.sync kernel (=0), each with the
+ * combine kernel and (_i >= 6) with the in-place combine.  The variables
+ * are read when the backend is created; each test runs in its own process.
  * Holes, duplicates, page-boundary positions and seq_len < topk come with
  * every step (attn_host_make); empty rows, several tokens per request and
  * out-of-range indices per shape. */
@@ -221,7 +222,8 @@ START_TEST(test_wgmma)
     uint64_t rng = g_seed ^ (uint64_t)(_i + 31) * 0x9E3779B97F4A7C15ull;
     shared_cache c;
     cudaStream_t st;
-    setenv("MLART_B12X_WGMMA", modes[_i / 2], 1);
+    setenv("MLART_B12X_WGMMA", modes[(_i / 2) % 3], 1);
+    setenv("MLART_B12X_INPLACE", _i >= 6 ? "1" : "0", 1); /* every kernel mode with the in-place combine too */
     GPU_CUDA(cudaStreamCreate(&st));
     cache_open(&c, fmt, &rng);
     const attn_shape shapes[] = {
@@ -239,8 +241,8 @@ START_TEST(test_wgmma)
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         check_step(&shapes[i], c.host, c.dev, &rng, st);
-    printf("64-head tiles, MLART_B12X_WGMMA=%s, %s: %zu shapes match (seed 0x%llx)\n",
-           modes[_i / 2], mlart_kv_format_name(fmt), sizeof shapes / sizeof shapes[0],
+    printf("64-head tiles, MLART_B12X_WGMMA=%s, MLART_B12X_INPLACE=%d, %s: %zu shapes match (seed 0x%llx)\n",
+           modes[(_i / 2) % 3], _i >= 6, mlart_kv_format_name(fmt), sizeof shapes / sizeof shapes[0],
            (unsigned long long)g_seed);
     cache_close(&c);
     cudaStreamDestroy(st);
@@ -359,6 +361,8 @@ START_TEST(test_inplace)
         {1, 80, 2048, fmt, 1, 0, 0, 0.0417f},  /* 64 heads on wgmma + 16 on a small-head kernel */
         {1, 127, 2048, fmt, 1, 0, 0, 0.0417f}, /* 64 on wgmma + 63 on the general kernel */
         {3, 100, 576, fmt, 1, 1, 1, 0.0417f},  /* 64 + 36, out-of-range indices */
+        {24, 80, 2048, fmt, 1, 1, 0, 0.0417f}, /* two launches of 120 blocks: each resident by itself */
+        {24, 127, 2048, fmt, 1, 1, 0, 0.0417f},
     };
     if (inplace) {
         /* the launch's own rule: the first shapes of each kernel do take the path */
@@ -731,7 +735,7 @@ int main(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("wgmma");
     tcase_set_timeout(tc, 240);
-    tcase_add_loop_test(tc, test_wgmma, 0, 6);
+    tcase_add_loop_test(tc, test_wgmma, 0, 12);
     suite_add_tcase(s, tc);
     tc = tcase_create("swg");
     tcase_set_timeout(tc, 240);

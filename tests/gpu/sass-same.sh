@@ -7,7 +7,10 @@
 # Prints one line per kernel: SAME, DIFFERS, GONE (only in REV) or NEW (only
 # in the tree); names are compared without the anonymous-namespace hash, and
 # a kernel of REV whose name changed but whose bytes did not (a template
-# parameter added, say) is SAME with its new name.
+# parameter added, say) is SAME with its new name.  SAME is about the
+# instructions (.text); a changed .nv.info section (register count,
+# parameter sizes, barriers) is reported beside it.  FILE paths are
+# relative to the repository root; the flags are the build's but -lineinfo.
 # Exit status: 0 when every kernel of REV is SAME, 1 otherwise, 2 on error.
 set -euo pipefail
 rev=${1:?usage: sass-same.sh REV FILE.cu [FILE.cu ...]}
@@ -36,15 +39,16 @@ def kernels(path):
     shentsize, shnum, shstrndx = struct.unpack_from('<HHH', d, 0x3A)
     hdr = [struct.unpack_from('<IIQQQQIIQQ', d, shoff + i * shentsize) for i in range(shnum)]
     names = hdr[shstrndx][4]
-    out = {}
+    text, info = {}, {}
     for h in hdr:
         n = d[names + h[0]:d.index(b'\0', names + h[0])].decode()
-        if n.startswith('.text.'):
-            key = re.sub(r'_GLOBAL__N__[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]{8}', '_GLOBAL_', n[6:])
-            out[key] = d[h[4]:h[4] + h[5]]
-    return out
+        for prefix, into in (('.text.', text), ('.nv.info.', info)):
+            if n.startswith(prefix):
+                key = re.sub(r'_GLOBAL__N__[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]{8}', '_GLOBAL_', n[len(prefix):])
+                into[key] = d[h[4]:h[4] + h[5]]
+    return text, info
 
-old, new = kernels(sys.argv[1]), kernels(sys.argv[2])
+(old, old_info), (new, new_info) = kernels(sys.argv[1]), kernels(sys.argv[2])
 added = [k for k in new if k not in old]
 bad = 0
 for k in sorted(set(old) | set(new)):
@@ -53,7 +57,8 @@ for k in sorted(set(old) | set(new)):
         # whose code did not: the same bytes under one added name
         twin = [n for n in added if new[n] == old[k]]
         if twin:
-            print(f'SAME     {k} (now {twin[0]})')
+            note = '' if old_info.get(k) == new_info.get(twin[0]) else '; .nv.info differs'
+            print(f'SAME     {k} (now {twin[0]}{note})')
             added.remove(twin[0])
             continue
         state, bad = 'GONE', 1
@@ -65,7 +70,8 @@ for k in sorted(set(old) | set(new)):
         state = 'SAME'
     else:
         state, bad = 'DIFFERS', 1
-    print(f'{state:8s} {k}')
+    note = '' if k not in old or k not in new or old_info.get(k) == new_info.get(k) else ' (.nv.info differs)'
+    print(f'{state:8s} {k}{note}')
 sys.exit(bad)
 EOF
 done

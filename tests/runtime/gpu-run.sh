@@ -37,7 +37,7 @@ run decode_dsv32_bf16_inplace_verify env MLART_B12X_INPLACE=1 "$dec" --config "$
   --device cuda --kv-format bf16 --batch 4 --context 2048 --steps 2 --verify
 run decode_glm5_inplace_verify env MLART_B12X_INPLACE=1 "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" \
   --device cuda --batch 2 --context 2048 --steps 2 --verify
-# compute-sanitizer memcheck on the in-place kernels (when the toolkit is there)
+# compute-sanitizer memcheck on the in-place kernels (16, 64 and 32 heads; when the toolkit is there)
 san=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
 if [ -x "$san" ]; then
   run memcheck_inplace_small env MLART_B12X_INPLACE=1 "$san" --tool memcheck --error-exitcode 1 \
@@ -46,6 +46,10 @@ if [ -x "$san" ]; then
   run memcheck_inplace_wgmma env MLART_B12X_INPLACE=1 "$san" --tool memcheck --error-exitcode 1 \
     --kernel-name kns=b12x_wgmma "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda \
     --batch 1 --context 2048 --steps 1 --verify
+  # 32 heads a rank: the general kernel
+  run memcheck_inplace_general env MLART_B12X_INPLACE=1 "$san" --tool memcheck --error-exitcode 1 \
+    --kernel-name kns=b12x_attend "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda \
+    --set heads=256 --batch 2 --context 2048 --steps 1 --verify
 else
   echo "== compute-sanitizer not found: memcheck of the in-place kernels not run"
 fi
