@@ -23,6 +23,9 @@
  *            attend() instead, whose combine lets it start early; here the
  *            predecessor is the absorption, which lets it start once past
  *            its own wait
+ *   inplace  the same step with the in-place combine forced (b12x_tune
+ *            inplace = 1), where b12x_attend_inplace_ok takes it; checked
+ *            like err.  The time column is the backend's default launch.
  * With MLART_BENCH_ATTN_VARIANTS=1 in the environment a tuning table
  * follows (bench_attn_variants). */
 #include <cublas_v2.h>
@@ -444,8 +447,9 @@ int enqueue_variant(void *ctx, int set, cudaStream_t stream)
  * programmatic dependent launch; the main kernel alone; each combine alone
  * (whole-row and quarter-row blocks, on the partials the main kernel left
  * in the workspace); forced split counts (4..64); the combine capped at two
- * blocks a multiprocessor or not.  16 heads T = 1..300, 64 and 128 heads
- * T = 1..16 and two larger T each.  Rows
+ * blocks a multiprocessor or not; the in-place combine (`inplace`, and
+ * with forced split counts `s64i` .. `s2i`, where the launch takes it).
+ * 16 heads T = 1..300, 64 and 128 heads T = 1..16 and two larger T each.  Rows
  * that produce the output are checked against the reference like the main
  * table (err, NMSE <= 1e-4). */
 /* The variants table's head counts and, per head count, its token counts
@@ -760,7 +764,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
              "attn targets: 16 heads T>=8 worst time/bandwidth-floor %.2fx (target <= 2: %s); 16 heads T<8 "
              "worst %.2f us (target < 5: %s); 128 heads fp8 T=64 %.1f TFLOP/s (target >= 250: %s); in a layer "
              "step (after the absorption): 16 heads T>=8 worst %.2fx, T<8 worst %.2f us; with the in-place "
-             "combine (opt-in, where it runs): 16 heads T>=8 worst %.2fx, T<8 worst %.2f us",
+             "combine (opt-in, where it runs; 0 = no such row): 16 heads T>=8 worst %.2fx, T<8 worst %.2f us",
              worst_mem_ratio, worst_mem_ratio == 0 ? "n/a" : worst_mem_ratio <= 2 ? "met" : "MISSED",
              worst_small_us, worst_small_us == 0 ? "n/a" : worst_small_us < 5 ? "met" : "MISSED", h128_fp8_t64,
              isnan(h128_fp8_t64) ? "n/a" : h128_fp8_t64 >= 250 ? "met" : "MISSED", worst_layer_mem,

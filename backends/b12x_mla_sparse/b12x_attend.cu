@@ -27,8 +27,8 @@
  * row or a quarter of it, so the combine's reads spread over the GPU.
  * (Combining in the last-finishing chunk instead was measured 2-7x slower
  * at T <= 4: one block then reads every partial of 64 heads;
- * docs/attention.md.)  Opt-in (b12x_dev.inplace), the small-head kernels
- * and the wgmma kernel combine in place instead when the whole grid is
+ * docs/attention.md.)  Opt-in (b12x_dev.inplace), every kernel here and
+ * the wgmma kernel combine in place instead when the whole grid is
  * resident: the chunks of a token meet at a barrier and each combines a
  * slice of its rows (b12x::combine_in_kernel, b12x_common.cuh).  Both
  * kernels are launched with programmatic dependent launch: each becomes
@@ -1790,13 +1790,21 @@ extern "C" int b12x_attend_setup(b12x_dev *out, mlart_error_fn err)
     int words = out->resident > out->resident_wg ? out->resident : out->resident_wg;
     words = words > out->resident_gen ? words : out->resident_gen;
     if (words > 0) {
+        /* zeroed on a stream of its own and waited for, so that no stream
+         * of the caller's can use the array before, and nothing else waits */
         const size_t bytes = (size_t)words * 32 * sizeof(unsigned);
+        cudaStream_t zs = nullptr;
         e = cudaMalloc((void **)&out->bar, bytes);
         if (e == cudaSuccess)
-            e = cudaMemset(out->bar, 0, bytes);
+            e = cudaStreamCreateWithFlags(&zs, cudaStreamNonBlocking);
         if (e == cudaSuccess)
-            e = cudaDeviceSynchronize();
+            e = cudaMemsetAsync(out->bar, 0, bytes, zs);
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(zs);
+        if (zs)
+            cudaStreamDestroy(zs);
         if (e != cudaSuccess) {
+            (void)cudaGetLastError(); /* not left for the next launch to report */
             b12x_attend_teardown(out);
             return cuda_fail(err, "barrier array", e);
         }
@@ -1804,9 +1812,15 @@ extern "C" int b12x_attend_setup(b12x_dev *out, mlart_error_fn err)
     return 0;
 }
 
+/* Longest in-place combine the launch takes, in rounds of its unit loop
+ * (b12x::combine_rounds, one L2 round trip each): with few splits a
+ * block combines many units, and the combine kernel spreads them wider.
+ * A first guess, to be set from the variants table (s2i .. s64i). */
+constexpr int INPLACE_MAX_ROUNDS = 2;
+
 extern "C" int b12x_attend_inplace_ok(const b12x_dev *dev, int T, int heads, int splits)
 {
-    if (!dev->bar || splits < 2 || b12x_swg_mode())
+    if (!dev->bar || splits < 2)
         return 0;
     /* The launches of b12x_attend_launch_tuned: the full 64-head tiles (the
      * wgmma kernel, or with MLART_B12X_WGMMA=0 the general one), then the
@@ -1817,11 +1831,15 @@ extern "C" int b12x_attend_inplace_ok(const b12x_dev *dev, int T, int heads, int
      * launch_dependents, i.e. is resident, and they wait for the first to
      * complete before they arrive at a barrier. */
     const int wmode = b12x_wgmma_mode(), full = heads / HEAD_TILE, rem = heads % HEAD_TILE;
-    if (full > 0 && (int64_t)T * full * splits > (wmode >= 1 ? dev->resident_wg : dev->resident_gen))
+    if (full > 0 && ((int64_t)T * full * splits > (wmode >= 1 ? dev->resident_wg : dev->resident_gen) ||
+                     b12x::combine_rounds(HEAD_TILE, splits, NTHREADS) > INPLACE_MAX_ROUNDS))
         return 0;
     if (rem > 0) {
+        /* the slots-as-M prototype (<= 16 heads) has no in-place form */
+        if (rem <= 16 && wmode != 2 && b12x_swg_mode())
+            return 0;
         const int cap = wmode == 2 ? dev->resident_wg : rem <= 16 ? dev->resident : dev->resident_gen;
-        if ((int64_t)T * splits > cap)
+        if ((int64_t)T * splits > cap || b12x::combine_rounds(rem, splits, NTHREADS) > INPLACE_MAX_ROUNDS)
             return 0;
     }
     return 1;
@@ -1960,8 +1978,9 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
      * and its whole grid fits on the device at once, so no block waits at
      * a barrier for one that cannot start. */
     const bool inplace_ok = b12x_attend_inplace_ok(dev, T, H, sp.splits) != 0;
-    if (tune && tune->inplace > 0 && !inplace_ok)
-        return err(MLART_EINVAL, "b12x_mla_sparse: no in-place combine for this step");
+    if (tune && tune->inplace > 0 && (!inplace_ok || tune->parts == 2))
+        return err(MLART_EINVAL, "b12x_mla_sparse: no in-place combine for this step%s",
+                   tune->parts == 2 ? " (parts = 2 runs the combine kernel)" : "");
     const bool inplace = inplace_ok && (tune && tune->inplace ? tune->inplace > 0 : dev->inplace != 0) &&
                          !(tune && tune->parts == 2);
     if (inplace && !(tune && tune->parts == 1))

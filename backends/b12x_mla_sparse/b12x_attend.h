@@ -39,9 +39,9 @@ typedef struct b12x_dev {
     int num_sms;
     int resident;
     int resident_wg;
+    int resident_gen;
     unsigned *bar;
     int inplace;
-    int resident_gen;
 } b12x_dev;
 
 /* Prepare the kernels on the current device (shared-memory limits), fill
@@ -51,8 +51,10 @@ int b12x_attend_setup(b12x_dev *dev, mlart_error_fn err);
 void b12x_attend_teardown(b12x_dev *dev);
 /* Whether a step of T tokens, `heads` heads and `splits` chunks can
  * combine in place: the grid of each of its launches (the full 64-head
- * tiles, then the last partial tile) fits on the device at once, the
- * slots-as-M prototype is off, and setup allocated the barriers.  1 or 0. */
+ * tiles, then the last partial tile) fits on the device at once, none of
+ * them is the slots-as-M prototype, each tile's combine takes at most two
+ * rounds (few splits of many rows take more), and setup allocated the
+ * barriers.  1 or 0. */
 int b12x_attend_inplace_ok(const b12x_dev *dev, int T, int heads, int splits);
 /* The split chosen for T tokens: a function of T, heads, topk, the cache
  * format (`fp8`: fp8_ds_mla, else bf16) and the multiprocessor count
@@ -72,8 +74,9 @@ int b12x_attend_launch(const mlart_step *s, const b12x_dev *dev, void *stream, m
  * quarter-row blocks; `pdl` 0 launches without programmatic dependent
  * launch; `combine_spread` 1 caps the combine at two blocks a
  * multiprocessor, -1 leaves it uncapped; `inplace` 1 combines inside the
- * small-head kernel (an error where that is not possible), -1 runs the
- * combine kernel, 0 follows b12x_dev.inplace. */
+ * attention kernels (an error where b12x_attend_inplace_ok refuses the
+ * step, or with parts = 2), -1 runs the combine kernel, 0 follows
+ * b12x_dev.inplace. */
 typedef struct b12x_tune {
     int splits;
     int parts;

@@ -365,6 +365,28 @@ __device__ __forceinline__ void split_barrier(const AttendArgs &a, int t, int sp
     sync();
 }
 
+/* The lanes that share a unit in combine_slice, for n units a block, S
+ * splits and NT threads: a power of two, as many as keep the threads busy
+ * (G n <= NT) and no more than the splits need. */
+__host__ __device__ __forceinline__ int combine_lanes(int n, int S, int NT)
+{
+    int G = 32;
+    while (G > 1 && G * n > NT)
+        G >>= 1;
+    while (G > 1 && (G >> 1) >= S)
+        G >>= 1;
+    return G;
+}
+
+/* Rounds of combine_slice's unit loop (each one L2 round trip) for a tile
+ * of `rows` head rows cut over S splits, at the block with the most units. */
+__host__ __device__ __forceinline__ int combine_rounds(int rows, int S, int NT)
+{
+    const int n = (rows * (B12X_KV_LORA / 4) + S - 1) / S;
+    const int per = NT / combine_lanes(n, S, NT);
+    return (n + per - 1) / per;
+}
+
 /* Chunk `split` of token t combines the columns-of-four units [u0, u1) of
  * the `rows` head rows from h0 (rows x 128 units, cut evenly over the
  * splits): out = sum_z w_z part_z / sum_z w_z, w_z = exp(lse_z - max), as
@@ -372,9 +394,13 @@ __device__ __forceinline__ void split_barrier(const AttendArgs &a, int t, int sp
  * keep the NT threads busy), each takes every G-th split, ZB at a time
  * with all ZB loads first (from L2: other multiprocessors wrote them) and
  * a running maximum; then the G lanes merge by shuffles.  Every lane of a
- * warp runs the same rounds, so the shuffles see the whole warp.  A lane
- * loads rows x 128 / NT partials in all, whatever the split count (16
- * heads: 8; 64: 32), so ZB = that many makes it one round trip to L2. */
+ * warp runs the same rounds, so the shuffles see the whole warp.  With
+ * many splits (those the split model takes at small T) a lane has one
+ * unit and about rows x 128 / NT of its splits (16 heads: 8, 64: 32; ZB,
+ * up to twice that when G rounds down), one round trip to L2; with few
+ * splits a block has more units than threads and loops over them, one
+ * round trip each (combine_rounds; the launch takes the in-place path
+ * only up to two). */
 template <int NT, int ZB>
 __device__ __forceinline__ void combine_slice(const AttendArgs &a, int t, int h0, int rows, int split, int tid)
 {
@@ -382,11 +408,7 @@ __device__ __forceinline__ void combine_slice(const AttendArgs &a, int t, int h0
     constexpr int KV_L = B12X_KV_LORA, UNITS = KV_L / 4;
     const int S = a.splits, U = rows * UNITS;
     const int u0 = split * U / S, u1 = (split + 1) * U / S;
-    int G = 32;
-    while (G > 1 && G * (u1 - u0) > NT)
-        G >>= 1;
-    while (G > 1 && (G >> 1) >= S)
-        G >>= 1;
+    const int G = combine_lanes(u1 - u0, S, NT);
     const int g = tid & (G - 1), per = NT / G;
     /* Row z T H + t H + h of the workspace; fewer than 2^31 / 512 rows
      * (splits x resident tokens x heads), so 32-bit offsets do. */

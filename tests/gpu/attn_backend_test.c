@@ -323,14 +323,16 @@ END_TEST
  * created; each test runs in its own process): the combine inside the
  * small-head kernels (<= 16 heads), the wgmma kernel (64 and 128 heads),
  * the general kernel (32, 40 heads) and both launches of a step with a
- * partial last tile (80, 100, 127 heads), wherever each grid fits on the
- * device; with =0 the combine kernel (the default).  64 chunks of one block (T = 1, 2), 32 and 16
- * chunks, two chunks at T = 64 (128 blocks), uneven slices (11 heads, 1
- * head), a partial last block, shared requests, out-of-range indices,
- * empty rows; fp8 at T >= 8 on the register-conversion kernel; two 64-head
- * tiles (128 heads: one barrier per tile); a step that splits but is too
- * large to be resident at once (T = 24 at 128 heads: the combine kernel
- * either way).  The workspace is poisoned before every call. */
+ * partial last tile (80, 100, 127 heads), wherever the launch rule takes
+ * it; with =0 the combine kernel (the default).  64 chunks of one block
+ * (T = 1, 2), 32 and 16 chunks, 11 heads and 1 head (slices that do not
+ * divide evenly: 128 units over 18 chunks), a partial last block, shared
+ * requests, out-of-range indices, empty rows; fp8 at T >= 8 on the
+ * register-conversion kernel; two 64-head tiles (128 heads: one barrier
+ * per tile); steps that split but are too large to be resident at once or
+ * would combine in more than two rounds (T = 24 at 80, 127 and 128 heads,
+ * T = 64 at 16 heads: the combine kernel either way).  The workspace is
+ * poisoned before every call. */
 START_TEST(test_inplace)
 {
     const mlart_kv_format fmt = g_fmts[_i % 2];
@@ -344,12 +346,12 @@ START_TEST(test_inplace)
     const attn_shape shapes[] = {
         {1, 16, 2048, fmt, 1, 0, 0, 0.0417f},  /* 64 chunks of one block */
         {2, 16, 2048, fmt, 1, 0, 0, 0.3f},
-        {4, 11, 2048, fmt, 1, 1, 0, 0.0417f},  /* uneven slices of 11 x 128 units */
+        {4, 11, 2048, fmt, 1, 1, 0, 0.0417f},  /* 11 heads: 1408 units over 32 chunks */
         {3, 1, 576, fmt, 1, 1, 0, 0.0417f},    /* one head */
         {8, 16, 2048, fmt, 1, 1, 0, 0.0417f},  /* fp8: the register-conversion kernel */
         {12, 16, 2048, fmt, 4, 1, 0, 0.0417f}, /* 4 tokens per request */
         {9, 16, 2048, fmt, 1, 1, 1, 0.0417f},  /* out-of-range indices */
-        {64, 16, 2048, fmt, 1, 1, 0, 0.0417f}, /* two chunks, 128 blocks */
+        {64, 16, 2048, fmt, 1, 1, 0, 0.0417f}, /* two chunks: resident, but a 4-round combine (kernel) */
         {5, 16, 100, fmt, 1, 1, 0, 0.0417f},   /* topk % 32 != 0 */
         {1, 64, 2048, fmt, 1, 0, 0, 0.0417f},  /* wgmma kernel, 64 chunks */
         {2, 128, 2048, fmt, 1, 0, 0, 0.3f},    /* two tiles */
@@ -361,7 +363,7 @@ START_TEST(test_inplace)
         {1, 80, 2048, fmt, 1, 0, 0, 0.0417f},  /* 64 heads on wgmma + 16 on a small-head kernel */
         {1, 127, 2048, fmt, 1, 0, 0, 0.0417f}, /* 64 on wgmma + 63 on the general kernel */
         {3, 100, 576, fmt, 1, 1, 1, 0.0417f},  /* 64 + 36, out-of-range indices */
-        {24, 80, 2048, fmt, 1, 1, 0, 0.0417f}, /* two launches of 120 blocks: each resident by itself */
+        {24, 80, 2048, fmt, 1, 1, 0, 0.0417f}, /* two launches, 5 splits: the combine kernel */
         {24, 127, 2048, fmt, 1, 1, 0, 0.0417f},
     };
     if (inplace) {

@@ -107,7 +107,8 @@ END_TEST
 START_TEST(test_inplace_rule)
 {
     static unsigned words[132 * 32];
-    b12x_dev dev = {132, 132, 132, words, 1, 132};
+    b12x_dev dev = {.num_sms = 132, .resident = 132, .resident_wg = 132, .resident_gen = 132, .bar = words,
+                    .inplace = 1};
     /* <= 16 heads: one small-head launch, T x splits blocks */
     ck_assert(b12x_attend_inplace_ok(&dev, 1, 16, 64));
     ck_assert(b12x_attend_inplace_ok(&dev, 2, 16, 64));  /* 128 blocks */
@@ -127,17 +128,24 @@ START_TEST(test_inplace_rule)
     ck_assert(b12x_attend_inplace_ok(&dev, 2, 80, 64));   /* 128 + 128 blocks */
     ck_assert(b12x_attend_inplace_ok(&dev, 1, 127, 64));  /* 64 + 64 */
     ck_assert(!b12x_attend_inplace_ok(&dev, 3, 100, 64)); /* 192 + 192 */
+    /* few splits of many rows: a combine of more than two rounds, refused */
+    ck_assert(b12x_attend_inplace_ok(&dev, 1, 16, 4));   /* 512 units a block: 2 rounds */
+    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 16, 2));  /* 1024: 4 */
+    ck_assert(b12x_attend_inplace_ok(&dev, 1, 64, 16));  /* 512: 2 */
+    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 64, 8));  /* 1024: 4 */
+    ck_assert(!b12x_attend_inplace_ok(&dev, 60, 64, 2)); /* resident, but 16 rounds */
+    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 80, 8));  /* the 64-head launch: 4 */
     /* a kernel without room: every step that has a launch on it */
     dev.resident = 0;
-    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 16, 2));
-    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 80, 2));
-    ck_assert(b12x_attend_inplace_ok(&dev, 1, 64, 2));
-    ck_assert(b12x_attend_inplace_ok(&dev, 1, 100, 2));
+    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 16, 16));
+    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 80, 16));
+    ck_assert(b12x_attend_inplace_ok(&dev, 1, 64, 16));
+    ck_assert(b12x_attend_inplace_ok(&dev, 1, 100, 16));
     dev.resident = 132;
     dev.resident_gen = 0;
-    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 40, 2));
-    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 100, 2));
-    ck_assert(b12x_attend_inplace_ok(&dev, 1, 80, 2));
+    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 40, 16));
+    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 100, 16));
+    ck_assert(b12x_attend_inplace_ok(&dev, 1, 80, 16));
     dev.resident_gen = 132;
     /* no barriers: never */
     dev.bar = NULL;
@@ -152,7 +160,7 @@ START_TEST(test_inplace_rule)
                     const int tiles = (H + 63) / 64;
                     ck_assert_int_le(tiles * T, 132);
                 }
-    printf("in-place rule: every launch's grid resident at once, barrier words in range\n");
+    printf("in-place rule: every launch's grid resident at once, at most two combine rounds, barrier words in range\n");
 }
 END_TEST
 
