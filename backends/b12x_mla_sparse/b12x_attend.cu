@@ -1787,6 +1787,12 @@ extern "C" int b12x_attend_setup(b12x_dev *out, mlart_error_fn err)
     out->resident_wg = wg_per_sm * sms;
     const char *ipv = getenv("MLART_B12X_INPLACE");
     out->inplace = ipv && *ipv == '1';
+    /* Longest in-place combine taken, in dependent L2 round trips: with few
+     * splits a block combines many units, where the combine kernel spreads
+     * them over the GPU.  2 is a first guess; MLART_B12X_INPLACE_TRIPS
+     * (1..64) sets it, e.g. for the variants table (s2i .. s64i). */
+    const char *tv = getenv("MLART_B12X_INPLACE_TRIPS");
+    out->max_trips = tv && atoi(tv) >= 1 && atoi(tv) <= 64 ? atoi(tv) : 2;
     int words = out->resident > out->resident_wg ? out->resident : out->resident_wg;
     words = words > out->resident_gen ? words : out->resident_gen;
     if (words > 0) {
@@ -1812,12 +1818,6 @@ extern "C" int b12x_attend_setup(b12x_dev *out, mlart_error_fn err)
     return 0;
 }
 
-/* Longest in-place combine the launch takes, in rounds of its unit loop
- * (b12x::combine_rounds, one L2 round trip each): with few splits a
- * block combines many units, and the combine kernel spreads them wider.
- * A first guess, to be set from the variants table (s2i .. s64i). */
-constexpr int INPLACE_MAX_ROUNDS = 2;
-
 extern "C" int b12x_attend_inplace_ok(const b12x_dev *dev, int T, int heads, int splits)
 {
     if (!dev->bar || splits < 2)
@@ -1831,15 +1831,19 @@ extern "C" int b12x_attend_inplace_ok(const b12x_dev *dev, int T, int heads, int
      * launch_dependents, i.e. is resident, and they wait for the first to
      * complete before they arrive at a barrier. */
     const int wmode = b12x_wgmma_mode(), full = heads / HEAD_TILE, rem = heads % HEAD_TILE;
+    /* ZB of each launch's combine: 64-row tiles (wgmma, general RT = 4)
+     * 32; the last tile's kernel by its row tiles (small-head kernels 8) */
+    constexpr int ZB_FULL = b12x::combine_zb(HEAD_TILE, NTHREADS);
     if (full > 0 && ((int64_t)T * full * splits > (wmode >= 1 ? dev->resident_wg : dev->resident_gen) ||
-                     b12x::combine_rounds(HEAD_TILE, splits, NTHREADS) > INPLACE_MAX_ROUNDS))
+                     b12x::combine_trips(HEAD_TILE, splits, NTHREADS, ZB_FULL) > dev->max_trips))
         return 0;
     if (rem > 0) {
         /* the slots-as-M prototype (<= 16 heads) has no in-place form */
         if (rem <= 16 && wmode != 2 && b12x_swg_mode())
             return 0;
         const int cap = wmode == 2 ? dev->resident_wg : rem <= 16 ? dev->resident : dev->resident_gen;
-        if ((int64_t)T * splits > cap || b12x::combine_rounds(rem, splits, NTHREADS) > INPLACE_MAX_ROUNDS)
+        const int zb = wmode == 2 ? ZB_FULL : b12x::combine_zb(16 * ((rem + 15) / 16), NTHREADS);
+        if ((int64_t)T * splits > cap || b12x::combine_trips(rem, splits, NTHREADS, zb) > dev->max_trips)
             return 0;
     }
     return 1;

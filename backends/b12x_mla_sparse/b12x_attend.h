@@ -34,7 +34,9 @@ typedef struct b12x_split {
  * array of the in-place combine (device memory, the largest of the three
  * counts in words 128 bytes apart, zeroed once), and whether steps use it
  * by default (`inplace`: MLART_B12X_INPLACE=1 when the backend is created;
- * otherwise split steps run the combine kernel). */
+ * otherwise split steps run the combine kernel), and the most dependent L2
+ * round trips its combine may take (`max_trips`: 2, or
+ * MLART_B12X_INPLACE_TRIPS). */
 typedef struct b12x_dev {
     int num_sms;
     int resident;
@@ -42,6 +44,7 @@ typedef struct b12x_dev {
     int resident_gen;
     unsigned *bar;
     int inplace;
+    int max_trips;
 } b12x_dev;
 
 /* Prepare the kernels on the current device (shared-memory limits), fill
@@ -52,9 +55,9 @@ void b12x_attend_teardown(b12x_dev *dev);
 /* Whether a step of T tokens, `heads` heads and `splits` chunks can
  * combine in place: the grid of each of its launches (the full 64-head
  * tiles, then the last partial tile) fits on the device at once, none of
- * them is the slots-as-M prototype, each tile's combine takes at most two
- * rounds (few splits of many rows take more), and setup allocated the
- * barriers.  1 or 0. */
+ * them is the slots-as-M prototype, each tile's combine takes at most
+ * dev->max_trips dependent L2 round trips (few splits of many rows take
+ * more), and setup allocated the barriers.  1 or 0. */
 int b12x_attend_inplace_ok(const b12x_dev *dev, int T, int heads, int splits);
 /* The split chosen for T tokens: a function of T, heads, topk, the cache
  * format (`fp8`: fp8_ds_mla, else bf16) and the multiprocessor count

@@ -378,13 +378,21 @@ __host__ __device__ __forceinline__ int combine_lanes(int n, int S, int NT)
     return G;
 }
 
-/* Rounds of combine_slice's unit loop (each one L2 round trip) for a tile
- * of `rows` head rows cut over S splits, at the block with the most units. */
-__host__ __device__ __forceinline__ int combine_rounds(int rows, int S, int NT)
+/* Dependent round trips to L2 of combine_slice<NT, ZB> for a tile of
+ * `rows` head rows cut over S splits, at the block with the most units:
+ * the passes of its unit loop times the batches of ZB splits in each. */
+__host__ __device__ __forceinline__ int combine_trips(int rows, int S, int NT, int ZB)
 {
     const int n = (rows * (B12X_KV_LORA / 4) + S - 1) / S;
-    const int per = NT / combine_lanes(n, S, NT);
-    return (n + per - 1) / per;
+    const int G = combine_lanes(n, S, NT), per = NT / G;
+    const int nz = (S + G - 1) / G; /* splits a lane takes of one unit */
+    return (n + per - 1) / per * ((nz + ZB - 1) / ZB);
+}
+
+/* The ZB of combine_in_kernel<NT, ROWS>: a lane's share of a full tile. */
+__host__ __device__ constexpr int combine_zb(int rows_max, int NT)
+{
+    return (rows_max * B12X_KV_LORA / 4 + NT - 1) / NT;
 }
 
 /* Chunk `split` of token t combines the columns-of-four units [u0, u1) of
@@ -396,11 +404,11 @@ __host__ __device__ __forceinline__ int combine_rounds(int rows, int S, int NT)
  * a running maximum; then the G lanes merge by shuffles.  Every lane of a
  * warp runs the same rounds, so the shuffles see the whole warp.  With
  * many splits (those the split model takes at small T) a lane has one
- * unit and about rows x 128 / NT of its splits (16 heads: 8, 64: 32; ZB,
- * up to twice that when G rounds down), one round trip to L2; with few
- * splits a block has more units than threads and loops over them, one
- * round trip each (combine_rounds; the launch takes the in-place path
- * only up to two). */
+ * unit and about rows x 128 / NT of its splits (16 heads: 8, 64: 32: ZB),
+ * one round trip to L2, or two where G rounds down; with few splits a
+ * block has more units than threads and loops over them, one round trip
+ * each (combine_trips; the launch takes the in-place path only up to
+ * b12x_dev.max_trips, 2 unless MLART_B12X_INPLACE_TRIPS says otherwise). */
 template <int NT, int ZB>
 __device__ __forceinline__ void combine_slice(const AttendArgs &a, int t, int h0, int rows, int split, int tid)
 {
@@ -504,7 +512,7 @@ __device__ __forceinline__ void combine_in_kernel(const AttendArgs &a, int t, in
         return;
     split_barrier(a, t, split, tid, sync);
     mark();
-    combine_slice<NT, (ROWS * B12X_KV_LORA / 4 + NT - 1) / NT>(a, t, h0, rows, split, tid);
+    combine_slice<NT, combine_zb(ROWS, NT)>(a, t, h0, rows, split, tid);
 }
 
 } /* namespace b12x */

@@ -210,7 +210,8 @@ END_TEST
 /* Both kernels of 64-head tiles on the same shapes: the wgmma kernel
  * (b12x_wgmma.cu; MLART_B12X_WGMMA=1, the default, for full tiles, =2 also
  * for the last partial tile) and the mma.sync kernel (=0), each with the
- * combine kernel and (_i >= 6) with the in-place combine.  The variables
+ * combine kernel and (_i >= 6) with the in-place combine where the launch
+ * takes it (T = 1 at 64 heads and the last three shapes).  The variables
  * are read when the backend is created; each test runs in its own process.
  * Holes, duplicates, page-boundary positions and seq_len < topk come with
  * every step (attn_host_make); empty rows, several tokens per request and
@@ -238,6 +239,10 @@ START_TEST(test_wgmma)
         {7, 80, 2048, fmt, 1, 1, 0, 0.1f},      /* 64 + 16 heads */
         {2, 33, 1, fmt, 1, 0, 0, 0.0417f},      /* one partial tile, topk 1 */
         {4, 127, 576, fmt, 1, 1, 0, 0.0417f},   /* 64 + 63 heads */
+        /* shapes the in-place combine takes (_i >= 6) in every mode */
+        {2, 80, 2048, fmt, 1, 1, 0, 0.0417f},   /* 64 + 16 */
+        {2, 128, 576, fmt, 1, 0, 0, 0.3f},      /* 18 splits, two passes */
+        {4, 64, 2048, fmt, 4, 1, 1, 0.0417f},   /* shared requests, out of range */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         check_step(&shapes[i], c.host, c.dev, &rng, st);
@@ -330,9 +335,9 @@ END_TEST
  * requests, out-of-range indices, empty rows; fp8 at T >= 8 on the
  * register-conversion kernel; two 64-head tiles (128 heads: one barrier
  * per tile); steps that split but are too large to be resident at once or
- * would combine in more than two rounds (T = 24 at 80, 127 and 128 heads,
- * T = 64 at 16 heads: the combine kernel either way).  The workspace is
- * poisoned before every call. */
+ * would combine in more than two L2 round trips (T = 24 at 80, 127 and 128
+ * heads, T = 3 at 128 heads, T = 64 at 16 heads: the combine kernel either
+ * way).  The workspace is poisoned before every call. */
 START_TEST(test_inplace)
 {
     const mlart_kv_format fmt = g_fmts[_i % 2];
@@ -351,18 +356,18 @@ START_TEST(test_inplace)
         {8, 16, 2048, fmt, 1, 1, 0, 0.0417f},  /* fp8: the register-conversion kernel */
         {12, 16, 2048, fmt, 4, 1, 0, 0.0417f}, /* 4 tokens per request */
         {9, 16, 2048, fmt, 1, 1, 1, 0.0417f},  /* out-of-range indices */
-        {64, 16, 2048, fmt, 1, 1, 0, 0.0417f}, /* two chunks: resident, but a 4-round combine (kernel) */
+        {64, 16, 2048, fmt, 1, 1, 0, 0.0417f}, /* two chunks: resident, but four round trips (kernel) */
         {5, 16, 100, fmt, 1, 1, 0, 0.0417f},   /* topk % 32 != 0 */
         {1, 64, 2048, fmt, 1, 0, 0, 0.0417f},  /* wgmma kernel, 64 chunks */
         {2, 128, 2048, fmt, 1, 0, 0, 0.3f},    /* two tiles */
-        {3, 128, 576, fmt, 1, 1, 0, 0.0417f},
-        {16, 64, 2048, fmt, 4, 1, 1, 0.0417f}, /* shared requests, out of range */
+        {4, 64, 2048, fmt, 4, 1, 1, 0.0417f},  /* shared requests, out of range */
         {24, 128, 2048, fmt, 1, 1, 0, 0.0417f}, /* splits, but not resident at once */
         {1, 32, 2048, fmt, 1, 0, 0, 0.0417f},  /* the general kernel */
         {2, 40, 2048, fmt, 1, 1, 0, 0.3f},
         {1, 80, 2048, fmt, 1, 0, 0, 0.0417f},  /* 64 heads on wgmma + 16 on a small-head kernel */
         {1, 127, 2048, fmt, 1, 0, 0, 0.0417f}, /* 64 on wgmma + 63 on the general kernel */
-        {3, 100, 576, fmt, 1, 1, 1, 0.0417f},  /* 64 + 36, out-of-range indices */
+        {2, 100, 576, fmt, 1, 1, 1, 0.0417f},  /* 64 + 36, out-of-range indices */
+        {3, 128, 576, fmt, 1, 1, 0, 0.0417f},  /* 9 splits: four round trips (kernel) */
         {24, 80, 2048, fmt, 1, 1, 0, 0.0417f}, /* two launches, 5 splits: the combine kernel */
         {24, 127, 2048, fmt, 1, 1, 0, 0.0417f},
     };

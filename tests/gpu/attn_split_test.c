@@ -4,8 +4,8 @@
  * workspace the launch needs never exceeds what plan() sized for a larger
  * max_tokens; the model picks the split counts measured fastest; and the
  * in-place combine's rule (b12x_attend_inplace_ok) takes a step only when
- * every launch of it can combine in place and its grid is resident at
- * once, within the barrier words setup allocates. */
+ * each launch's grid is resident at once and its combine takes at most
+ * max_trips L2 round trips, within the barrier words setup allocates. */
 #include <check.h>
 #include <stdio.h>
 
@@ -108,7 +108,7 @@ START_TEST(test_inplace_rule)
 {
     static unsigned words[132 * 32];
     b12x_dev dev = {.num_sms = 132, .resident = 132, .resident_wg = 132, .resident_gen = 132, .bar = words,
-                    .inplace = 1};
+                    .inplace = 1, .max_trips = 2};
     /* <= 16 heads: one small-head launch, T x splits blocks */
     ck_assert(b12x_attend_inplace_ok(&dev, 1, 16, 64));
     ck_assert(b12x_attend_inplace_ok(&dev, 2, 16, 64));  /* 128 blocks */
@@ -128,13 +128,21 @@ START_TEST(test_inplace_rule)
     ck_assert(b12x_attend_inplace_ok(&dev, 2, 80, 64));   /* 128 + 128 blocks */
     ck_assert(b12x_attend_inplace_ok(&dev, 1, 127, 64));  /* 64 + 64 */
     ck_assert(!b12x_attend_inplace_ok(&dev, 3, 100, 64)); /* 192 + 192 */
-    /* few splits of many rows: a combine of more than two rounds, refused */
-    ck_assert(b12x_attend_inplace_ok(&dev, 1, 16, 4));   /* 512 units a block: 2 rounds */
+    /* few splits of many rows: a combine of more than two L2 round trips, refused */
+    ck_assert(b12x_attend_inplace_ok(&dev, 1, 16, 4));   /* 512 units a block: 2 passes */
     ck_assert(!b12x_attend_inplace_ok(&dev, 1, 16, 2));  /* 1024: 4 */
     ck_assert(b12x_attend_inplace_ok(&dev, 1, 64, 16));  /* 512: 2 */
     ck_assert(!b12x_attend_inplace_ok(&dev, 1, 64, 8));  /* 1024: 4 */
-    ck_assert(!b12x_attend_inplace_ok(&dev, 60, 64, 2)); /* resident, but 16 rounds */
+    ck_assert(!b12x_attend_inplace_ok(&dev, 60, 64, 2)); /* resident, but 16 passes */
     ck_assert(!b12x_attend_inplace_ok(&dev, 1, 80, 8));  /* the 64-head launch: 4 */
+    ck_assert(b12x_attend_inplace_ok(&dev, 4, 11, 33));  /* 1 pass, 9 splits a lane: 2 batches of 8 */
+    dev.max_trips = 1;
+    ck_assert(!b12x_attend_inplace_ok(&dev, 4, 11, 33));
+    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 16, 4));
+    ck_assert(b12x_attend_inplace_ok(&dev, 1, 16, 64));
+    dev.max_trips = 16;
+    ck_assert(b12x_attend_inplace_ok(&dev, 60, 64, 2)); /* MLART_B12X_INPLACE_TRIPS lifts the cap */
+    dev.max_trips = 2;
     /* a kernel without room: every step that has a launch on it */
     dev.resident = 0;
     ck_assert(!b12x_attend_inplace_ok(&dev, 1, 16, 16));
@@ -160,7 +168,7 @@ START_TEST(test_inplace_rule)
                     const int tiles = (H + 63) / 64;
                     ck_assert_int_le(tiles * T, 132);
                 }
-    printf("in-place rule: every launch's grid resident at once, at most two combine rounds, barrier words in range\n");
+    printf("in-place rule: every launch's grid resident at once, at most max_trips combine round trips, barrier words in range\n");
 }
 END_TEST
 
