@@ -1818,6 +1818,23 @@ extern "C" int b12x_attend_setup(b12x_dev *out, mlart_error_fn err)
     return 0;
 }
 
+/* The kernel that runs part `part` of a step of `heads` heads (0: the full
+ * 64-head tiles, 1: the last partial tile), as b12x_attend_launch_tuned
+ * launches it and b12x_attend_inplace_ok checks it. */
+namespace {
+enum PartKernel { PK_WGMMA, PK_SWG, PK_SMALL, PK_GENERAL };
+
+PartKernel part_kernel(int heads, int part)
+{
+    const int wmode = b12x_wgmma_mode(), rt = part == 0 ? 4 : (heads % HEAD_TILE + 15) / 16;
+    if (wmode == 2 || (wmode == 1 && part == 0))
+        return PK_WGMMA;
+    if (rt == 1)
+        return b12x_swg_mode() ? PK_SWG : PK_SMALL;
+    return PK_GENERAL;
+}
+} /* namespace */
+
 extern "C" int b12x_attend_inplace_ok(const b12x_dev *dev, int T, int heads, int splits)
 {
     if (!dev->bar || splits < 2)
@@ -1830,20 +1847,28 @@ extern "C" int b12x_attend_inplace_ok(const b12x_dev *dev, int T, int heads, int
      * start only once every block of the first has passed its
      * launch_dependents, i.e. is resident, and they wait for the first to
      * complete before they arrive at a barrier. */
-    const int wmode = b12x_wgmma_mode(), full = heads / HEAD_TILE, rem = heads % HEAD_TILE;
-    /* ZB of each launch's combine: 64-row tiles (wgmma, general RT = 4)
-     * 32; the last tile's kernel by its row tiles (small-head kernels 8) */
-    constexpr int ZB_FULL = b12x::combine_zb(HEAD_TILE, NTHREADS);
-    if (full > 0 && ((int64_t)T * full * splits > (wmode >= 1 ? dev->resident_wg : dev->resident_gen) ||
-                     b12x::combine_trips(HEAD_TILE, splits, NTHREADS, ZB_FULL) > dev->max_trips))
-        return 0;
-    if (rem > 0) {
-        /* the slots-as-M prototype (<= 16 heads) has no in-place form */
-        if (rem <= 16 && wmode != 2 && b12x_swg_mode())
+    const int full = heads / HEAD_TILE, rem = heads % HEAD_TILE;
+    for (int part = 0; part < 2; part++) {
+        const int tiles = part == 0 ? full : (rem ? 1 : 0), rows = part == 0 ? HEAD_TILE : rem;
+        if (tiles == 0)
+            continue;
+        /* each kind's residency and the ZB of its combine (the kernel's
+         * largest tile: wgmma 64 rows, general 16 x RT, small-head 16) */
+        int cap, zb;
+        switch (part_kernel(heads, part)) {
+        case PK_WGMMA:
+            cap = dev->resident_wg, zb = b12x::combine_zb(HEAD_TILE, NTHREADS);
+            break;
+        case PK_SMALL:
+            cap = dev->resident, zb = b12x::combine_zb(16, NTHREADS);
+            break;
+        case PK_GENERAL:
+            cap = dev->resident_gen, zb = b12x::combine_zb(16 * ((rows + 15) / 16), NTHREADS);
+            break;
+        default: /* the slots-as-M prototype has no in-place form */
             return 0;
-        const int cap = wmode == 2 ? dev->resident_wg : rem <= 16 ? dev->resident : dev->resident_gen;
-        const int zb = wmode == 2 ? ZB_FULL : b12x::combine_zb(16 * ((rem + 15) / 16), NTHREADS);
-        if ((int64_t)T * splits > cap || b12x::combine_trips(rem, splits, NTHREADS, zb) > dev->max_trips)
+        }
+        if ((int64_t)T * tiles * splits > cap || b12x::combine_trips(rows, splits, NTHREADS, zb) > dev->max_trips)
             return 0;
     }
     return 1;
@@ -2002,24 +2027,24 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
             continue;
         const int rt = part == 0 ? 4 : (rem + 15) / 16;
         size_t smem;
+        const PartKernel kind = part_kernel(H, part);
         /* 64-head tiles (every tile with MLART_B12X_WGMMA=2) on the wgmma
          * kernel, b12x_wgmma.cu */
-        const int wmode = b12x_wgmma_mode();
-        if (wmode == 2 || (wmode == 1 && part == 0)) {
+        if (kind == PK_WGMMA) {
             e = (cudaError_t)b12x_wgmma_launch(s, sp.splits, sp.blocks_per_split,
                                                part == 0 ? 0 : full, tiles,
                                                reinterpret_cast<uint16_t *>(a.ws_o), a.ws_lse,
                                                a.bar, pdl, stream);
             continue;
         }
-        if (rt == 1 && b12x_swg_mode()) {
+        if (kind == PK_SWG) {
             e = (cudaError_t)b12x_swg_launch(s, sp.splits, sp.blocks_per_split, part == 0 ? 0 : full,
                                              reinterpret_cast<uint16_t *>(a.ws_o), a.ws_lse, pdl, stream);
             continue;
         }
         attend_kernel_fn fn;
         int threads = NTHREADS;
-        if (rt == 1) {
+        if (kind == PK_SMALL) {
             /* one row tile: eight math warps on each block, eight load
              * warps ahead of them (b12x_small_kernel) */
             fn = pick_small(fp8, T <= SMALL_SHORT_T, a.bar != nullptr, chunk, &smem);
