@@ -75,10 +75,12 @@ static_assert(FP8_BYTES % 16 == 0, "fp8 records must be whole 16-byte pieces");
  * the slot resolution and the first gathers' issue, the dependency wait
  * (and the query's issue), the first block landing, the loop and the
  * writes, [6] SM clock at entry, [7] global timer at exit, and with the
- * in-place combine [8] SM clock after its barrier and [9] after it.
+ * in-place combine [8] SM clock after its barrier and [9] after it; the
+ * small-head kernel also [10] once the combine's LSE loads have landed,
+ * [11] its partials, [12] after its groups' barrier.
  * Combine kernel, per block: global timer at entry and exit. */
 constexpr int PROF_BLOCKS = 4096;
-__device__ unsigned long long b12x_prof_main[PROF_BLOCKS][10];
+__device__ unsigned long long b12x_prof_main[PROF_BLOCKS][13];
 __device__ unsigned long long b12x_prof_cb[PROF_BLOCKS][2];
 /* Loop phases of the small-head kernel, SM cycles summed over the blocks
  * of 32 slots: as the first math thread sees them, [0] the wait for a
@@ -94,6 +96,16 @@ __device__ __forceinline__ unsigned long long prof_gt()
     unsigned long long v;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
     return v;
+}
+/* The SM clock once v has arrived (an instruction that reads v first). */
+__device__ __forceinline__ unsigned long long prof_clock_after(float v)
+{
+    unsigned long long c;
+    asm volatile("{\n .reg .pred p;\n setp.ne.f32 p, %1, %1;\n mov.u64 %0, 0;\n @!p mov.u64 %0, %%clock64;\n}\n"
+                 : "=l"(c)
+                 : "f"(v)
+                 : "memory");
+    return c;
 }
 #define B12X_PROF_BLK() \
     ((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x)
@@ -623,7 +635,8 @@ template <bool FP8, int RT, bool IP> __device__ __forceinline__ void attend_body
     B12X_PROF_MAIN(5, clock64());
     if constexpr (IP)
         b12x::combine_in_kernel<NTHREADS, 16 * RT>(a, t, h0, rows, split, tid, [] { __syncthreads(); },
-                                                   [&] { B12X_PROF_MAIN(8, clock64()); });
+                                                   [&] { B12X_PROF_MAIN(8, clock64()); },
+                                                   reinterpret_cast<float *>(smem)); /* the query's */
     B12X_PROF_MAIN(9, clock64());
     B12X_PROF_MAIN(7, prof_gt());
 }
@@ -1071,7 +1084,11 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch + (IP && FP8 && SHORT
     B12X_PROF_MAIN(5, clock64());
     if constexpr (IP)
         b12x::combine_in_kernel<NTHREADS, 16>(a, t, h0, rows, split, tid, [] { math_sync(); },
-                                              [&] { B12X_PROF_MAIN(8, clock64()); });
+                                              [&] { B12X_PROF_MAIN(8, clock64()); },
+                                              reinterpret_cast<float *>(smem), /* the query's */
+                                              [&](int k, float v) {
+                                                  B12X_PROF_MAIN(10 + k, prof_clock_after(v));
+                                              });
     B12X_PROF_MAIN(9, clock64());
     B12X_PROF_MAIN(7, prof_gt());
 }
@@ -1127,6 +1144,12 @@ struct RcSmem {
     static_assert(STAGE == BN * FP8_BYTES, "a stage holds a block's records");
 };
 static_assert(RcSmem::bytes(B12X_MAX_TOPK) <= 232448, "over the sm_90 shared memory per block");
+/* The in-place combine takes the query's shared memory (all three kernels
+ * keep it at offset 0 and have read it for the last time by then). */
+static_assert(RcSmem::Q_BYTES >= b12x::combine_smem(NTHREADS) &&
+                  SmallSmem<false, false>::Q_BYTES >= b12x::combine_smem(NTHREADS) &&
+                  Smem<false, 2>::Q_BYTES >= b12x::combine_smem(NTHREADS),
+              "the in-place combine's scratch fits in the query's shared memory");
 static_assert(RC_END <= 15, "named barriers");
 struct RcRegs {
     static constexpr int load = 72, math = 176, launch = (load + math + 15) / 16 * 8;
@@ -1493,7 +1516,8 @@ template <bool IP> __device__ __forceinline__ void small_rc(const AttendArgs &a)
     B12X_PROF_MAIN(5, clock64());
     if constexpr (IP)
         b12x::combine_in_kernel<NTHREADS, 16>(a, t, h0, rows, split, tid, [] { math_sync(); },
-                                              [&] { B12X_PROF_MAIN(8, clock64()); });
+                                              [&] { B12X_PROF_MAIN(8, clock64()); },
+                                              reinterpret_cast<float *>(smem)); /* the query's */
     B12X_PROF_MAIN(9, clock64());
     B12X_PROF_MAIN(7, prof_gt());
 }
@@ -2108,7 +2132,7 @@ static double prof_pick(double *v, int n, double q)
  * clock), median / max over blocks. */
 extern "C" void b12x_profile_dump(FILE *f, const char *label)
 {
-    static unsigned long long m[PROF_BLOCKS][10], c[PROF_BLOCKS][2], lp[PROF_BLOCKS][PROF_LOOP];
+    static unsigned long long m[PROF_BLOCKS][13], c[PROF_BLOCKS][2], lp[PROF_BLOCKS][PROF_LOOP];
     int clk_khz = 0;
     if (cudaDeviceSynchronize() != cudaSuccess ||
         cudaMemcpyFromSymbol(m, b12x_prof_main, sizeof m) != cudaSuccess ||
@@ -2119,7 +2143,7 @@ extern "C" void b12x_profile_dump(FILE *f, const char *label)
     const double cyc_us = 1e3 / (clk_khz > 0 ? clk_khz : 1980000);
     const int nm = prof_main_blocks < PROF_BLOCKS ? prof_main_blocks : PROF_BLOCKS;
     const int nc = prof_cb_blocks < PROF_BLOCKS ? prof_cb_blocks : PROF_BLOCKS;
-    static double v[9][PROF_BLOCKS];
+    static double v[12][PROF_BLOCKS];
     unsigned long long e0 = ~0ull;
     for (int b = 0; b < nm; b++)
         e0 = m[b][0] < e0 ? m[b][0] : e0;
@@ -2133,11 +2157,16 @@ extern "C" void b12x_profile_dump(FILE *f, const char *label)
         v[6][b] = (double)(m[b][5] - m[b][4]) * cyc_us;
         v[7][b] = m[b][8] >= m[b][5] ? (double)(m[b][8] - m[b][5]) * cyc_us : NAN;
         v[8][b] = m[b][9] >= m[b][8] ? (double)(m[b][9] - m[b][8]) * cyc_us : NAN;
+        /* the small-head kernel's combine, inside: LSEs landed, partials
+         * landed, groups' barrier passed (0 where not stamped) */
+        v[9][b] = m[b][10] >= m[b][8] ? (double)(m[b][10] - m[b][8]) * cyc_us : NAN;
+        v[10][b] = m[b][11] >= m[b][10] ? (double)(m[b][11] - m[b][10]) * cyc_us : NAN;
+        v[11][b] = m[b][12] >= m[b][11] ? (double)(m[b][12] - m[b][11]) * cyc_us : NAN;
     }
     static const char *names[] = {"entry", "exit", "slots+issue", "dep-wait", "first-blk", "loop", "tail",
-                                  "in-place barrier", "in-place combine"};
+                                  "in-place barrier", "in-place combine", "(lse", "part", "merge-bar)"};
     fprintf(f, "# profile %s: main %d blocks:", label, nm);
-    for (int k = 0; k < (prof_inplace ? 9 : 7); k++) {
+    for (int k = 0; k < (prof_inplace ? 12 : 7); k++) {
         const double mx = prof_pick(v[k], nm, 1.0), md = prof_pick(v[k], nm, 0.5);
         fprintf(f, " %s %.2f/%.2f", names[k], md, mx);
     }

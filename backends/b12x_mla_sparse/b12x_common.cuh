@@ -316,9 +316,10 @@ __device__ __forceinline__ void resolve_slots(const AttendArgs &a, int t, int k0
  * returned (a half-counted barrier never flips it: the low bits stay
  * below 2^31).  The words need zeroing only once (setup), and consecutive
  * calls may use different split counts.  `sync` is a barrier of the NT
- * threads that take part; fences as in a grid-wide barrier: the block
- * barrier, then one thread's gpu-scope fence before its arrival and after
- * its wait.  A wait of more than BARRIER_MAX_POLLS polls faults. */
+ * threads that take part; as in a grid-wide barrier, the block barrier,
+ * then one thread's acquire-release arrival (atom_add_acq_rel_gpu) and
+ * acquiring polls, then the block barrier again.  A wait of more than
+ * BARRIER_MAX_POLLS polls faults. */
 __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned *p)
 {
     unsigned v;
@@ -343,6 +344,22 @@ __device__ __forceinline__ void barrier_fault()
     asm volatile("st.global.u32 [%0], %1;\n" ::"l"(0ull), "r"(0u) : "memory");
 }
 
+/* The arrival: an acquire-release add at gpu scope.  Release: the block's
+ * partial stores, ordered before thread 0's by the block barrier, are
+ * visible to whoever acquires the word after it; acquire: the last chunk
+ * to arrive (which does not wait) sees every earlier chunk's.  Measured
+ * against __threadfence() before the add and after the wait (fence.sc):
+ * 0.2-0.3 us less a barrier (docs/PERF.md, 2026-12-01). */
+__device__ __forceinline__ unsigned atom_add_acq_rel_gpu(unsigned *p, unsigned v)
+{
+    unsigned old;
+    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], %2;\n"
+                 : "=r"(old)
+                 : "l"((unsigned long long)__cvta_generic_to_global(p)), "r"(v)
+                 : "memory");
+    return old;
+}
+
 template <class Sync>
 __device__ __forceinline__ void split_barrier(const AttendArgs &a, int t, int split, int tid, Sync sync)
 {
@@ -350,8 +367,7 @@ __device__ __forceinline__ void split_barrier(const AttendArgs &a, int t, int sp
     if (tid == 0) {
         unsigned *w = a.bar + 32 * ((a.tile_base + (int)blockIdx.y) * a.T + t);
         const unsigned add = split == 0 ? 0x80000000u - (unsigned)(a.splits - 1) : 1u;
-        __threadfence();
-        const unsigned old = atomicAdd(w, add);
+        const unsigned old = atom_add_acq_rel_gpu(w, add);
         if ((((old + add) ^ old) & 0x80000000u) == 0) {
             unsigned polls = 0;
             while (((ld_acquire_gpu(w) ^ old) & 0x80000000u) == 0)
@@ -360,22 +376,22 @@ __device__ __forceinline__ void split_barrier(const AttendArgs &a, int t, int sp
                     break;
                 }
         }
-        __threadfence();
     }
-    sync();
+    sync(); /* hands what thread 0 acquired to the block */
 }
 
-/* The lanes that share a unit in combine_slice, for n units a block, S
- * splits and NT threads: a power of two, as many as keep the threads busy
- * (G n <= NT) and no more than the splits need. */
-__host__ __device__ __forceinline__ int combine_lanes(int n, int S, int NT)
+/* The threads that take one split's units in combine_slice (a group), for
+ * n units a block, S splits and NT threads: a power of two from 32 (whole
+ * warps, so that each warp reads whole sectors of one partial row) up to
+ * NT, as many as cover the units and no more groups than splits. */
+__host__ __device__ __forceinline__ int combine_group(int n, int S, int NT)
 {
-    int G = 32;
-    while (G > 1 && G * n > NT)
-        G >>= 1;
-    while (G > 1 && (G >> 1) >= S)
-        G >>= 1;
-    return G;
+    int L = 32;
+    while (L < NT && L < n)
+        L <<= 1;
+    while (L < NT && NT / L > S)
+        L <<= 1;
+    return L;
 }
 
 /* Dependent round trips to L2 of combine_slice<NT, ZB> for a tile of
@@ -384,55 +400,70 @@ __host__ __device__ __forceinline__ int combine_lanes(int n, int S, int NT)
 __host__ __device__ __forceinline__ int combine_trips(int rows, int S, int NT, int ZB)
 {
     const int n = (rows * (B12X_KV_LORA / 4) + S - 1) / S;
-    const int G = combine_lanes(n, S, NT), per = NT / G;
-    const int nz = (S + G - 1) / G; /* splits a lane takes of one unit */
-    return (n + per - 1) / per * ((nz + ZB - 1) / ZB);
+    const int L = combine_group(n, S, NT), ng = NT / L;
+    const int nz = (S + ng - 1) / ng; /* splits a thread takes of one unit */
+    return (n + L - 1) / L * ((nz + ZB - 1) / ZB);
 }
 
-/* The ZB of combine_in_kernel<NT, ROWS>: a lane's share of a full tile. */
+/* The ZB of combine_in_kernel<NT, ROWS>: a thread's share of a full tile. */
 __host__ __device__ constexpr int combine_zb(int rows_max, int NT)
 {
     return (rows_max * B12X_KV_LORA / 4 + NT - 1) / NT;
 }
 
+/* Shared memory combine_slice<NT, ...> takes: an accumulator, a maximum
+ * and a sum per thread. */
+__host__ __device__ constexpr int combine_smem(int NT)
+{
+    return NT * 6 * 4;
+}
+
 /* Chunk `split` of token t combines the columns-of-four units [u0, u1) of
  * the `rows` head rows from h0 (rows x 128 units, cut evenly over the
  * splits): out = sum_z w_z part_z / sum_z w_z, w_z = exp(lse_z - max), as
- * b12x_combine_kernel.  G lanes share a unit (G a power of two, as many as
- * keep the NT threads busy), each takes every G-th split, ZB at a time
- * with all ZB loads first (from L2: other multiprocessors wrote them) and
- * a running maximum; then the G lanes merge by shuffles.  Every lane of a
- * warp runs the same rounds, so the shuffles see the whole warp.  With
- * many splits (those the split model takes at small T) a lane has one
- * unit and about rows x 128 / NT of its splits (16 heads: 8, 64: 32: ZB),
- * one round trip to L2, or two where G rounds down; with few splits a
- * block has more units than threads and loops over them, one round trip
- * each (combine_trips; the launch takes the in-place path only up to
- * b12x_dev.max_trips, 2 unless MLART_B12X_INPLACE_TRIPS says otherwise). */
-template <int NT, int ZB>
-__device__ __forceinline__ void combine_slice(const AttendArgs &a, int t, int h0, int rows, int split, int tid)
+ * b12x_combine_kernel.  For one split the slice is one contiguous span of
+ * the workspace (the rows of a (split, token) are consecutive), so the
+ * threads form groups of L (combine_group: whole warps): thread `lane` of
+ * a group takes unit u0 + lane (then + L, ... while units remain) and
+ * group g every NG-th split from g, ZB at a time with all ZB loads first
+ * (from L2: other multiprocessors wrote them) and a running maximum; a
+ * warp's loads are 256 contiguous bytes of one partial row, and its LSE
+ * loads one word.  The groups then merge through `sm` (combine_smem(NT)
+ * bytes of shared memory the block no longer uses), and group 0 writes.
+ * With many splits (those the split model takes at small T) a thread has
+ * one unit and about rows x 128 / NT of its splits (16 heads: 8, 64: 32:
+ * ZB), one round trip to L2; with few splits the block loops over units,
+ * one round trip each (combine_trips; the launch takes the in-place path
+ * only up to b12x_dev.max_trips, 2 unless MLART_B12X_INPLACE_TRIPS says
+ * otherwise).  Every thread of the NT runs the same passes: `sync` is
+ * their barrier. */
+template <int NT, int ZB, class Sync, class Probe>
+__device__ __forceinline__ void combine_slice(const AttendArgs &a, int t, int h0, int rows, int split, int tid,
+                                              Sync sync, float *sm, Probe probe)
 {
-    static_assert(ZB >= 1 && ZB <= 32, "partials a lane holds at once");
+    static_assert(ZB >= 1 && ZB <= 32, "partials a thread holds at once");
     constexpr int KV_L = B12X_KV_LORA, UNITS = KV_L / 4;
     const int S = a.splits, U = rows * UNITS;
     const int u0 = split * U / S, u1 = (split + 1) * U / S;
-    const int G = combine_lanes(u1 - u0, S, NT);
-    const int g = tid & (G - 1), per = NT / G;
+    const int L = combine_group(u1 - u0, S, NT), NG = NT / L;
+    const int g = tid / L, lane = tid - g * L;
     /* Row z T H + t H + h of the workspace; fewer than 2^31 / 512 rows
      * (splits x resident tokens x heads), so 32-bit offsets do. */
-    const unsigned zstride = (unsigned)a.T * (unsigned)a.H;
-    const uint2 *wo = reinterpret_cast<const uint2 *>(a.ws_o);
-    for (int base = u0; base < u1; base += per) {
-        const int u = base + tid / G;
+    const unsigned zrow = (unsigned)a.T * (unsigned)a.H, row0 = (unsigned)t * (unsigned)a.H + (unsigned)h0;
+    const uint2 *wo = reinterpret_cast<const uint2 *>(a.ws_o) + row0 * UNITS;
+    const float *wl = a.ws_lse + row0;
+    float4 *s_acc = reinterpret_cast<float4 *>(sm);
+    float *s_m = sm + 4 * NT, *s_l = sm + 5 * NT;
+    for (int base = u0; base < u1; base += L) {
+        const int u = base + lane;
         const bool act = u < u1;
-        const int h = h0 + (act ? u / UNITS : 0), c = (act ? u % UNITS : 0) * 4;
-        const unsigned row0 = (unsigned)t * (unsigned)a.H + (unsigned)h;
+        const int ur = act ? u : u0, hr = ur / UNITS;
         float m = -INFINITY, sum = 0.0f;
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int z0 = g; z0 < S; z0 += ZB * G) {
-            /* this round's splits: z0 + i G for i < nz (a lane's count
+        for (int z0 = g; z0 < S; z0 += ZB * NG) {
+            /* this round's splits: z0 + i NG for i < nz (a thread's count
              * can be far below ZB when there are few splits) */
-            const int nz = min(ZB, (S - z0 + G - 1) / G);
+            const int nz = min(ZB, (S - z0 + NG - 1) / NG);
             float lz[ZB];
             uint2 v[ZB];
 #pragma unroll
@@ -441,16 +472,17 @@ __device__ __forceinline__ void combine_slice(const AttendArgs &a, int t, int h0
                 v[i] = make_uint2(0, 0);
                 if (i >= nz)
                     continue;
-                const unsigned row = (unsigned)(z0 + i * G) * zstride + row0;
+                const unsigned z = (unsigned)(z0 + i * NG);
                 if (act) {
-                    lz[i] = __ldcg(a.ws_lse + row);
-                    v[i] = __ldcg(wo + row * (KV_L / 4) + c / 4);
+                    lz[i] = __ldcg(wl + z * zrow + hr);
+                    v[i] = __ldcg(wo + z * zrow * UNITS + ur);
                 }
             }
             float mn = m;
 #pragma unroll
             for (int i = 0; i < ZB; i++)
                 mn = fmaxf(mn, lz[i]);
+            probe(0, mn); /* the LSE loads have landed */
             if (mn == -INFINITY)
                 continue;
             const float f = expf(m - mn); /* 0 while m is -inf */
@@ -474,45 +506,72 @@ __device__ __forceinline__ void combine_slice(const AttendArgs &a, int t, int h0
                 acc.w += wz * bf16_hi(v[i].y);
             }
         }
-        float M = m;
-        for (int d = G >> 1; d >= 1; d >>= 1)
-            M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, d));
-        const float f = m == -INFINITY ? 0.0f : expf(m - M);
-        sum *= f;
-        acc.x *= f;
-        acc.y *= f;
-        acc.z *= f;
-        acc.w *= f;
-        for (int d = G >> 1; d >= 1; d >>= 1) {
-            sum += __shfl_xor_sync(0xffffffffu, sum, d);
-            acc.x += __shfl_xor_sync(0xffffffffu, acc.x, d);
-            acc.y += __shfl_xor_sync(0xffffffffu, acc.y, d);
-            acc.z += __shfl_xor_sync(0xffffffffu, acc.z, d);
-            acc.w += __shfl_xor_sync(0xffffffffu, acc.w, d);
+        if (NG > 1) {
+            s_acc[tid] = acc;
+            s_m[tid] = m;
+            s_l[tid] = sum;
+            probe(1, sum); /* the partials have landed too */
+            sync();
+            probe(2, 0.0f);
+            if (g == 0) {
+                float M = -INFINITY;
+                for (int q = 0; q < NG; q++)
+                    M = fmaxf(M, s_m[q * L + lane]);
+                acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                sum = 0.0f;
+                if (M != -INFINITY)
+                    for (int q = 0; q < NG; q++) {
+                        const float f = expf(s_m[q * L + lane] - M); /* 0 for a group with no weight */
+                        if (f == 0.0f)
+                            continue;
+                        const float4 o = s_acc[q * L + lane];
+                        acc.x += f * o.x;
+                        acc.y += f * o.y;
+                        acc.z += f * o.z;
+                        acc.w += f * o.w;
+                        sum += f * s_l[q * L + lane];
+                    }
+                m = M;
+            }
+            if (base + L < u1)
+                sync(); /* group 0 has read the entries the next pass writes */
         }
         if (act && g == 0) {
+            const int h = h0 + hr, c = (ur - hr * UNITS) * 4;
             const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
             *reinterpret_cast<uint2 *>(a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + c) =
                 make_uint2(pack_bf16(acc.x * inv, acc.y * inv), pack_bf16(acc.z * inv, acc.w * inv));
             if (c == 0 && a.lse)
-                a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = sum > 0.0f ? M + logf(sum) : -INFINITY;
+                a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = sum > 0.0f ? m + logf(sum) : -INFINITY;
         }
     }
 }
 
 /* The tail of a kernel that combines in place: NT threads (tid < NT, all
- * of them calling), `sync` their barrier, tiles of up to ROWS head rows;
- * `mark` runs between the barrier and the combine (a diagnostic build's
- * time stamp; otherwise empty). */
-template <int NT, int ROWS, class Sync, class Mark>
+ * of them calling), `sync` their barrier, tiles of up to ROWS head rows,
+ * `sm` combine_smem(NT) bytes of shared memory free by now (the query's:
+ * every kernel has read it for the last time); `mark` runs between the
+ * barrier and the combine, and `probe(k, v)` inside it once the LSEs (k =
+ * 0) and the partials (1) of the first round have landed and after the
+ * groups' barrier (2) (a diagnostic build's time stamps; v is a value
+ * that depends on the loads, for the stamp to wait on). */
+template <int NT, int ROWS, class Sync, class Mark, class Probe>
 __device__ __forceinline__ void combine_in_kernel(const AttendArgs &a, int t, int h0, int rows, int split, int tid,
-                                                  Sync sync, Mark mark)
+                                                  Sync sync, Mark mark, float *sm, Probe probe)
 {
     if (a.splits <= 1)
         return;
     split_barrier(a, t, split, tid, sync);
     mark();
-    combine_slice<NT, combine_zb(ROWS, NT)>(a, t, h0, rows, split, tid);
+    combine_slice<NT, combine_zb(ROWS, NT)>(a, t, h0, rows, split, tid, sync, sm, probe);
+}
+
+/* combine_in_kernel without a probe. */
+template <int NT, int ROWS, class Sync, class Mark>
+__device__ __forceinline__ void combine_in_kernel(const AttendArgs &a, int t, int h0, int rows, int split, int tid,
+                                                  Sync sync, Mark mark, float *sm)
+{
+    combine_in_kernel<NT, ROWS>(a, t, h0, rows, split, tid, sync, mark, sm, [](int, float) {});
 }
 
 } /* namespace b12x */

@@ -98,6 +98,7 @@ template <bool FP8> struct WgSmem {
     /* + 1024: the dynamic window is aligned up to 1024 in the kernel */
     static constexpr size_t bytes(int chunk_slots) { return (size_t)OFF_SLOT + 4u * chunk_slots + 1024; }
     static_assert(bytes(B12X_MAX_TOPK) <= 232448, "over the sm_90 shared memory per block");
+    static_assert(Q_BYTES >= b12x::combine_smem(NTHREADS), "the in-place combine's scratch fits in the query's");
     static_assert(OFF_KV % 1024 == 0 && KV_STAGE % 1024 == 0, "stages start on swizzle atoms");
 };
 
@@ -695,7 +696,8 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_wgmma_kernel(const WgArgs a)
         }
     }
     if constexpr (IP)
-        b12x::combine_in_kernel<NTHREADS, HT>(a, t, h0, rows, split, tid, [] { __syncthreads(); }, [] {});
+        b12x::combine_in_kernel<NTHREADS, HT>(a, t, h0, rows, split, tid, [] { __syncthreads(); }, [] {},
+                                              reinterpret_cast<float *>(smem + S::OFF_Q));
 }
 
 
