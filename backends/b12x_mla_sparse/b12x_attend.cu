@@ -91,6 +91,7 @@ __device__ unsigned long long b12x_prof_cb[PROF_BLOCKS][2];
 constexpr int PROF_LOOP = 8;
 __device__ unsigned long long b12x_prof_loop[PROF_BLOCKS][PROF_LOOP];
 int prof_main_blocks, prof_cb_blocks, prof_inplace; /* of the last launch */
+int prof_inner; /* its in-place launches all stamp inside the combine ([10..12]) */
 __device__ __forceinline__ unsigned long long prof_gt()
 {
     unsigned long long v;
@@ -2042,6 +2043,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
     prof_main_blocks = T * (full + (rem ? 1 : 0)) * sp.splits; /* tile 0 comes first in the table */
     prof_cb_blocks = sp.splits > 1 && !inplace ? T * H * (combine == 1 ? 1 : KV_L / 128) : 0;
     prof_inplace = 0; /* set below when a kernel of this file (they stamp) combines in place */
+    prof_inner = 1;   /* cleared below by an in-place launch of another kernel */
 #endif
     cudaStream_t st = (cudaStream_t)stream;
     cudaError_t e = cudaSuccess;
@@ -2052,6 +2054,10 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
         const int rt = part == 0 ? 4 : (rem + 15) / 16;
         size_t smem;
         const PartKernel kind = part_kernel(H, part);
+#ifdef B12X_PROFILE
+        if (a.bar && !(kind == PK_SMALL && !(fp8 && g_rc && T >= SMALL_RC_T)))
+            prof_inner = 0; /* only the small-head kernel stamps inside its combine */
+#endif
         /* 64-head tiles (every tile with MLART_B12X_WGMMA=2) on the wgmma
          * kernel, b12x_wgmma.cu */
         if (kind == PK_WGMMA) {
@@ -2166,7 +2172,7 @@ extern "C" void b12x_profile_dump(FILE *f, const char *label)
     static const char *names[] = {"entry", "exit", "slots+issue", "dep-wait", "first-blk", "loop", "tail",
                                   "in-place barrier", "in-place combine", "(lse", "part", "merge-bar)"};
     fprintf(f, "# profile %s: main %d blocks:", label, nm);
-    for (int k = 0; k < (prof_inplace ? 12 : 7); k++) {
+    for (int k = 0; k < (prof_inplace ? (prof_inner ? 12 : 9) : 7); k++) {
         const double mx = prof_pick(v[k], nm, 1.0), md = prof_pick(v[k], nm, 0.5);
         fprintf(f, " %s %.2f/%.2f", names[k], md, mx);
     }
