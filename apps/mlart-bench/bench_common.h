@@ -91,6 +91,8 @@ void mlart_bench_summary(const mlart_bench_opts *o, const char *table, const cha
 /* Suites: each returns the number of wrong results it found (0 = all
  * values checked out) or -1 if it could not run. */
 int mlart_bench_ops(const mlart_bench_opts *o);
+/* The dependent latencies of a decode step (bench_lat.cu): rows "latency ...". */
+int mlart_bench_lat(const mlart_bench_opts *o);
 #ifdef MLART_BENCH_ATTN
 int mlart_bench_attn(const mlart_bench_opts *o);
 #endif

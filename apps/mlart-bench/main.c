@@ -3,6 +3,8 @@
  *   mlart-bench [--filter STR] [--json FILE] [--reps N] [--warmup N]
  *               [--variants] [--device N] [--sets N]
  *
+ * Suites: the ops against cuBLAS (bench_ops.cu), the attention backends
+ * (bench_attn.cu) and the latencies a decode step is made of (bench_lat.cu).
  * Prints one fixed-width table per suite (units row under the header), a
  * summary line per table, and with --json the same rows as a JSON array.
  * Exit code: 0 when every result checked out, 1 when some value was wrong,
@@ -19,7 +21,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: mlart-bench [--filter STR] [--json FILE] [--reps N] [--warmup N] [--variants] [--device N]\n"
                "                   [--sets N]\n"
-               "  --filter STR  only rows whose name contains STR (e.g. 'qbmm H128', 'v_up'); alternatives\n"
+               "  --filter STR  only rows whose name contains STR (e.g. 'qbmm H128', 'v_up', 'latency'); alternatives\n"
                "                separated by '|', one ending in '$' matches the end of a name ('H16 bf16 T1$')\n"
                "  --json FILE   also write every row as JSON\n"
                "  --reps N      timed graph replays per measurement, median reported (default 25)\n"
@@ -136,6 +138,10 @@ int main(int argc, char **argv)
     if (rc < 0)
         wrong++;
 #endif
+    rc = mlart_bench_lat(&o);
+    wrong += rc > 0 ? rc : 0;
+    if (rc < 0)
+        wrong++;
     if (o.json) {
         fprintf(o.json, "\n]\n");
         fclose(o.json);
