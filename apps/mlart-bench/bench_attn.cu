@@ -565,6 +565,11 @@ int bench_attn_variants(const mlart_bench_opts *o)
                         wrong++;
                         continue;
                     }
+#ifdef B12X_PROFILE
+                    /* the last replay's stamps (a variant without the main
+                     * kernel leaves its columns stale; its combine's are fresh) */
+                    b12x_profile_dump(stdout, name);
+#endif
                     vals[1] = splits;
                     vals[2] = NAN;
                     if ((v.tune.parts == 0 || v.tune.parts == 3) && splits > 1) {

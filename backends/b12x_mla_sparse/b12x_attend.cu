@@ -78,10 +78,13 @@ static_assert(FP8_BYTES % 16 == 0, "fp8 records must be whole 16-byte pieces");
  * in-place combine [8] SM clock after its barrier and [9] after it; the
  * small-head kernel also [10] once the combine's LSE loads have landed,
  * [11] its partials, [12] after its groups' barrier.
- * Combine kernel, per block: global timer at entry and exit. */
+ * Combine kernel, per block: global timer at [0] entry, [1] exit and [2]
+ * past its dependency wait; SM clock [3] past the wait, [4] once its loads
+ * have landed and been summed, [5] before its exit, [6] past its groups'
+ * barrier (0 with one group). */
 constexpr int PROF_BLOCKS = 4096;
 __device__ unsigned long long b12x_prof_main[PROF_BLOCKS][13];
-__device__ unsigned long long b12x_prof_cb[PROF_BLOCKS][2];
+__device__ unsigned long long b12x_prof_cb[PROF_BLOCKS][7];
 /* Loop phases of the small-head kernel, SM cycles summed over the blocks
  * of 32 slots: as the first math thread sees them, [0] the wait for a
  * stage, [3] the scores, [4] the barrier, softmax and barrier, [5] P.V;
@@ -92,6 +95,7 @@ constexpr int PROF_LOOP = 8;
 __device__ unsigned long long b12x_prof_loop[PROF_BLOCKS][PROF_LOOP];
 int prof_main_blocks, prof_cb_blocks, prof_inplace; /* of the last launch */
 int prof_inner; /* its in-place launches all stamp inside the combine ([10..12]) */
+int prof_rc;    /* it ran the register-conversion kernel (no first-block stamp [3]) */
 __device__ __forceinline__ unsigned long long prof_gt()
 {
     unsigned long long v;
@@ -115,10 +119,11 @@ __device__ __forceinline__ unsigned long long prof_clock_after(float v)
         if (threadIdx.x == 0 && B12X_PROF_BLK() < PROF_BLOCKS)                \
             b12x_prof_main[B12X_PROF_BLK()][k] = (v);                         \
     } while (0)
-#define B12X_PROF_CB(k)                                                       \
+#define B12X_PROF_CB(k) B12X_PROF_CB_AT(k, prof_gt())
+#define B12X_PROF_CB_AT(k, v)                                                 \
     do {                                                                      \
         if (threadIdx.x == 0 && B12X_PROF_BLK() < PROF_BLOCKS)                \
-            b12x_prof_cb[B12X_PROF_BLK()][k] = prof_gt();                     \
+            b12x_prof_cb[B12X_PROF_BLK()][k] = (v);                           \
     } while (0)
 /* Add the cycles since the last tick to loop phase k (thread 0). */
 #define B12X_PROF_TICK(acc, tick, k)                                          \
@@ -131,6 +136,7 @@ __device__ __forceinline__ unsigned long long prof_clock_after(float v)
 #define B12X_PROF_TICK(acc, tick, k) ((void)0)
 #define B12X_PROF_MAIN(k, v) ((void)0)
 #define B12X_PROF_CB(k) ((void)0)
+#define B12X_PROF_CB_AT(k, v) ((void)0)
 #endif
 static_assert(BN * ROW_CHUNKS % NTHREADS == 0, "bf16 gather assumes whole rounds");
 
@@ -1537,95 +1543,119 @@ __global__ void __maxnreg__(RcRegs::launch) b12x_small_rc_ip_kernel(const Attend
 /* out[h,t,:] = sum_z w_z * part_z / sum_z w_z with w_z = exp(lse_z - max).
  * One block per (token, head, 4L columns): groups of L lanes (4 columns
  * each) take every G-th split (G = groups of the block); each lane issues
- * all its loads (<= CB_Z partials and their LSEs) before it uses any, so a
- * block costs one round trip to L2.  Each group keeps its own maximum; the
- * groups are merged through shared memory.  The launch picks L = 32 (a
- * quarter row per block, up to 8 groups) when there are few (token, head)
- * rows, so that even one token spreads its partial reads over 4 x H
- * multiprocessors, and L = 128 (a whole row, as few groups as cover the
- * splits) otherwise, so that blocks stay few and full.  Empty partials (lse
- * -inf) weigh 0 and are never used, so 0 * NaN cannot occur. */
+ * all its loads (<= CB_Z partials and their LSEs, and two of the LSE row:
+ * every warp reads all splits' LSEs) before it uses any, so a block costs
+ * one round trip to L2.  Every warp reduces the maximum and the weight sum
+ * over all splits itself (shuffles), so the groups share one scale and are
+ * merged by a plain sum through shared memory; the weights are independent
+ * ex2 (no branch, no chain from one split to the next).  The serial form
+ * before it (a maximum per group, expf weights skipped when zero, the
+ * groups rescaled one after another) took 0.9-1.0 us after its loads and
+ * the call 0.2-0.9 us longer (docs/PERF.md, 2026-12-01 22:55-23:00).  The
+ * launch picks L = 32 (a quarter row per block, up to 8 groups) when there
+ * are few (token, head) rows, so that even one token spreads its partial
+ * reads over 4 x H multiprocessors, and L = 128 (a whole row, as few groups
+ * as cover the splits) otherwise, so that blocks stay few and full.  Empty
+ * partials (lse -inf) weigh 0 and are never read as numbers, so 0 * NaN
+ * cannot occur. */
 constexpr int CB_MAX_GROUPS = 8;
 constexpr int CB_Z = MAX_SPLITS / CB_MAX_GROUPS;
 static_assert(CB_MAX_GROUPS * CB_Z >= MAX_SPLITS, "combine covers every split");
 
+/* 2^x, approximate (MUFU.EX2; subnormal results flushed; 2^-inf = 0). */
+__device__ __forceinline__ float ex2_approx(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 template <int L>
 __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const AttendArgs a)
 {
+    static_assert(MAX_SPLITS <= 64, "a warp holds every split's LSE, two a lane");
     __shared__ float4 s_acc[CB_MAX_GROUPS][L];
-    __shared__ float s_m[CB_MAX_GROUPS], s_l[CB_MAX_GROUPS];
     B12X_PROF_CB(0);
-    grid_dep_wait();
-    grid_dep_launch();
-    const int t = blockIdx.x, h = blockIdx.y;
-    const int lane = threadIdx.x % L, grp = threadIdx.x / L, ng = blockDim.x / L;
+    /* The launch's parameters and this thread's addresses before the
+     * dependency wait: a multiprocessor's first reads of the parameters
+     * miss its constant cache, and here they overlap the previous kernel
+     * instead of adding a round trip after it (the empty asm keeps them
+     * above the wait). */
+    const int t = blockIdx.x, h = blockIdx.y, S = a.splits;
+    const int lane = threadIdx.x % L, grp = threadIdx.x / L, ng = blockDim.x / L, wl = threadIdx.x & 31;
     const int c = blockIdx.z * 4 * L + lane * 4;
     const int64_t zstride = (int64_t)a.T * a.H, base = (int64_t)t * a.H + h;
+    const float *lse = a.ws_lse + base;
+    const __nv_bfloat16 *part = a.ws_o + base * KV_L + c;
+    __nv_bfloat16 *out = a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + c;
+    float *out_lse = a.lse ? a.lse + (int64_t)h * a.l_sh + (int64_t)t * a.l_st : nullptr;
+    asm volatile("" ::"l"(lse), "l"(part), "l"(out), "l"(out_lse), "l"(zstride), "r"(S));
+    grid_dep_wait();
+    B12X_PROF_CB(2);
+    B12X_PROF_CB_AT(3, clock64());
+    grid_dep_launch();
+    /* Every load first: each warp the LSEs of all splits (lane l: l and
+     * l + 32), each thread its splits' LSEs and four columns of their
+     * partials. */
+    const float la = wl < S ? lse[wl * zstride] : -INFINITY;
+    const float lb = wl + 32 < S ? lse[(wl + 32) * zstride] : -INFINITY;
     float lz[CB_Z];
-    uint2 v[CB_Z]; /* four bf16 columns of a partial */
+    uint2 v[CB_Z];
 #pragma unroll
     for (int i = 0; i < CB_Z; i++) {
         const int z = grp + i * ng;
         lz[i] = -INFINITY;
         v[i] = make_uint2(0, 0);
-        if (z < a.splits) {
-            const int64_t row = z * zstride + base;
-            lz[i] = a.ws_lse[row];
-            v[i] = *reinterpret_cast<const uint2 *>(a.ws_o + row * KV_L + c);
+        if (z < S) {
+            lz[i] = lse[z * zstride];
+            v[i] = *reinterpret_cast<const uint2 *>(part + z * zstride * KV_L);
         }
     }
-    float m = -INFINITY;
+    /* The maximum M and the weight sum over all splits, in every warp
+     * alike (no exchange between groups before the sum of their
+     * columns); weights 2^(lse log2e - M log2e), all independent. */
+    float m = fmaxf(la, lb);
 #pragma unroll
-    for (int i = 0; i < CB_Z; i++)
-        m = fmaxf(m, lz[i]);
+    for (int d = 16; d >= 1; d >>= 1)
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
+    const float mb = m == -INFINITY ? 0.0f : m * b12x::LOG2E;
+    float sum = ex2_approx(fmaf(la, b12x::LOG2E, -mb)) + ex2_approx(fmaf(lb, b12x::LOG2E, -mb));
+#pragma unroll
+    for (int d = 16; d >= 1; d >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, d);
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float sum = 0.0f;
-    if (m != -INFINITY) {
 #pragma unroll
-        for (int i = 0; i < CB_Z; i++) {
-            const float wz = expf(lz[i] - m);
-            if (wz == 0.0f)
-                continue;
-            sum += wz;
-            acc.x += wz * bf16_lo(v[i].x);
-            acc.y += wz * bf16_hi(v[i].x);
-            acc.z += wz * bf16_lo(v[i].y);
-            acc.w += wz * bf16_hi(v[i].y);
-        }
+    for (int i = 0; i < CB_Z; i++) {
+        const bool ok = lz[i] != -INFINITY; /* an empty partial is never read as a number */
+        const float w = ok ? ex2_approx(fmaf(lz[i], b12x::LOG2E, -mb)) : 0.0f;
+        acc.x = fmaf(w, ok ? bf16_lo(v[i].x) : 0.0f, acc.x);
+        acc.y = fmaf(w, ok ? bf16_hi(v[i].x) : 0.0f, acc.y);
+        acc.z = fmaf(w, ok ? bf16_lo(v[i].y) : 0.0f, acc.z);
+        acc.w = fmaf(w, ok ? bf16_hi(v[i].y) : 0.0f, acc.w);
     }
+    B12X_PROF_CB_AT(4, prof_clock_after(acc.x + acc.w + sum));
     if (ng > 1) {
         s_acc[grp][lane] = acc;
-        if (lane == 0) {
-            s_m[grp] = m;
-            s_l[grp] = sum;
-        }
         __syncthreads();
+        B12X_PROF_CB_AT(6, clock64());
         if (grp > 0)
             return;
-        float M = -INFINITY;
-        for (int q = 0; q < ng; q++)
-            M = fmaxf(M, s_m[q]);
-        m = M;
-        acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        sum = 0.0f;
-        if (M != -INFINITY)
-            for (int q = 0; q < ng; q++) {
-                const float f = expf(s_m[q] - M);
-                if (f == 0.0f)
-                    continue;
+#pragma unroll
+        for (int q = 1; q < CB_MAX_GROUPS; q++)
+            if (q < ng) {
                 const float4 o = s_acc[q][lane];
-                acc.x += f * o.x;
-                acc.y += f * o.y;
-                acc.z += f * o.z;
-                acc.w += f * o.w;
-                sum += f * s_l[q];
+                acc.x += o.x;
+                acc.y += o.y;
+                acc.z += o.z;
+                acc.w += o.w;
             }
     }
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    *reinterpret_cast<uint2 *>(a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + c) =
+    *reinterpret_cast<uint2 *>(out) =
         make_uint2(pack_bf16(acc.x * inv, acc.y * inv), pack_bf16(acc.z * inv, acc.w * inv));
-    if (blockIdx.z == 0 && lane == 0 && a.lse)
-        a.lse[(int64_t)h * a.l_sh + (int64_t)t * a.l_st] = sum > 0.0f ? m + logf(sum) : -INFINITY;
+    if (blockIdx.z == 0 && lane == 0 && out_lse)
+        *out_lse = sum > 0.0f ? m + logf(sum) : -INFINITY;
+    B12X_PROF_CB_AT(5, clock64());
     B12X_PROF_CB(1);
 }
 
@@ -1773,6 +1803,7 @@ extern "C" int b12x_attend_setup(b12x_dev *out, mlart_error_fn err)
     rc = allow_smem((const void *)b12x_combine_kernel<32>, (size_t)g_cb_spread_smem, optin, dev, err);
     if (rc == 0)
         rc = allow_smem((const void *)b12x_combine_kernel<128>, (size_t)g_cb_spread_smem, optin, dev, err);
+
     if (rc != 0)
         return rc;
     e = (cudaError_t)b12x_wgmma_setup(); /* b12x_wgmma.cu: its shared memory, MLART_B12X_WGMMA */
@@ -2044,6 +2075,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
     prof_cb_blocks = sp.splits > 1 && !inplace ? T * H * (combine == 1 ? 1 : KV_L / 128) : 0;
     prof_inplace = 0; /* set below when a kernel of this file (they stamp) combines in place */
     prof_inner = 1;   /* cleared below by an in-place launch of another kernel */
+    prof_rc = 0;
 #endif
     cudaStream_t st = (cudaStream_t)stream;
     cudaError_t e = cudaSuccess;
@@ -2081,6 +2113,9 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
             if (fp8 && g_rc && T >= SMALL_RC_T) {
                 fn = pick_rc(a.bar != nullptr);
                 smem = RcSmem::bytes(chunk);
+#ifdef B12X_PROFILE
+                prof_rc = 1;
+#endif
             }
             threads = SMALL_THREADS;
         } else {
@@ -2138,7 +2173,7 @@ static double prof_pick(double *v, int n, double q)
  * clock), median / max over blocks. */
 extern "C" void b12x_profile_dump(FILE *f, const char *label)
 {
-    static unsigned long long m[PROF_BLOCKS][13], c[PROF_BLOCKS][2], lp[PROF_BLOCKS][PROF_LOOP];
+    static unsigned long long m[PROF_BLOCKS][13], c[PROF_BLOCKS][7], lp[PROF_BLOCKS][PROF_LOOP];
     int clk_khz = 0;
     if (cudaDeviceSynchronize() != cudaSuccess ||
         cudaMemcpyFromSymbol(m, b12x_prof_main, sizeof m) != cudaSuccess ||
@@ -2158,8 +2193,10 @@ extern "C" void b12x_profile_dump(FILE *f, const char *label)
         v[1][b] = (m[b][7] - e0) * 1e-3;
         v[2][b] = (double)(m[b][1] - m[b][6]) * cyc_us;
         v[3][b] = (double)(m[b][2] - m[b][1]) * cyc_us;
+        /* the register-conversion kernel stamps no first block: its
+         * first-blk column is left out and loop covers both */
         v[4][b] = (double)(m[b][3] - m[b][2]) * cyc_us;
-        v[5][b] = (double)(m[b][4] - m[b][3]) * cyc_us;
+        v[5][b] = (double)(m[b][4] - m[b][prof_rc ? 2 : 3]) * cyc_us;
         v[6][b] = (double)(m[b][5] - m[b][4]) * cyc_us;
         v[7][b] = m[b][8] >= m[b][5] ? (double)(m[b][8] - m[b][5]) * cyc_us : NAN;
         v[8][b] = m[b][9] >= m[b][8] ? (double)(m[b][9] - m[b][8]) * cyc_us : NAN;
@@ -2173,17 +2210,30 @@ extern "C" void b12x_profile_dump(FILE *f, const char *label)
                                   "in-place barrier", "in-place combine", "(lse", "part", "merge-bar)"};
     fprintf(f, "# profile %s: main %d blocks:", label, nm);
     for (int k = 0; k < (prof_inplace ? (prof_inner ? 12 : 9) : 7); k++) {
+        if (k == 4 && prof_rc)
+            continue;
         const double mx = prof_pick(v[k], nm, 1.0), md = prof_pick(v[k], nm, 0.5);
-        fprintf(f, " %s %.2f/%.2f", names[k], md, mx);
+        fprintf(f, " %s %.2f/%.2f", k == 5 && prof_rc ? "first-blk+loop" : names[k], md, mx);
     }
     if (nc) {
-        double ce[PROF_BLOCKS], cx[PROF_BLOCKS];
+        /* us from the main kernel's first entry (global timer): entry
+         * (first..last), past the dependency wait, exit; then phase
+         * lengths (SM clock): past the wait to the loads landed and
+         * summed, from there to the exit (median/max) */
+        static double cv[6][PROF_BLOCKS];
         for (int b = 0; b < nc; b++) {
-            ce[b] = ((double)c[b][0] - (double)e0) * 1e-3;
-            cx[b] = ((double)c[b][1] - (double)e0) * 1e-3;
+            for (int k = 0; k < 3; k++)
+                cv[k][b] = ((double)c[b][k] - (double)e0) * 1e-3;
+            cv[3][b] = (double)(c[b][4] - c[b][3]) * cyc_us;
+            cv[4][b] = (double)(c[b][5] - c[b][4]) * cyc_us;
+            cv[5][b] = c[b][6] > c[b][4] ? (double)(c[b][6] - c[b][4]) * cyc_us : 0.0;
         }
-        fprintf(f, "; combine %d blocks: entry %.2f..%.2f exit %.2f/%.2f", nc, prof_pick(ce, nc, 0.0),
-                prof_pick(ce, nc, 1.0), prof_pick(cx, nc, 0.5), prof_pick(cx, nc, 1.0));
+        fprintf(f, "; combine %d blocks: entry %.2f..%.2f", nc, prof_pick(cv[0], nc, 0.0), prof_pick(cv[0], nc, 1.0));
+        fprintf(f, " past-wait %.2f/%.2f", prof_pick(cv[2], nc, 0.5), prof_pick(cv[2], nc, 1.0));
+        fprintf(f, " loads %.2f/%.2f", prof_pick(cv[3], nc, 0.5), prof_pick(cv[3], nc, 1.0));
+        fprintf(f, " rest %.2f/%.2f", prof_pick(cv[4], nc, 0.5), prof_pick(cv[4], nc, 1.0));
+        fprintf(f, " (groups' barrier %.2f/%.2f)", prof_pick(cv[5], nc, 0.5), prof_pick(cv[5], nc, 1.0));
+        fprintf(f, " exit %.2f/%.2f", prof_pick(cv[1], nc, 0.5), prof_pick(cv[1], nc, 1.0));
     }
     fprintf(f, " (us, median/max)\n");
     /* small-head kernel only (the others leave these zero or stale) */
