@@ -52,14 +52,7 @@ constexpr int64_t kSlots = 1 << 19;     /* cache rows (604 MB bf16, 344 MB fp8) 
 constexpr int kMaxT = 64;
 constexpr double kNmseMax = 1e-4;
 
-#define ATT_CUDA(stmt)                                                                         \
-    do {                                                                                       \
-        cudaError_t e_ = (stmt);                                                               \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "mlart-bench attn: %s: %s\n", #stmt, cudaGetErrorString(e_));      \
-            goto fail;                                                                         \
-        }                                                                                      \
-    } while (0)
+#define ATT_CUDA(stmt) MLART_BENCH_CHECK("mlart-bench attn", stmt)
 
 uint64_t mix(uint64_t x)
 {

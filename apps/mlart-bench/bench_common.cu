@@ -12,14 +12,23 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-#define BENCH_CUDA(stmt)                                                                       \
-    do {                                                                                       \
-        cudaError_t e_ = (stmt);                                                               \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "mlart-bench: %s: %s\n", #stmt, cudaGetErrorString(e_));           \
-            goto fail;                                                                         \
-        }                                                                                      \
-    } while (0)
+#define BENCH_CUDA(stmt) MLART_BENCH_CHECK("mlart-bench", stmt)
+
+extern "C" void mlart_bench_graph_release(cudaStream_t stream, int capturing, cudaGraph_t graph,
+                                          cudaGraphExec_t exec)
+{
+    if (capturing) {
+        cudaGraph_t junk = NULL;
+        cudaStreamEndCapture(stream, &junk);
+        if (junk)
+            cudaGraphDestroy(junk);
+        cudaGetLastError();
+    }
+    if (exec)
+        cudaGraphExecDestroy(exec);
+    if (graph)
+        cudaGraphDestroy(graph);
+}
 
 extern "C" int mlart_bench_time(const mlart_bench_opts *o, mlart_bench_enqueue_fn fn, void *ctx, int nsets,
                                 double *us)
@@ -67,17 +76,7 @@ extern "C" int mlart_bench_time(const mlart_bench_opts *o, mlart_bench_enqueue_f
     *us = o->reps % 2 ? samples[o->reps / 2] : 0.5 * (samples[o->reps / 2 - 1] + samples[o->reps / 2]);
     rc = 0;
 fail:
-    if (capturing) {
-        cudaGraph_t junk = NULL;
-        cudaStreamEndCapture(st, &junk);
-        if (junk)
-            cudaGraphDestroy(junk);
-        cudaGetLastError();
-    }
-    if (ge)
-        cudaGraphExecDestroy(ge);
-    if (g)
-        cudaGraphDestroy(g);
+    mlart_bench_graph_release(st, capturing, g, ge);
     if (e0)
         cudaEventDestroy(e0);
     if (e1)

@@ -36,6 +36,22 @@ typedef struct mlart_bench_opts {
     char gpu[256];      /* device name */
 } mlart_bench_opts;
 
+/* Run a CUDA call; on failure print it with `who` ("mlart-bench attn") and
+ * jump to the caller's `fail` label. */
+#define MLART_BENCH_CHECK(who, stmt)                                                           \
+    do {                                                                                       \
+        cudaError_t e_ = (stmt);                                                               \
+        if (e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "%s: %s: %s\n", who, #stmt, cudaGetErrorString(e_));                \
+            goto fail;                                                                         \
+        }                                                                                      \
+    } while (0)
+
+/* Release what a graph measurement holds: end a capture still open on
+ * `stream` (capturing nonzero) and drop its graph and the sticky error, then
+ * destroy `exec` and `graph` where set. */
+void mlart_bench_graph_release(cudaStream_t stream, int capturing, cudaGraph_t graph, cudaGraphExec_t exec);
+
 /* Enqueue one operation on `stream` using input set `set`.  0 or nonzero. */
 typedef int (*mlart_bench_enqueue_fn)(void *ctx, int set, cudaStream_t stream);
 

@@ -201,14 +201,7 @@ __global__ void lat_gtimer_kernel(unsigned long long *out)
     out[GT_STEPS] = (unsigned long long)k;
 }
 
-#define LAT_CUDA(stmt)                                                                                     \
-    do {                                                                                                   \
-        cudaError_t e_ = (stmt);                                                                           \
-        if (e_ != cudaSuccess) {                                                                           \
-            fprintf(stderr, "mlart-bench: %s: %s\n", #stmt, cudaGetErrorString(e_));                       \
-            goto fail;                                                                                     \
-        }                                                                                                  \
-    } while (0)
+#define LAT_CUDA(stmt) MLART_BENCH_CHECK("mlart-bench latency", stmt)
 
 int cmp_u64(const void *x, const void *y)
 {
@@ -359,17 +352,7 @@ int run_edge(int n, int pdl, unsigned long long *st_d, cudaStream_t st, double *
     *gap_ns = median_u64(gaps, EDGE_REPS);
     rc = 0;
 fail:
-    if (capturing) {
-        cudaGraph_t junk = NULL;
-        cudaStreamEndCapture(st, &junk);
-        if (junk)
-            cudaGraphDestroy(junk);
-        cudaGetLastError();
-    }
-    if (ge)
-        cudaGraphExecDestroy(ge);
-    if (g)
-        cudaGraphDestroy(g);
+    mlart_bench_graph_release(st, capturing, g, ge);
     return rc;
 }
 
