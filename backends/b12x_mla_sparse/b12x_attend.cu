@@ -96,6 +96,7 @@ __device__ unsigned long long b12x_prof_loop[PROF_BLOCKS][PROF_LOOP];
 int prof_main_blocks, prof_cb_blocks, prof_inplace; /* of the last launch */
 int prof_inner; /* its in-place launches all stamp inside the combine ([10..12]) */
 int prof_rc;    /* it ran the register-conversion kernel (no first-block stamp [3]) */
+int prof_cb_groups; /* groups in its combine blocks (one: no groups' barrier stamp [6]) */
 __device__ __forceinline__ unsigned long long prof_gt()
 {
     unsigned long long v;
@@ -2131,6 +2132,9 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
     if (sp.splits > 1 && !inplace && (parts & 2) && e == cudaSuccess) {
         const int ng1 = (sp.splits + CB_Z - 1) / CB_Z;
         const int ng2 = sp.splits < CB_MAX_GROUPS ? sp.splits : CB_MAX_GROUPS;
+#ifdef B12X_PROFILE
+        prof_cb_groups = combine == 1 ? ng1 : ng2;
+#endif
         /* After the small-head kernel, and unless the combine has more than
          * four blocks a multiprocessor, at most two combine blocks share a
          * multiprocessor (an occupancy cap through shared memory it does not
@@ -2226,7 +2230,7 @@ extern "C" void b12x_profile_dump(FILE *f, const char *label)
                 cv[k][b] = ((double)c[b][k] - (double)e0) * 1e-3;
             cv[3][b] = (double)(c[b][4] - c[b][3]) * cyc_us;
             cv[4][b] = (double)(c[b][5] - c[b][4]) * cyc_us;
-            cv[5][b] = c[b][6] > c[b][4] ? (double)(c[b][6] - c[b][4]) * cyc_us : 0.0;
+            cv[5][b] = prof_cb_groups > 1 ? (double)(c[b][6] - c[b][4]) * cyc_us : 0.0;
         }
         fprintf(f, "; combine %d blocks: entry %.2f..%.2f", nc, prof_pick(cv[0], nc, 0.0), prof_pick(cv[0], nc, 1.0));
         fprintf(f, " past-wait %.2f/%.2f", prof_pick(cv[2], nc, 0.5), prof_pick(cv[2], nc, 1.0));
