@@ -81,10 +81,11 @@ static_assert(FP8_BYTES % 16 == 0, "fp8 records must be whole 16-byte pieces");
  * Combine kernel, per block: global timer at [0] entry, [1] exit and [2]
  * past its dependency wait; SM clock [3] past the wait, [4] once its loads
  * have landed and been summed, [5] before its exit, [6] past its groups'
- * barrier (0 with one group). */
+ * barrier (0 with one group), [7] once its loads have landed (before any
+ * use of them). */
 constexpr int PROF_BLOCKS = 4096;
 __device__ unsigned long long b12x_prof_main[PROF_BLOCKS][13];
-__device__ unsigned long long b12x_prof_cb[PROF_BLOCKS][7];
+__device__ unsigned long long b12x_prof_cb[PROF_BLOCKS][8];
 /* Loop phases of the small-head kernel, SM cycles summed over the blocks
  * of 32 slots: as the first math thread sees them, [0] the wait for a
  * stage, [3] the scores, [4] the barrier, softmax and barrier, [5] P.V;
@@ -1612,6 +1613,16 @@ __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const At
             v[i] = *reinterpret_cast<const uint2 *>(part + z * zstride * KV_L);
         }
     }
+#ifdef B12X_PROFILE
+    {
+        /* a finite value that depends on every load */
+        unsigned dep = __float_as_uint(la) ^ __float_as_uint(lb);
+#pragma unroll
+        for (int i = 0; i < CB_Z; i++)
+            dep ^= __float_as_uint(lz[i]) ^ v[i].x ^ v[i].y;
+        B12X_PROF_CB_AT(7, prof_clock_after(__uint_as_float(dep & 0x3f800000u)));
+    }
+#endif
     /* The maximum M and the weight sum over all splits, in every warp
      * alike (no exchange between groups before the sum of their
      * columns); weights 2^(lse log2e - M log2e), all independent. */
@@ -2177,7 +2188,7 @@ static double prof_pick(double *v, int n, double q)
  * clock), median / max over blocks. */
 extern "C" void b12x_profile_dump(FILE *f, const char *label)
 {
-    static unsigned long long m[PROF_BLOCKS][13], c[PROF_BLOCKS][7], lp[PROF_BLOCKS][PROF_LOOP];
+    static unsigned long long m[PROF_BLOCKS][13], c[PROF_BLOCKS][8], lp[PROF_BLOCKS][PROF_LOOP];
     int clk_khz = 0;
     if (cudaDeviceSynchronize() != cudaSuccess ||
         cudaMemcpyFromSymbol(m, b12x_prof_main, sizeof m) != cudaSuccess ||
@@ -2223,18 +2234,21 @@ extern "C" void b12x_profile_dump(FILE *f, const char *label)
         /* us from the main kernel's first entry (global timer): entry
          * (first..last), past the dependency wait, exit; then phase
          * lengths (SM clock): past the wait to the loads landed and
-         * summed, from there to the exit (median/max) */
-        static double cv[6][PROF_BLOCKS];
+         * summed (in parentheses: only landed), from there to the exit
+         * (median/max) */
+        static double cv[7][PROF_BLOCKS];
         for (int b = 0; b < nc; b++) {
             for (int k = 0; k < 3; k++)
                 cv[k][b] = ((double)c[b][k] - (double)e0) * 1e-3;
             cv[3][b] = (double)(c[b][4] - c[b][3]) * cyc_us;
             cv[4][b] = (double)(c[b][5] - c[b][4]) * cyc_us;
             cv[5][b] = prof_cb_groups > 1 ? (double)(c[b][6] - c[b][4]) * cyc_us : 0.0;
+            cv[6][b] = (double)(c[b][7] - c[b][3]) * cyc_us;
         }
         fprintf(f, "; combine %d blocks: entry %.2f..%.2f", nc, prof_pick(cv[0], nc, 0.0), prof_pick(cv[0], nc, 1.0));
         fprintf(f, " past-wait %.2f/%.2f", prof_pick(cv[2], nc, 0.5), prof_pick(cv[2], nc, 1.0));
-        fprintf(f, " loads %.2f/%.2f", prof_pick(cv[3], nc, 0.5), prof_pick(cv[3], nc, 1.0));
+        fprintf(f, " loads %.2f/%.2f (landed %.2f/%.2f)", prof_pick(cv[3], nc, 0.5), prof_pick(cv[3], nc, 1.0),
+                prof_pick(cv[6], nc, 0.5), prof_pick(cv[6], nc, 1.0));
         fprintf(f, " rest %.2f/%.2f", prof_pick(cv[4], nc, 0.5), prof_pick(cv[4], nc, 1.0));
         fprintf(f, " (groups' barrier %.2f/%.2f)", prof_pick(cv[5], nc, 0.5), prof_pick(cv[5], nc, 1.0));
         fprintf(f, " exit %.2f/%.2f", prof_pick(cv[1], nc, 0.5), prof_pick(cv[1], nc, 1.0));
