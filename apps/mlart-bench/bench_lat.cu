@@ -396,11 +396,15 @@ extern "C" int mlart_bench_lat(const mlart_bench_opts *o)
     LAT_CUDA(cudaMalloc((void **)&d_out, sizeof(unsigned long long) * (4 * (size_t)n > GT_STEPS + 1 ? 4 * (size_t)n : GT_STEPS + 1)));
     LAT_CUDA(cudaMalloc((void **)&edge, 3 * sizeof(unsigned long long)));
     LAT_CUDA(cudaMalloc(&evict, evict_bytes));
-    /* two sets of 8448 pages on an H200 (35 GB); rows that need them are left out if they do not fit */
-    if (cudaMalloc((void **)&spread, 2 * nlines * SPREAD_WORDS * sizeof(unsigned)) != cudaSuccess) {
-        cudaGetLastError();
-        spread = NULL;
-    }
+    /* two sets of 8448 pages on an H200 (35 GB), only when a row that needs
+     * them is selected; those rows are left out if they do not fit */
+    for (size_t i = 0; i < sizeof CHAINS / sizeof CHAINS[0] && !spread; i++)
+        if (CHAINS[i].spread && mlart_bench_match(o, CHAINS[i].name) &&
+            cudaMalloc((void **)&spread, 2 * nlines * SPREAD_WORDS * sizeof(unsigned)) != cudaSuccess) {
+            cudaGetLastError();
+            spread = NULL;
+            break;
+        }
     h_out = (unsigned long long *)malloc(sizeof(unsigned long long) * 4 * (size_t)n);
     if (!h_out)
         goto fail;
