@@ -77,7 +77,9 @@ static_assert(FP8_BYTES % 16 == 0, "fp8 records must be whole 16-byte pieces");
  * writes, [6] SM clock at entry, [7] global timer at exit, and with the
  * in-place combine [8] SM clock after its barrier and [9] after it; the
  * small-head kernel also [10] once the combine's LSE loads have landed,
- * [11] its partials, [12] after its groups' barrier.
+ * [11] its partials, [12] after its groups' barrier; without the in-place
+ * combine the small-head kernels stamp their tail instead: [10] once the
+ * last P.V has landed, [11] once the row sums' inverses are ready.
  * Combine kernel, per block: global timer at [0] entry, [1] exit and [2]
  * past its dependency wait; SM clock [3] past the wait, [4] once its loads
  * have landed and been summed, [5] before its exit, [6] past its groups'
@@ -98,6 +100,7 @@ int prof_main_blocks, prof_cb_blocks, prof_inplace; /* of the last launch */
 int prof_inner; /* its in-place launches all stamp inside the combine ([10..12]) */
 int prof_rc;    /* it ran the register-conversion kernel (no first-block stamp [3]) */
 int prof_cb_groups; /* groups in its combine blocks (one: no groups' barrier stamp [6]) */
+int prof_tail;      /* every main kernel it ran stamps its tail ([10], [11]) */
 __device__ __forceinline__ unsigned long long prof_gt()
 {
     unsigned long long v;
@@ -121,6 +124,13 @@ __device__ __forceinline__ unsigned long long prof_clock_after(float v)
         if (threadIdx.x == 0 && B12X_PROF_BLK() < PROF_BLOCKS)                \
             b12x_prof_main[B12X_PROF_BLK()][k] = (v);                         \
     } while (0)
+/* Without the in-place combine (which stamps [10..12] itself): the SM
+ * clock once v has arrived, into [k]. */
+#define B12X_PROF_TAIL(k, v)                                                  \
+    do {                                                                      \
+        if constexpr (!IP)                                                    \
+            B12X_PROF_MAIN(k, prof_clock_after(v));                           \
+    } while (0)
 #define B12X_PROF_CB(k) B12X_PROF_CB_AT(k, prof_gt())
 #define B12X_PROF_CB_AT(k, v)                                                 \
     do {                                                                      \
@@ -137,6 +147,7 @@ __device__ __forceinline__ unsigned long long prof_clock_after(float v)
 #else
 #define B12X_PROF_TICK(acc, tick, k) ((void)0)
 #define B12X_PROF_MAIN(k, v) ((void)0)
+#define B12X_PROF_TAIL(k, v) ((void)0)
 #define B12X_PROF_CB(k) ((void)0)
 #define B12X_PROF_CB_AT(k, v) ((void)0)
 #endif
@@ -1054,11 +1065,13 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch + (IP && FP8 && SHORT
     }
     math_sync(); /* also: every warp is done with the last block's stage */
     B12X_PROF_MAIN(4, clock64());
+    B12X_PROF_TAIL(10, o[7][3]);
 
     /* Normalise; the bf16 output is staged in the (idle) KV stages and
      * written as whole rows, 8 bytes a lane. */
     const float l0 = s_stat[32 + r4], l1 = s_stat[32 + r4 + 8];
     const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    B12X_PROF_TAIL(11, inv0 + inv1);
     const int col0 = 64 * warp + 2 * q4;
     if (a.splits == 1) {
         __nv_bfloat16 *st = reinterpret_cast<__nv_bfloat16 *>(smem + S::OFF_KV);
@@ -1480,11 +1493,13 @@ template <bool IP> __device__ __forceinline__ void small_rc(const AttendArgs &a)
 
     bar_sync(RC_END, SMALL_THREADS); /* the load warps' row maxima and sums */
     B12X_PROF_MAIN(4, clock64());
+    B12X_PROF_TAIL(10, o[3][1][3]);
 
     /* Lane (g, q4) holds dims 64 warp + 16 q4 + 4 s + 2 h + i of rows g
      * and g + 8: o[s][h][i] and o[s][h][2 + i]. */
     const float l0 = s_stat[16 + g], l1 = s_stat[16 + g + 8];
     const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    B12X_PROF_TAIL(11, inv0 + inv1);
     uint32_t w0[8], w1[8];
 #pragma unroll
     for (int s = 0; s < 4; s++)
@@ -2088,6 +2103,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
     prof_inplace = 0; /* set below when a kernel of this file (they stamp) combines in place */
     prof_inner = 1;   /* cleared below by an in-place launch of another kernel */
     prof_rc = 0;
+    prof_tail = 1; /* cleared below by a launch of a kernel without the tail stamps */
 #endif
     cudaStream_t st = (cudaStream_t)stream;
     cudaError_t e = cudaSuccess;
@@ -2136,6 +2152,8 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
         a.tile_base = part == 0 ? 0 : full;
 #ifdef B12X_PROFILE
         prof_inplace |= a.bar != nullptr;
+        if (kind != PK_SMALL)
+            prof_tail = 0;
 #endif
         e = launch(fn, dim3((unsigned)T, (unsigned)tiles, (unsigned)sp.splits), threads, smem, st,
                    pdl, a);
@@ -2229,6 +2247,15 @@ extern "C" void b12x_profile_dump(FILE *f, const char *label)
             continue;
         const double mx = prof_pick(v[k], nm, 1.0), md = prof_pick(v[k], nm, 0.5);
         fprintf(f, " %s %.2f/%.2f", k == 5 && prof_rc ? "first-blk+loop" : names[k], md, mx);
+    }
+    if (!prof_inplace && prof_tail) {
+        /* the small-head kernels' tail from its start: the last P.V
+         * landed, the inverses ready (medians; only those kernels stamp) */
+        for (int b = 0; b < nm; b++) {
+            v[9][b] = m[b][10] >= m[b][4] ? (double)(m[b][10] - m[b][4]) * cyc_us : NAN;
+            v[10][b] = m[b][11] >= m[b][4] ? (double)(m[b][11] - m[b][4]) * cyc_us : NAN;
+        }
+        fprintf(f, " (tail: pv landed %.2f, inverses %.2f)", prof_pick(v[9], nm, 0.5), prof_pick(v[10], nm, 0.5));
     }
     if (nc) {
         /* us from the main kernel's first entry (global timer): entry
