@@ -1070,7 +1070,7 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch + (IP && FP8 && SHORT
     /* Normalise; the bf16 output is staged in the (idle) KV stages and
      * written as whole rows, 8 bytes a lane. */
     const float l0 = s_stat[32 + r4], l1 = s_stat[32 + r4 + 8];
-    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    const float inv0 = l0 > 0.0f ? b12x::rcp_approx(l0) : 0.0f, inv1 = l1 > 0.0f ? b12x::rcp_approx(l1) : 0.0f;
     B12X_PROF_TAIL(11, inv0 + inv1);
     const int col0 = 64 * warp + 2 * q4;
     if (a.splits == 1) {
@@ -1498,7 +1498,7 @@ template <bool IP> __device__ __forceinline__ void small_rc(const AttendArgs &a)
     /* Lane (g, q4) holds dims 64 warp + 16 q4 + 4 s + 2 h + i of rows g
      * and g + 8: o[s][h][i] and o[s][h][2 + i]. */
     const float l0 = s_stat[16 + g], l1 = s_stat[16 + g + 8];
-    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    const float inv0 = l0 > 0.0f ? b12x::rcp_approx(l0) : 0.0f, inv1 = l1 > 0.0f ? b12x::rcp_approx(l1) : 0.0f;
     B12X_PROF_TAIL(11, inv0 + inv1);
     uint32_t w0[8], w1[8];
 #pragma unroll

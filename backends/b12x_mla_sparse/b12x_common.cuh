@@ -194,6 +194,17 @@ __device__ __forceinline__ float bf16_hi(uint32_t v)
  * bytes as one whole sector, 8 bytes a lane (one pair a lane, half
  * sectors, was slower: docs/attention.md).  Every lane of the warp calls
  * it (a full-warp shuffle); a row's lanes store only when `store`. */
+/* 1/x, approximate (MUFU.RCP, within 1 ulp of fp32; no branch to a slow
+ * path, unlike an IEEE division): for a softmax row sum (>= 1 where it is
+ * used) before bf16 rounding.  The IEEE division's branchy sequence sat on
+ * the small-head kernels' tail. */
+__device__ __forceinline__ float rcp_approx(float x)
+{
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 __device__ __forceinline__ void store_row16(__nv_bfloat16 *group, uint32_t lo, uint32_t hi, bool store)
 {
     const int q = threadIdx.x & 3;
