@@ -34,6 +34,12 @@
  * of a graph of empty kernels.
  * Timer: the median step of the global timer (%globaltimer), which the
  * barrier and edge rows and the kernels' diagnostic stamps read.
+ * Code: one warp a multiprocessor runs 32 KiB of straight-line independent
+ * FFMAs twice (a loop of two passes over the same code), on the second of
+ * two launches (so the code is in L2): SM cycles per 128 bytes of code in
+ * the first pass (the code not yet in the multiprocessor's instruction
+ * caches, unless they kept it from the first launch) and in the second
+ * (cached, where 32 KiB fit: one FFMA a cycle at best, 8 a line). 
  * Columns: ns (median over blocks, or over replays for the kernel rows), max
  * ns over blocks, and SM cycles where they apply. */
 #include <math.h>
@@ -184,6 +190,52 @@ __global__ void lat_edge_second(unsigned long long *st)
 }
 
 __global__ void lat_empty_kernel() {}
+
+/* Instruction fetch: one warp a multiprocessor runs CODE_FMAS independent
+ * FFMAs (eight chains, so that a warp can issue one a cycle once the code
+ * is cached) straight through, twice (the same code: a loop of two
+ * passes), and stamps the SM clock before and after each pass:
+ * out[4 b + 0, 1] the first pass's cycles and the second's. */
+constexpr int CODE_FMAS = 2048; /* 16 bytes each: 32 KiB of code */
+__device__ __forceinline__ unsigned long long clock_after(float v)
+{
+    unsigned long long c;
+    asm volatile("{\n .reg .pred p;\n setp.ne.f32 p, %1, %1;\n mov.u64 %0, 0;\n @!p mov.u64 %0, %%clock64;\n}\n"
+                 : "=l"(c)
+                 : "f"(v)
+                 : "memory");
+    return c;
+}
+__global__ void __launch_bounds__(32) lat_code_kernel(float c, float d, float *sink, unsigned long long *out)
+{
+    float x[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        x[k] = (float)(threadIdx.x + k) * 1e-3f;
+    unsigned long long prev = sm_clock(), d0 = 0, d1 = 0;
+#pragma unroll 1
+    for (int pass = 0; pass < 2; pass++) {
+#pragma unroll
+        for (int i = 0; i < CODE_FMAS; i++)
+            x[i & 7] = fmaf(x[i & 7], c, d);
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            acc += x[k];
+        const unsigned long long now = clock_after(acc); /* once every FFMA has run */
+        if (pass == 0)
+            d0 = now - prev;
+        else
+            d1 = now - prev;
+        prev = now;
+        if (acc == 12345.0f) /* never: keeps the FFMAs */
+            *sink = acc;
+    }
+    if (threadIdx.x == 0) {
+        out[2 * blockIdx.x + 0] = d0;
+        out[2 * blockIdx.x + 1] = d1;
+    }
+}
 
 /* The global timer's steps: the first GT_STEPS nonzero differences between
  * consecutive reads of one thread. */
@@ -382,7 +434,8 @@ extern "C" int mlart_bench_lat(const mlart_bench_opts *o)
     for (size_t i = 0; i < sizeof CHAINS / sizeof CHAINS[0]; i++)
         any |= mlart_bench_match(o, CHAINS[i].name);
     any |= mlart_bench_match(o, "latency barrier release") | mlart_bench_match(o, "latency kernel edge") |
-           mlart_bench_match(o, "latency empty kernel node") | mlart_bench_match(o, "latency globaltimer step");
+           mlart_bench_match(o, "latency empty kernel node") | mlart_bench_match(o, "latency globaltimer step") |
+           mlart_bench_match(o, "latency code");
     if (!any)
         return 0;
     if (cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, o->device) != cudaSuccess || !coop || n < 2) {
@@ -480,6 +533,31 @@ extern "C" int mlart_bench_lat(const mlart_bench_opts *o)
         vals[1] = gmax;
         vals[2] = NAN;
         mlart_bench_table_row(o, &t, "latency globaltimer step", vals);
+    }
+    if (mlart_bench_match(o, "latency code")) {
+        /* the first launch brings the code into L2, the second is reported */
+        int khz = 0;
+        LAT_CUDA(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, o->device));
+        for (int run = 0; run < 2; run++) {
+            lat_code_kernel<<<n, 32, 0, st>>>(0.999f, 1e-4f, (float *)sink, d_out);
+            LAT_CUDA(cudaGetLastError());
+        }
+        LAT_CUDA(cudaMemcpyAsync(h_out, d_out, 2 * (size_t)n * sizeof *h_out, cudaMemcpyDeviceToHost, st));
+        LAT_CUDA(cudaStreamSynchronize(st));
+        const double lines_per_pass = CODE_FMAS * 16.0 / 128.0, ns_per_cyc = 1e6 / (khz > 0 ? khz : 1980000);
+        for (int pass = 0; pass < 2; pass++) {
+            unsigned long long *v = h_out + 2 * (size_t)n;
+            for (int b = 0; b < n; b++)
+                v[b] = h_out[2 * b + pass];
+            const double med = median_u64(v, n) / lines_per_pass; /* sorted now */
+            vals[0] = med * ns_per_cyc;
+            vals[1] = (double)v[n - 1] / lines_per_pass * ns_per_cyc;
+            vals[2] = med;
+            mlart_bench_table_row(o, &t,
+                                  pass ? "latency code run again, per 128 B (8 FFMAs)"
+                                       : "latency code run once, per 128 B (8 FFMAs)",
+                                  vals);
+        }
     }
     if (!isnan(dram) && !isnan(fresh) && !isnan(pdl_gap) && !isnan(node_us)) {
         char line[320];
