@@ -47,6 +47,7 @@
 #include <string.h>
 
 #include "bench_common.h"
+#include "runtime/cuda_clock.h"
 #include "runtime/cuda_launch.h"
 
 namespace {
@@ -197,15 +198,6 @@ __global__ void lat_empty_kernel() {}
  * passes), and stamps the SM clock before and after each pass:
  * out[4 b + 0, 1] the first pass's cycles and the second's. */
 constexpr int CODE_FMAS = 2048; /* 16 bytes each: 32 KiB of code */
-__device__ __forceinline__ unsigned long long clock_after(float v)
-{
-    unsigned long long c;
-    asm volatile("{\n .reg .pred p;\n setp.ne.f32 p, %1, %1;\n mov.u64 %0, 0;\n @!p mov.u64 %0, %%clock64;\n}\n"
-                 : "=l"(c)
-                 : "f"(v)
-                 : "memory");
-    return c;
-}
 __global__ void __launch_bounds__(32) lat_code_kernel(float c, float d, float *sink, unsigned long long *out)
 {
     float x[8];
@@ -222,7 +214,7 @@ __global__ void __launch_bounds__(32) lat_code_kernel(float c, float d, float *s
 #pragma unroll
         for (int k = 0; k < 8; k++)
             acc += x[k];
-        const unsigned long long now = clock_after(acc); /* once every FFMA has run */
+        const unsigned long long now = mlart_clock_after(acc); /* once every FFMA has run */
         if (pass == 0)
             d0 = now - prev;
         else

@@ -50,6 +50,7 @@
 
 #include "backends/b12x_mla_sparse/b12x_attend.h"
 #include "backends/b12x_mla_sparse/b12x_common.cuh"
+#include "runtime/cuda_clock.h"
 #include "runtime/cuda_launch.h"
 
 namespace {
@@ -107,16 +108,6 @@ __device__ __forceinline__ unsigned long long prof_gt()
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
     return v;
 }
-/* The SM clock once v has arrived (an instruction that reads v first). */
-__device__ __forceinline__ unsigned long long prof_clock_after(float v)
-{
-    unsigned long long c;
-    asm volatile("{\n .reg .pred p;\n setp.ne.f32 p, %1, %1;\n mov.u64 %0, 0;\n @!p mov.u64 %0, %%clock64;\n}\n"
-                 : "=l"(c)
-                 : "f"(v)
-                 : "memory");
-    return c;
-}
 #define B12X_PROF_BLK() \
     ((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x)
 #define B12X_PROF_MAIN(k, v)                                                  \
@@ -129,7 +120,7 @@ __device__ __forceinline__ unsigned long long prof_clock_after(float v)
 #define B12X_PROF_TAIL(k, v)                                                  \
     do {                                                                      \
         if constexpr (!IP)                                                    \
-            B12X_PROF_MAIN(k, prof_clock_after(v));                           \
+            B12X_PROF_MAIN(k, mlart_clock_after(v));                          \
     } while (0)
 #define B12X_PROF_CB(k) B12X_PROF_CB_AT(k, prof_gt())
 #define B12X_PROF_CB_AT(k, v)                                                 \
@@ -1109,7 +1100,7 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch + (IP && FP8 && SHORT
                                               [&] { B12X_PROF_MAIN(8, clock64()); },
                                               reinterpret_cast<float *>(smem), /* the query's */
                                               [&](int k, float v) {
-                                                  B12X_PROF_MAIN(10 + k, prof_clock_after(v));
+                                                  B12X_PROF_MAIN(10 + k, mlart_clock_after(v));
                                               });
     B12X_PROF_MAIN(9, clock64());
     B12X_PROF_MAIN(7, prof_gt());
@@ -1635,7 +1626,7 @@ __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const At
 #pragma unroll
         for (int i = 0; i < CB_Z; i++)
             dep ^= __float_as_uint(lz[i]) ^ v[i].x ^ v[i].y;
-        B12X_PROF_CB_AT(7, prof_clock_after(__uint_as_float(dep & 0x3f800000u)));
+        B12X_PROF_CB_AT(7, mlart_clock_after(__uint_as_float(dep & 0x3f800000u)));
     }
 #endif
     /* The maximum M and the weight sum over all splits, in every warp
@@ -1660,7 +1651,7 @@ __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const At
         acc.z = fmaf(w, ok ? bf16_lo(v[i].y) : 0.0f, acc.z);
         acc.w = fmaf(w, ok ? bf16_hi(v[i].y) : 0.0f, acc.w);
     }
-    B12X_PROF_CB_AT(4, prof_clock_after(acc.x + acc.w + sum));
+    B12X_PROF_CB_AT(4, mlart_clock_after(acc.x + acc.w + sum));
     if (ng > 1) {
         s_acc[grp][lane] = acc;
         __syncthreads();
