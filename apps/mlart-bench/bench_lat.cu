@@ -39,7 +39,7 @@
  * two launches (so the code is in L2): SM cycles per 128 bytes of code in
  * the first pass (the code not yet in the multiprocessor's instruction
  * caches, unless they kept it from the first launch) and in the second
- * (cached, where 32 KiB fit: one FFMA a cycle at best, 8 a line). 
+ * (cached, where 32 KiB fit: one FFMA a cycle at best, 8 a line).
  * Columns: ns (median over blocks, or over replays for the kernel rows), max
  * ns over blocks, and SM cycles where they apply. */
 #include <math.h>
@@ -196,7 +196,7 @@ __global__ void lat_empty_kernel() {}
  * FFMAs (eight chains, so that a warp can issue one a cycle once the code
  * is cached) straight through, twice (the same code: a loop of two
  * passes), and stamps the SM clock before and after each pass:
- * out[4 b + 0, 1] the first pass's cycles and the second's. */
+ * out[2 b + 0, 1] the first pass's cycles and the second's. */
 constexpr int CODE_FMAS = 2048; /* 16 bytes each: 32 KiB of code */
 __global__ void __launch_bounds__(32) lat_code_kernel(float c, float d, float *sink, unsigned long long *out)
 {

@@ -186,14 +186,6 @@ __device__ __forceinline__ float bf16_hi(uint32_t v)
     return __uint_as_float(v & 0xffff0000u);
 }
 
-/* One row's 16-column group of bf16 output (or split-k partial) from the
- * mma fragment layout: lane q (lane % 4) of the four lanes that share the
- * row holds pairs lo = columns 2q, 2q + 1 and hi = 2q + 8, 2q + 9.  Lanes
- * q and q ^ 1 trade one pair (even lanes keep lo, odd lanes hi), so each
- * lane holds four consecutive columns and the four write the group's 32
- * bytes as one whole sector, 8 bytes a lane (one pair a lane, half
- * sectors, was slower: docs/attention.md).  Every lane of the warp calls
- * it (a full-warp shuffle); a row's lanes store only when `store`. */
 /* 1/x, approximate (MUFU.RCP, within 1 ulp of fp32; no branch to a slow
  * path, unlike an IEEE division): for a softmax row sum (>= 1 where it is
  * used) before bf16 rounding.  The IEEE division's branchy sequence sat on
@@ -205,6 +197,14 @@ __device__ __forceinline__ float rcp_approx(float x)
     return y;
 }
 
+/* One row's 16-column group of bf16 output (or split-k partial) from the
+ * mma fragment layout: lane q (lane % 4) of the four lanes that share the
+ * row holds pairs lo = columns 2q, 2q + 1 and hi = 2q + 8, 2q + 9.  Lanes
+ * q and q ^ 1 trade one pair (even lanes keep lo, odd lanes hi), so each
+ * lane holds four consecutive columns and the four write the group's 32
+ * bytes as one whole sector, 8 bytes a lane (one pair a lane, half
+ * sectors, was slower: docs/attention.md).  Every lane of the warp calls
+ * it (a full-warp shuffle); a row's lanes store only when `store`. */
 __device__ __forceinline__ void store_row16(__nv_bfloat16 *group, uint32_t lo, uint32_t hi, bool store)
 {
     const int q = threadIdx.x & 3;
