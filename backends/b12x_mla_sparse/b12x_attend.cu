@@ -89,6 +89,11 @@ static_assert(FP8_BYTES % 16 == 0, "fp8 records must be whole 16-byte pieces");
 constexpr int PROF_BLOCKS = 4096;
 __device__ unsigned long long b12x_prof_main[PROF_BLOCKS][13];
 __device__ unsigned long long b12x_prof_cb[PROF_BLOCKS][8];
+/* Combine kernel, per warp (lane 0): SM clock [0] once its loads have
+ * landed, [1] once they have been summed, as [7] and [4] of its block's
+ * thread 0. */
+constexpr int PROF_CB_WARPS = 32;
+__device__ unsigned long long b12x_prof_cbw[PROF_BLOCKS][PROF_CB_WARPS][2];
 /* Loop phases of the small-head kernel, SM cycles summed over the blocks
  * of 32 slots: as the first math thread sees them, [0] the wait for a
  * stage, [3] the scores, [4] the barrier, softmax and barrier, [5] P.V;
@@ -102,6 +107,7 @@ int prof_inner; /* its in-place launches all stamp inside the combine ([10..12])
 int prof_rc;    /* it ran the register-conversion kernel (no first-block stamp [3]) */
 int prof_cb_groups; /* groups in its combine blocks (one: no groups' barrier stamp [6]) */
 int prof_tail;      /* every main kernel it ran stamps its tail ([10], [11]) */
+int prof_cb_warps;  /* warps in its combine blocks */
 __device__ __forceinline__ unsigned long long prof_gt()
 {
     unsigned long long v;
@@ -122,6 +128,11 @@ __device__ __forceinline__ unsigned long long prof_gt()
         if constexpr (!IP)                                                    \
             B12X_PROF_MAIN(k, mlart_clock_after(v));                          \
     } while (0)
+#define B12X_PROF_CBW(k, v)                                                   \
+    do {                                                                      \
+        if ((threadIdx.x & 31) == 0 && B12X_PROF_BLK() < PROF_BLOCKS)         \
+            b12x_prof_cbw[B12X_PROF_BLK()][threadIdx.x / 32][k] = (v);        \
+    } while (0)
 #define B12X_PROF_CB(k) B12X_PROF_CB_AT(k, prof_gt())
 #define B12X_PROF_CB_AT(k, v)                                                 \
     do {                                                                      \
@@ -141,6 +152,7 @@ __device__ __forceinline__ unsigned long long prof_gt()
 #define B12X_PROF_TAIL(k, v) ((void)0)
 #define B12X_PROF_CB(k) ((void)0)
 #define B12X_PROF_CB_AT(k, v) ((void)0)
+#define B12X_PROF_CBW(k, v) ((void)0)
 #endif
 static_assert(BN * ROW_CHUNKS % NTHREADS == 0, "bf16 gather assumes whole rounds");
 
@@ -1626,7 +1638,9 @@ __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const At
 #pragma unroll
         for (int i = 0; i < CB_Z; i++)
             dep ^= __float_as_uint(lz[i]) ^ v[i].x ^ v[i].y;
-        B12X_PROF_CB_AT(7, mlart_clock_after(__uint_as_float(dep & 0x3f800000u)));
+        const unsigned long long landed = mlart_clock_after(__uint_as_float(dep & 0x3f800000u));
+        B12X_PROF_CB_AT(7, landed);
+        B12X_PROF_CBW(0, landed);
     }
 #endif
     /* The maximum M and the weight sum over all splits, in every warp
@@ -1651,7 +1665,13 @@ __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const At
         acc.z = fmaf(w, ok ? bf16_lo(v[i].y) : 0.0f, acc.z);
         acc.w = fmaf(w, ok ? bf16_hi(v[i].y) : 0.0f, acc.w);
     }
-    B12X_PROF_CB_AT(4, mlart_clock_after(acc.x + acc.w + sum));
+#ifdef B12X_PROFILE
+    {
+        const unsigned long long summed = mlart_clock_after(acc.x + acc.w + sum);
+        B12X_PROF_CB_AT(4, summed);
+        B12X_PROF_CBW(1, summed);
+    }
+#endif
     if (ng > 1) {
         s_acc[grp][lane] = acc;
         __syncthreads();
@@ -2154,6 +2174,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
         const int ng2 = sp.splits < CB_MAX_GROUPS ? sp.splits : CB_MAX_GROUPS;
 #ifdef B12X_PROFILE
         prof_cb_groups = combine == 1 ? ng1 : ng2;
+        prof_cb_warps = (combine == 1 ? 128 * ng1 : 32 * ng2) / 32;
 #endif
         /* After the small-head kernel, and unless the combine has more than
          * four blocks a multiprocessor, at most two combine blocks share a
@@ -2270,6 +2291,23 @@ extern "C" void b12x_profile_dump(FILE *f, const char *label)
         fprintf(f, " rest %.2f/%.2f", prof_pick(cv[4], nc, 0.5), prof_pick(cv[4], nc, 1.0));
         fprintf(f, " (groups' barrier %.2f/%.2f)", prof_pick(cv[5], nc, 0.5), prof_pick(cv[5], nc, 1.0));
         fprintf(f, " exit %.2f/%.2f", prof_pick(cv[1], nc, 0.5), prof_pick(cv[1], nc, 1.0));
+        /* each block's slowest warp, from its thread 0 past the wait:
+         * loads landed and summed (the warps share the SM clock) */
+        static unsigned long long w[PROF_BLOCKS][PROF_CB_WARPS][2];
+        const int nw = prof_cb_warps < PROF_CB_WARPS ? prof_cb_warps : PROF_CB_WARPS;
+        if (nw > 0 && cudaMemcpyFromSymbol(w, b12x_prof_cbw, sizeof w) == cudaSuccess) {
+            for (int b = 0; b < nc; b++) {
+                unsigned long long l = 0, u = 0;
+                for (int k = 0; k < nw; k++) {
+                    l = w[b][k][0] > l ? w[b][k][0] : l;
+                    u = w[b][k][1] > u ? w[b][k][1] : u;
+                }
+                cv[3][b] = l >= c[b][3] ? (double)(l - c[b][3]) * cyc_us : NAN;
+                cv[6][b] = u >= c[b][3] ? (double)(u - c[b][3]) * cyc_us : NAN;
+            }
+            fprintf(f, "; slowest of %d warps: landed %.2f/%.2f summed %.2f/%.2f", nw, prof_pick(cv[3], nc, 0.5),
+                    prof_pick(cv[3], nc, 1.0), prof_pick(cv[6], nc, 0.5), prof_pick(cv[6], nc, 1.0));
+        }
     }
     fprintf(f, " (us, median/max)\n");
     /* small-head kernel only (the others leave these zero or stale) */
