@@ -1560,15 +1560,21 @@ __global__ void __maxnreg__(RcRegs::launch) b12x_small_rc_ip_kernel(const Attend
     small_rc<true>(a);
 }
 
-/* out[h,t,:] = sum_z w_z * part_z / sum_z w_z with w_z = exp(lse_z - max).
+/* out[h,t,:] = sum_z w_z * part_z / sum_z w_z with w_z = exp(lse_z - M).
  * One block per (token, head, 4L columns): groups of L lanes (4 columns
  * each) take every G-th split (G = groups of the block); each lane issues
  * all its loads (<= CB_Z partials and their LSEs, and two of the LSE row:
  * every warp reads all splits' LSEs) before it uses any, so a block costs
- * one round trip to L2.  Every warp reduces the maximum and the weight sum
- * over all splits itself (shuffles), so the groups share one scale and are
- * merged by a plain sum through shared memory; the weights are independent
- * ex2 (no branch, no chain from one split to the next).  The serial form
+ * one round trip to L2.  L = 128: M is the maximum; every warp reduces it
+ * and the weight sum over all splits itself (shuffles), so the groups
+ * share one scale and are merged by a plain sum through shared memory.
+ * L = 32: M is split 0's LSE (one broadcast word instead of the LSE row),
+ * no shuffle: each thread sums its own splits' weights and the groups
+ * merge those sums with their columns; a thread whose sum or columns
+ * overflow (an LSE more than ~88 above split 0's) or whose split 0 is
+ * empty (M = -inf makes every weight +inf) recomputes its four columns
+ * with the maximum, reading every split again.  The weights are
+ * independent ex2 (no branch, no chain from one split to the next).  The serial form
  * before it (a maximum per group, expf weights skipped when zero, the
  * groups rescaled one after another) took 0.9-1.0 us after its loads and
  * the call 0.2-0.9 us longer (docs/PERF.md, 2026-12-01 22:55-23:00).  The
@@ -1594,7 +1600,11 @@ template <int L>
 __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const AttendArgs a)
 {
     static_assert(MAX_SPLITS <= 64, "a warp holds every split's LSE, two a lane");
+    /* M = split 0's LSE (L = 32: measured faster there, docs/PERF.md,
+     * 2026-12-02) or the maximum (L = 128: the reference form was slower) */
+    constexpr bool REF = L == 32;
     __shared__ float4 s_acc[CB_MAX_GROUPS][L];
+    __shared__ float s_sum[REF ? CB_MAX_GROUPS : 1];
     B12X_PROF_CB(0);
     /* The launch's parameters and this thread's addresses before the
      * dependency wait: a multiprocessor's first reads of the parameters
@@ -1615,10 +1625,10 @@ __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const At
     B12X_PROF_CB_AT(3, clock64());
     grid_dep_launch();
     /* Every load first: each warp the LSEs of all splits (lane l: l and
-     * l + 32), each thread its splits' LSEs and four columns of their
-     * partials. */
-    const float la = wl < S ? lse[wl * zstride] : -INFINITY;
-    const float lb = wl + 32 < S ? lse[(wl + 32) * zstride] : -INFINITY;
+     * l + 32) or, REF, split 0's, and each thread its splits' LSEs and
+     * four columns of their partials. */
+    const float la = REF ? lse[0] : wl < S ? lse[wl * zstride] : -INFINITY;
+    const float lb = !REF && wl + 32 < S ? lse[(wl + 32) * zstride] : -INFINITY;
     float lz[CB_Z];
     uint2 v[CB_Z];
 #pragma unroll
@@ -1645,21 +1655,28 @@ __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const At
 #endif
     /* The maximum M and the weight sum over all splits, in every warp
      * alike (no exchange between groups before the sum of their
-     * columns); weights 2^(lse log2e - M log2e), all independent. */
-    float m = fmaxf(la, lb);
+     * columns); weights 2^(lse log2e - M log2e), all independent.  REF:
+     * M = split 0's LSE, the thread's own weights summed in the loop. */
+    float m = fmaxf(la, lb), sum = 0.0f;
+    if constexpr (!REF) {
 #pragma unroll
-    for (int d = 16; d >= 1; d >>= 1)
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
-    const float mb = m == -INFINITY ? 0.0f : m * b12x::LOG2E;
-    float sum = ex2_approx(fmaf(la, b12x::LOG2E, -mb)) + ex2_approx(fmaf(lb, b12x::LOG2E, -mb));
+        for (int d = 16; d >= 1; d >>= 1)
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
+    }
+    const float mb = REF ? m * b12x::LOG2E : m == -INFINITY ? 0.0f : m * b12x::LOG2E;
+    if constexpr (!REF) {
+        sum = ex2_approx(fmaf(la, b12x::LOG2E, -mb)) + ex2_approx(fmaf(lb, b12x::LOG2E, -mb));
 #pragma unroll
-    for (int d = 16; d >= 1; d >>= 1)
-        sum += __shfl_xor_sync(0xffffffffu, sum, d);
+        for (int d = 16; d >= 1; d >>= 1)
+            sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    }
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
     for (int i = 0; i < CB_Z; i++) {
         const bool ok = lz[i] != -INFINITY; /* an empty partial is never read as a number */
         const float w = ok ? ex2_approx(fmaf(lz[i], b12x::LOG2E, -mb)) : 0.0f;
+        if constexpr (REF)
+            sum += w;
         acc.x = fmaf(w, ok ? bf16_lo(v[i].x) : 0.0f, acc.x);
         acc.y = fmaf(w, ok ? bf16_hi(v[i].x) : 0.0f, acc.y);
         acc.z = fmaf(w, ok ? bf16_lo(v[i].y) : 0.0f, acc.z);
@@ -1674,6 +1691,8 @@ __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const At
 #endif
     if (ng > 1) {
         s_acc[grp][lane] = acc;
+        if (REF && lane == 0)
+            s_sum[grp] = sum;
         __syncthreads();
         B12X_PROF_CB_AT(6, clock64());
         if (grp > 0)
@@ -1686,7 +1705,30 @@ __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const At
                 acc.y += o.y;
                 acc.z += o.z;
                 acc.w += o.w;
+                if constexpr (REF)
+                    sum += s_sum[q];
             }
+    }
+    if (REF && !(fabsf(acc.x) + fabsf(acc.y) + fabsf(acc.z) + fabsf(acc.w) + sum < INFINITY)) {
+        /* the exact form: the maximum over every split, then the sum */
+        m = -INFINITY;
+        for (int z = 0; z < S; z++)
+            m = fmaxf(m, lse[z * zstride]);
+        const float eb = m * b12x::LOG2E;
+        sum = 0.0f;
+        acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int z = 0; z < S; z++) {
+            const float l = lse[z * zstride];
+            if (l == -INFINITY)
+                continue;
+            const float w = ex2_approx(fmaf(l, b12x::LOG2E, -eb));
+            const uint2 p = *reinterpret_cast<const uint2 *>(part + z * zstride * KV_L);
+            sum += w;
+            acc.x = fmaf(w, bf16_lo(p.x), acc.x);
+            acc.y = fmaf(w, bf16_hi(p.x), acc.y);
+            acc.z = fmaf(w, bf16_lo(p.y), acc.z);
+            acc.w = fmaf(w, bf16_hi(p.y), acc.w);
+        }
     }
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     *reinterpret_cast<uint2 *>(out) =

@@ -170,7 +170,7 @@ START_TEST(test_sweep)
     for (int it = 0; it < 5; it++)
         for (int ih = 0; ih < 5; ih++) {
             attn_shape sh = {Ts[it], Hs[ih], topks[(it + ih + _i) % 3], g_fmts[_i], 1, 1, 0,
-                             (it + ih) % 2 ? 0.0417f : 0.3f};
+                             (it + ih) % 2 ? 0.0417f : 0.3f, 0};
             check_step(&sh, c.host, c.dev, &rng, st);
         }
     printf("sweep %s: 25 shapes match (seed 0x%llx)\n", mlart_kv_format_name(g_fmts[_i]),
@@ -190,13 +190,19 @@ START_TEST(test_awkward)
     GPU_CUDA(cudaStreamCreate(&st));
     cache_open(&c, g_fmts[_i], &rng);
     const attn_shape shapes[] = {
-        {5, 20, 100, g_fmts[_i], 1, 1, 0, 0.0417f},   /* topk % 32 != 0, 20 heads */
-        {4, 100, 576, g_fmts[_i], 1, 0, 0, 0.0417f},  /* tiles of 64 + 36 heads */
-        {7, 80, 2048, g_fmts[_i], 1, 1, 0, 0.1f},     /* tiles of 64 + 16 heads */
-        {12, 16, 2048, g_fmts[_i], 4, 1, 0, 0.0417f}, /* 4 tokens per request */
-        {9, 16, 2048, g_fmts[_i], 1, 1, 1, 0.0417f},  /* out-of-range indices */
-        {75, 128, 64, g_fmts[_i], 3, 1, 1, 0.5f},
-        {2, 33, 1, g_fmts[_i], 1, 0, 0, 0.0417f},     /* topk 1 */
+        {5, 20, 100, g_fmts[_i], 1, 1, 0, 0.0417f, 0},   /* topk % 32 != 0, 20 heads */
+        {4, 100, 576, g_fmts[_i], 1, 0, 0, 0.0417f, 0},  /* tiles of 64 + 36 heads */
+        {7, 80, 2048, g_fmts[_i], 1, 1, 0, 0.1f, 0},     /* tiles of 64 + 16 heads */
+        {12, 16, 2048, g_fmts[_i], 4, 1, 0, 0.0417f, 0}, /* 4 tokens per request */
+        {9, 16, 2048, g_fmts[_i], 1, 1, 1, 0.0417f, 0},  /* out-of-range indices */
+        {75, 128, 64, g_fmts[_i], 3, 1, 1, 0.5f, 0},
+        {2, 33, 1, g_fmts[_i], 1, 0, 0, 0.0417f, 0},     /* topk 1 */
+        /* the combine's extremes: chunks whose LSEs lie hundreds apart
+         * (scale 30), the leading chunks empty, and both */
+        {1, 16, 2048, g_fmts[_i], 1, 0, 0, 30.0f, 0},
+        {2, 16, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 700},
+        {1, 64, 2048, g_fmts[_i], 1, 0, 0, 30.0f, 100},
+        {8, 16, 2048, g_fmts[_i], 1, 1, 0, 30.0f, 300},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         check_step(&shapes[i], c.host, c.dev, &rng, st);
@@ -228,21 +234,21 @@ START_TEST(test_wgmma)
     GPU_CUDA(cudaStreamCreate(&st));
     cache_open(&c, fmt, &rng);
     const attn_shape shapes[] = {
-        {1, 64, 2048, fmt, 1, 0, 0, 0.0417f},   /* split + combine */
-        {3, 128, 576, fmt, 1, 1, 0, 0.3f},
-        {9, 64, 64, fmt, 1, 1, 0, 0.0417f},
-        {64, 128, 2048, fmt, 1, 1, 0, 0.0417f}, /* one pass, two tiles */
-        {64, 64, 576, fmt, 1, 1, 0, 0.3f},
-        {75, 128, 64, fmt, 3, 1, 1, 0.3f},      /* shared requests, out of range */
-        {16, 64, 2048, fmt, 4, 1, 1, 0.0417f},
-        {5, 100, 100, fmt, 1, 1, 0, 0.0417f},   /* 64 + 36 heads, topk % 32 != 0 */
-        {7, 80, 2048, fmt, 1, 1, 0, 0.1f},      /* 64 + 16 heads */
-        {2, 33, 1, fmt, 1, 0, 0, 0.0417f},      /* one partial tile, topk 1 */
-        {4, 127, 576, fmt, 1, 1, 0, 0.0417f},   /* 64 + 63 heads */
+        {1, 64, 2048, fmt, 1, 0, 0, 0.0417f, 0},   /* split + combine */
+        {3, 128, 576, fmt, 1, 1, 0, 0.3f, 0},
+        {9, 64, 64, fmt, 1, 1, 0, 0.0417f, 0},
+        {64, 128, 2048, fmt, 1, 1, 0, 0.0417f, 0}, /* one pass, two tiles */
+        {64, 64, 576, fmt, 1, 1, 0, 0.3f, 0},
+        {75, 128, 64, fmt, 3, 1, 1, 0.3f, 0},      /* shared requests, out of range */
+        {16, 64, 2048, fmt, 4, 1, 1, 0.0417f, 0},
+        {5, 100, 100, fmt, 1, 1, 0, 0.0417f, 0},   /* 64 + 36 heads, topk % 32 != 0 */
+        {7, 80, 2048, fmt, 1, 1, 0, 0.1f, 0},      /* 64 + 16 heads */
+        {2, 33, 1, fmt, 1, 0, 0, 0.0417f, 0},      /* one partial tile, topk 1 */
+        {4, 127, 576, fmt, 1, 1, 0, 0.0417f, 0},   /* 64 + 63 heads */
         /* shapes the in-place combine takes (_i >= 6) in every mode */
-        {2, 80, 2048, fmt, 1, 1, 0, 0.0417f},   /* 64 + 16 */
-        {2, 128, 576, fmt, 1, 0, 0, 0.3f},      /* 18 splits, two passes */
-        {4, 64, 2048, fmt, 4, 1, 1, 0.0417f},   /* shared requests, out of range */
+        {2, 80, 2048, fmt, 1, 1, 0, 0.0417f, 0},   /* 64 + 16 */
+        {2, 128, 576, fmt, 1, 0, 0, 0.3f, 0},      /* 18 splits, two passes */
+        {4, 64, 2048, fmt, 4, 1, 1, 0.0417f, 0},   /* shared requests, out of range */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         check_step(&shapes[i], c.host, c.dev, &rng, st);
@@ -269,14 +275,14 @@ START_TEST(test_swg)
     GPU_CUDA(cudaStreamCreate(&st));
     cache_open(&c, fmt, &rng);
     const attn_shape shapes[] = {
-        {1, 16, 2048, fmt, 1, 0, 0, 0.0417f},  /* 64 splits of one 32-slot block: absent halves */
-        {3, 11, 576, fmt, 1, 1, 0, 0.3f},
-        {9, 1, 64, fmt, 1, 1, 0, 0.0417f},
-        {64, 16, 2048, fmt, 1, 1, 0, 0.0417f}, /* two splits of 32 blocks */
-        {75, 16, 576, fmt, 3, 1, 1, 0.3f},     /* shared requests, out of range */
-        {5, 16, 100, fmt, 1, 1, 0, 0.0417f},   /* topk % 32 != 0 */
-        {7, 80, 2048, fmt, 1, 1, 0, 0.1f},     /* 64 + 16 heads */
-        {16, 16, 576, fmt, 2, 1, 0, 0.0417f},  /* 18 blocks, split */
+        {1, 16, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* 64 splits of one 32-slot block: absent halves */
+        {3, 11, 576, fmt, 1, 1, 0, 0.3f, 0},
+        {9, 1, 64, fmt, 1, 1, 0, 0.0417f, 0},
+        {64, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0}, /* two splits of 32 blocks */
+        {75, 16, 576, fmt, 3, 1, 1, 0.3f, 0},     /* shared requests, out of range */
+        {5, 16, 100, fmt, 1, 1, 0, 0.0417f, 0},   /* topk % 32 != 0 */
+        {7, 80, 2048, fmt, 1, 1, 0, 0.1f, 0},     /* 64 + 16 heads */
+        {16, 16, 576, fmt, 2, 1, 0, 0.0417f, 0},  /* 18 blocks, split */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         check_step(&shapes[i], c.host, c.dev, &rng, st);
@@ -304,16 +310,16 @@ START_TEST(test_rc)
     GPU_CUDA(cudaStreamCreate(&st));
     cache_open(&c, fmt, &rng);
     const attn_shape shapes[] = {
-        {8, 16, 2048, fmt, 1, 1, 0, 0.0417f},  /* the smallest step it takes, 16 splits */
-        {64, 16, 2048, fmt, 1, 1, 0, 0.0417f}, /* two splits of 32 blocks */
-        {8, 16, 96, fmt, 1, 0, 0, 0.3f},       /* three blocks, one chunk */
-        {9, 1, 64, fmt, 1, 1, 0, 0.0417f},
-        {10, 11, 100, fmt, 1, 1, 0, 0.0417f},  /* topk % 32 != 0 */
-        {33, 16, 1, fmt, 1, 0, 0, 0.0417f},    /* topk 1: one block */
-        {12, 16, 2048, fmt, 4, 1, 0, 0.0417f}, /* 4 tokens per request */
-        {75, 16, 576, fmt, 3, 1, 1, 0.3f},     /* shared requests, out of range */
-        {16, 16, 576, fmt, 2, 1, 0, 0.0417f},  /* 18 blocks, split */
-        {8, 80, 2048, fmt, 1, 1, 0, 0.1f},     /* 64 + 16 heads */
+        {8, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0},  /* the smallest step it takes, 16 splits */
+        {64, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0}, /* two splits of 32 blocks */
+        {8, 16, 96, fmt, 1, 0, 0, 0.3f, 0},       /* three blocks, one chunk */
+        {9, 1, 64, fmt, 1, 1, 0, 0.0417f, 0},
+        {10, 11, 100, fmt, 1, 1, 0, 0.0417f, 0},  /* topk % 32 != 0 */
+        {33, 16, 1, fmt, 1, 0, 0, 0.0417f, 0},    /* topk 1: one block */
+        {12, 16, 2048, fmt, 4, 1, 0, 0.0417f, 0}, /* 4 tokens per request */
+        {75, 16, 576, fmt, 3, 1, 1, 0.3f, 0},     /* shared requests, out of range */
+        {16, 16, 576, fmt, 2, 1, 0, 0.0417f, 0},  /* 18 blocks, split */
+        {8, 80, 2048, fmt, 1, 1, 0, 0.1f, 0},     /* 64 + 16 heads */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         check_step(&shapes[i], c.host, c.dev, &rng, st);
@@ -349,27 +355,27 @@ START_TEST(test_inplace)
     GPU_CUDA(cudaStreamCreate(&st));
     cache_open(&c, fmt, &rng);
     const attn_shape shapes[] = {
-        {1, 16, 2048, fmt, 1, 0, 0, 0.0417f},  /* 64 chunks of one block */
-        {2, 16, 2048, fmt, 1, 0, 0, 0.3f},
-        {4, 11, 2048, fmt, 1, 1, 0, 0.0417f},  /* 11 heads: 1408 units over 32 chunks */
-        {3, 1, 576, fmt, 1, 1, 0, 0.0417f},    /* one head */
-        {8, 16, 2048, fmt, 1, 1, 0, 0.0417f},  /* fp8: the register-conversion kernel */
-        {12, 16, 2048, fmt, 4, 1, 0, 0.0417f}, /* 4 tokens per request */
-        {9, 16, 2048, fmt, 1, 1, 1, 0.0417f},  /* out-of-range indices */
-        {64, 16, 2048, fmt, 1, 1, 0, 0.0417f}, /* two chunks: resident, but four round trips (kernel) */
-        {5, 16, 100, fmt, 1, 1, 0, 0.0417f},   /* topk % 32 != 0 */
-        {1, 64, 2048, fmt, 1, 0, 0, 0.0417f},  /* wgmma kernel, 64 chunks */
-        {2, 128, 2048, fmt, 1, 0, 0, 0.3f},    /* two tiles */
-        {4, 64, 2048, fmt, 4, 1, 1, 0.0417f},  /* shared requests, out of range */
-        {24, 128, 2048, fmt, 1, 1, 0, 0.0417f}, /* splits, but not resident at once */
-        {1, 32, 2048, fmt, 1, 0, 0, 0.0417f},  /* the general kernel */
-        {2, 40, 2048, fmt, 1, 1, 0, 0.3f},
-        {1, 80, 2048, fmt, 1, 0, 0, 0.0417f},  /* 64 heads on wgmma + 16 on a small-head kernel */
-        {1, 127, 2048, fmt, 1, 0, 0, 0.0417f}, /* 64 on wgmma + 63 on the general kernel */
-        {2, 100, 576, fmt, 1, 1, 1, 0.0417f},  /* 64 + 36, out-of-range indices */
-        {3, 128, 576, fmt, 1, 1, 0, 0.0417f},  /* 9 splits: four round trips (kernel) */
-        {24, 80, 2048, fmt, 1, 1, 0, 0.0417f}, /* two launches, 5 splits: the combine kernel */
-        {24, 127, 2048, fmt, 1, 1, 0, 0.0417f},
+        {1, 16, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* 64 chunks of one block */
+        {2, 16, 2048, fmt, 1, 0, 0, 0.3f, 0},
+        {4, 11, 2048, fmt, 1, 1, 0, 0.0417f, 0},  /* 11 heads: 1408 units over 32 chunks */
+        {3, 1, 576, fmt, 1, 1, 0, 0.0417f, 0},    /* one head */
+        {8, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0},  /* fp8: the register-conversion kernel */
+        {12, 16, 2048, fmt, 4, 1, 0, 0.0417f, 0}, /* 4 tokens per request */
+        {9, 16, 2048, fmt, 1, 1, 1, 0.0417f, 0},  /* out-of-range indices */
+        {64, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0}, /* two chunks: resident, but four round trips (kernel) */
+        {5, 16, 100, fmt, 1, 1, 0, 0.0417f, 0},   /* topk % 32 != 0 */
+        {1, 64, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* wgmma kernel, 64 chunks */
+        {2, 128, 2048, fmt, 1, 0, 0, 0.3f, 0},    /* two tiles */
+        {4, 64, 2048, fmt, 4, 1, 1, 0.0417f, 0},  /* shared requests, out of range */
+        {24, 128, 2048, fmt, 1, 1, 0, 0.0417f, 0}, /* splits, but not resident at once */
+        {1, 32, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* the general kernel */
+        {2, 40, 2048, fmt, 1, 1, 0, 0.3f, 0},
+        {1, 80, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* 64 heads on wgmma + 16 on a small-head kernel */
+        {1, 127, 2048, fmt, 1, 0, 0, 0.0417f, 0}, /* 64 on wgmma + 63 on the general kernel */
+        {2, 100, 576, fmt, 1, 1, 1, 0.0417f, 0},  /* 64 + 36, out-of-range indices */
+        {3, 128, 576, fmt, 1, 1, 0, 0.0417f, 0},  /* 9 splits: four round trips (kernel) */
+        {24, 80, 2048, fmt, 1, 1, 0, 0.0417f, 0}, /* two launches, 5 splits: the combine kernel */
+        {24, 127, 2048, fmt, 1, 1, 0, 0.0417f, 0},
     };
     if (inplace) {
         /* the launch's own rule: the first shapes of each kernel do take the path */
@@ -427,7 +433,7 @@ START_TEST(test_inplace_repeat)
     attn_result once, again, ref;
     b12x_run run, fresh;
     char msg[256];
-    const attn_shape sh = {4, _i < 2 ? 16 : 128, 2048, fmt, 1, 0, 0, 0.0417f};
+    const attn_shape sh = {4, _i < 2 ? 16 : 128, 2048, fmt, 1, 0, 0, 0.0417f, 0};
     setenv("MLART_B12X_INPLACE", "1", 1);
     GPU_CUDA(cudaStreamCreate(&st));
     cache_open(&c, fmt, &rng);
@@ -485,10 +491,10 @@ START_TEST(test_graph)
     GPU_CUDA(cudaStreamCreate(&st));
     cache_open(&c, fmt, &rng);
     const attn_shape shapes[] = {
-        {3, 16, 2048, fmt, 1, 1, 0, 0.0417f},   /* split + combine */
-        {64, 128, 2048, fmt, 1, 1, 0, 0.0417f}, /* one pass, two head tiles */
-        {16, 16, 2048, fmt, 1, 1, 0, 0.0417f},  /* small-head kernel, 8 splits */
-        {1, 128, 2048, fmt, 1, 0, 0, 0.0417f},  /* wgmma kernel, two tiles, split */
+        {3, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0},   /* split + combine */
+        {64, 128, 2048, fmt, 1, 1, 0, 0.0417f, 0}, /* one pass, two head tiles */
+        {16, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0},  /* small-head kernel, 8 splits */
+        {1, 128, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* wgmma kernel, two tiles, split */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         attn_host h, h2;
@@ -584,10 +590,10 @@ START_TEST(test_pdl_order)
                                  "device did not start it early, so this test could not catch a missing wait");
     cache_open(&c, g_fmts[_i], &rng);
     const attn_shape shapes[] = {
-        {1, 16, 2048, g_fmts[_i], 1, 0, 0, 0.0417f},
-        {4, 40, 2048, g_fmts[_i], 1, 0, 0, 0.0417f},
-        {2, 64, 2048, g_fmts[_i], 1, 0, 0, 0.0417f},
-        {64, 128, 2048, g_fmts[_i], 1, 0, 0, 0.0417f},
+        {1, 16, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0},
+        {4, 40, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0},
+        {2, 64, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0},
+        {64, 128, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         attn_host h, h2;
@@ -670,7 +676,7 @@ START_TEST(test_bad_input)
     mlart_backend_init init;
     void *state = NULL;
     const mlart_backend_vtable *vt = mlart_backend_b12x_mla_sparse_vtable();
-    const attn_shape sh = {1, 16, 2048, MLART_KV_BF16, 1, 0, 0, 0.0417f};
+    const attn_shape sh = {1, 16, 2048, MLART_KV_BF16, 1, 0, 0, 0.0417f, 0};
     ck_assert_str_eq(vt->name, "b12x_mla_sparse");
     ck_assert_uint_eq(vt->contract.output, MLART_OUT_HEAD_MAJOR);
     ck_assert_uint_eq(vt->contract.graph_safe, 1);

@@ -46,6 +46,7 @@ typedef struct attn_shape {
     int empty_rows;     /* every 5th token (t % 5 == 3) has only -1 indices */
     int out_of_range;   /* also draw indices >= seq_len and < -1 (GPU: read as empty) */
     float scale;
+    int lead_empty;     /* each token's first lead_empty indices are -1 (0: none) */
 } attn_shape;
 
 /* Host copy of one step's inputs.  The cache is shared by the requests:
@@ -171,6 +172,8 @@ static inline void attn_host_make(attn_host *h, const attn_shape *sh, const uint
             }
             row[k] = v;
         }
+        for (int k = 0; k < sh->lead_empty && k < topk; k++)
+            row[k] = -1;
         if (sh->empty_rows && t % 5 == 3)
             for (int k = 0; k < topk; k++)
                 row[k] = -1;
