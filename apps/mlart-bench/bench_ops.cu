@@ -642,6 +642,11 @@ int bench_variants(const mlart_bench_opts *o)
                         if (c.T == 64 && stage)
                             cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_DIRECT, 2, sp, stage, cw, gr};
                     }
+                    /* the automatic choice again, last: a row timed first
+                     * read 0.08-0.09 us slower than the same configuration
+                     * timed later (H128 T4 P192, docs/PERF.md, 2026-12-02),
+                     * so compare variants with this row */
+                    cfgs[ncfg++].path = MLART_BMM_AUTO;
                     for (int i = -2; i < ncfg; i++) {
                         char name[96];
                         double v[2];
@@ -657,7 +662,7 @@ int bench_variants(const mlart_bench_opts *o)
                         }
                         const mlart_bmm_config *f = &cfgs[i];
                         if (f->path == MLART_BMM_AUTO)
-                            snprintf(name, sizeof name, "%s auto", base);
+                            snprintf(name, sizeof name, "%s auto%s", base, i ? " (again, last)" : "");
                         else if (f->path == MLART_BMM_TILED)
                             snprintf(name, sizeof name, "%s tiled bm%d", base, f->bm);
                         else if (f->path == MLART_BMM_WGMMA)
