@@ -642,10 +642,10 @@ int bench_variants(const mlart_bench_opts *o)
                         if (c.T == 64 && stage)
                             cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_DIRECT, 2, sp, stage, cw, gr};
                     }
-                    /* the automatic choice again, last: a row timed first
-                     * read 0.08-0.09 us slower than the same configuration
-                     * timed later (H128 T4 P192, docs/PERF.md, 2026-12-02),
-                     * so compare variants with this row */
+                    /* the automatic choice again, last: rows of one
+                     * configuration spread by up to 0.1 us within a table
+                     * (H128 T4 P192, docs/PERF.md, 2026-12-02), so a
+                     * variant is faster only by more than both auto rows */
                     cfgs[ncfg++].path = MLART_BMM_AUTO;
                     for (int i = -2; i < ncfg; i++) {
                         char name[96];

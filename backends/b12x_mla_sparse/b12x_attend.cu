@@ -1574,10 +1574,10 @@ __global__ void __maxnreg__(RcRegs::launch) b12x_small_rc_ip_kernel(const Attend
  * overflow (an LSE more than ~88 above split 0's) or whose split 0 is
  * empty (M = -inf makes every weight +inf) recomputes its four columns
  * with the maximum, reading every split again.  The weights are
- * independent ex2 (no branch, no chain from one split to the next).  The serial form
- * before it (a maximum per group, expf weights skipped when zero, the
- * groups rescaled one after another) took 0.9-1.0 us after its loads and
- * the call 0.2-0.9 us longer (docs/PERF.md, 2026-12-01 22:55-23:00).  The
+ * independent ex2 (no branch, no chain from one split to the next).  The
+ * serial form before it (a maximum per group, expf weights skipped when
+ * zero, the groups rescaled one after another) took 0.9-1.0 us after its
+ * loads and the call 0.2-0.9 us longer (docs/PERF.md, 2026-12-01 22:55-23:00).  The
  * launch picks L = 32 (a quarter row per block, up to 8 groups) when there
  * are few (token, head) rows, so that even one token spreads its partial
  * reads over 4 x H multiprocessors, and L = 128 (a whole row, as few groups
