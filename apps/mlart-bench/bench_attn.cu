@@ -20,9 +20,10 @@
  *            (P = 128, q_pe copied, weights rotating with the sets)
  *   in_layer attend() right after it, as in a layer step: time(qbmm +
  *            attend) - time(qbmm).  The time column follows another
- *            attend() instead, whose combine lets it start early; here the
- *            predecessor is the absorption, which lets it start once past
- *            its own wait
+ *            attend() instead, whose combine lets it start early (at 16
+ *            heads before the combine's own wait); here the predecessor
+ *            is the absorption, which lets it start once past its own
+ *            wait
  *   inplace  the same step with the in-place combine forced (b12x_tune
  *            inplace = 1), where b12x_attend_inplace_ok takes it; checked
  *            like err.  The time column is the backend's default launch.
@@ -383,6 +384,7 @@ struct Model {
 
 #ifdef B12X_PROFILE
 extern "C" void b12x_profile_dump(FILE *f, const char *label);
+extern "C" void b12x_profile_reset(void); /* before a timing: the two-call stamps count from here */
 #endif
 
 /* The benchmark's geometry (heads set per row) and a cache of kSlots rows
@@ -441,14 +443,20 @@ int enqueue_variant(void *ctx, int set, cudaStream_t stream)
  * (whole-row and quarter-row blocks, on the partials the main kernel left
  * in the workspace); forced split counts (4..64); the combine capped at two
  * blocks a multiprocessor or not; the in-place combine (`inplace`, and
- * with forced split counts `s64i` .. `s2i`, where the launch takes it).
+ * with forced split counts `s64i` .. `s2i`, where the launch takes it);
+ * the full call with whole-row or quarter-row combine blocks (`cb-row`,
+ * `cb-quarter`; `cb-row-packed` uncapped), and with the combine letting
+ * the next call launch before its wait or after it (`cb-early`,
+ * `cb-late`).  In a build with -DB12X_PROFILE each row is followed by the
+ * phase stamps of its last call and by where that call's blocks started
+ * against the call before (b12x_profile_dump).
  * 16 heads T = 1..300, 64 and 128 heads T = 1..16 and two larger T each.  Rows
  * that produce the output are checked against the reference like the main
  * table (err, NMSE <= 1e-4). */
 /* The variants table's head counts and, per head count, its token counts
  * (0-terminated). */
 const int kVarHs[3] = {16, 64, 128};
-const int kVarTs[3][16] = {{1, 2, 4, 8, 16, 32, 48, 64, 75, 100, 128, 150, 200, 256, 300, 0},
+const int kVarTs[3][20] = {{1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 48, 64, 75, 100, 128, 150, 200, 256, 300, 0},
                            {1, 2, 4, 8, 16, 48, 96, 0},
                            {1, 2, 4, 8, 16, 24, 47, 0}};
 
@@ -483,9 +491,14 @@ int bench_attn_variants(const mlart_bench_opts *o)
         {"s1", {1, 0, 0, 1}},       {"s5", {5, 0, 0, 1}},           {"cb-spread", {0, 0, 0, 1, 1}},
         {"cb-packed", {0, 0, 0, 1, -1}}, {"inplace", {0, 0, 0, 1, 0, 1}}, {"s64i", {64, 0, 0, 1, 0, 1}},
         {"s32i", {32, 0, 0, 1, 0, 1}},  {"s16i", {16, 0, 0, 1, 0, 1}},  {"s8i", {8, 0, 0, 1, 0, 1}},
-        {"s4i", {4, 0, 0, 1, 0, 1}},    {"s2i", {2, 0, 0, 1, 0, 1}},
+        {"s4i", {4, 0, 0, 1, 0, 1}},    {"s2i", {2, 0, 0, 1, 0, 1}},    {"cb-row", {0, 0, 1, 1}},
+        {"cb-quarter", {0, 0, 2, 1}},   {"cb-row-packed", {0, 0, 1, 1, -1}},
+        {"cb-early", {0, 0, 0, 1, 0, 0, 1}}, {"cb-late", {0, 0, 0, 1, 0, 0, -1}},
+        {"s16 cb-row-packed", {16, 0, 1, 1, -1}}, {"s32 cb-row-packed", {32, 0, 1, 1, -1}},
+        {"s64 cb-row-packed", {64, 0, 1, 1, -1}}, {"s32 cb-packed", {32, 0, 0, 1, -1}},
+        {"s64 cb-packed", {64, 0, 0, 1, -1}},    {"s16 cb-packed", {16, 0, 0, 1, -1}},
     };
-    const int(*Ts)[16] = kVarTs;
+    const int(*Ts)[20] = kVarTs;
     const int *Hs = kVarHs;
     const int max_t = 300;
     static const mlart_kv_format fmts[] = {MLART_KV_BF16, MLART_KV_FP8_DS_MLA};
@@ -553,6 +566,9 @@ int bench_attn_variants(const mlart_bench_opts *o)
                     /* the in-place combine only where the launch can take it */
                     if (v.tune.inplace > 0 && !b12x_attend_inplace_ok(&dev, c->T, Hs[m], splits))
                         continue;
+#ifdef B12X_PROFILE
+                    b12x_profile_reset();
+#endif
                     if (cudaMemset(c->sets[0].out, 0xff, (size_t)Hs[m] * c->T * 1024) != cudaSuccess ||
                         mlart_bench_time(o, enqueue_variant, &v, nsets, &vals[0])) {
                         wrong++;
@@ -683,6 +699,9 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
                     wrong++;
                     continue;
                 }
+#ifdef B12X_PROFILE
+                b12x_profile_reset();
+#endif
                 int bad = mlart_bench_time(o, enqueue_b12x, c, nsets, &v[0]);
 #ifdef B12X_PROFILE
                 b12x_profile_dump(stdout, name); /* the last graph replay's stamps */

@@ -139,6 +139,40 @@ __device__ __forceinline__ unsigned long long prof_gt()
         if (threadIdx.x == 0 && B12X_PROF_BLK() < PROF_BLOCKS)                \
             b12x_prof_cb[B12X_PROF_BLK()][k] = (v);                           \
     } while (0)
+/* Two calls in a row: per block of the main kernel (k = 0; not the wgmma
+ * kernel) and of the combine (k = 1), in slot (n / blocks of the launch)
+ * & 1 of the n-th block to enter since b12x_profile_reset: the global
+ * timer at [0] entry, [1] past the dependency wait, [2] exit, and [3] the
+ * SM it ran on.  The block's slot stays in shared memory from its entry to
+ * its exit (blocks of two calls of the main kernel may overlap, since the
+ * capped combine lets the next call launch before its wait). */
+__device__ unsigned long long b12x_prof_seq[2][2][PROF_BLOCKS][4];
+__device__ unsigned int b12x_prof_seq_n[2];
+__shared__ int b12x_prof_seq_slot;
+__device__ __forceinline__ void prof_seq_enter(int k)
+{
+    const unsigned b = B12X_PROF_BLK();
+    if (threadIdx.x == 0) {
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        const unsigned long long t = prof_gt();
+        const unsigned n = atomicAdd(&b12x_prof_seq_n[k], 1u);
+        const int slot = (int)((n / (gridDim.x * gridDim.y * gridDim.z)) & 1u);
+        b12x_prof_seq_slot = slot;
+        if (b >= PROF_BLOCKS)
+            return;
+        b12x_prof_seq[k][slot][b][0] = t;
+        b12x_prof_seq[k][slot][b][3] = sm;
+    }
+}
+__device__ __forceinline__ void prof_seq(int k, int i)
+{
+    const unsigned b = B12X_PROF_BLK();
+    if (threadIdx.x == 0 && b < PROF_BLOCKS)
+        b12x_prof_seq[k][b12x_prof_seq_slot][b][i] = prof_gt();
+}
+#define B12X_PROF_SEQ_ENTER(k) prof_seq_enter(k)
+#define B12X_PROF_SEQ(k, i) prof_seq(k, i)
 /* Add the cycles since the last tick to loop phase k (thread 0). */
 #define B12X_PROF_TICK(acc, tick, k)                                          \
     do {                                                                      \
@@ -153,6 +187,8 @@ __device__ __forceinline__ unsigned long long prof_gt()
 #define B12X_PROF_CB(k) ((void)0)
 #define B12X_PROF_CB_AT(k, v) ((void)0)
 #define B12X_PROF_CBW(k, v) ((void)0)
+#define B12X_PROF_SEQ_ENTER(k) ((void)0)
+#define B12X_PROF_SEQ(k, i) ((void)0)
 #endif
 static_assert(BN * ROW_CHUNKS % NTHREADS == 0, "bf16 gather assumes whole rounds");
 
@@ -397,6 +433,7 @@ __device__ __forceinline__ Pipeline<FP8, S> start_block(const AttendArgs &a, uin
                                                         int32_t *s_slot, int t, int h0, int rows, int padded,
                                                         int k0, int kend, int nblk)
 {
+    B12X_PROF_SEQ_ENTER(0);
     B12X_PROF_MAIN(0, prof_gt());
     B12X_PROF_MAIN(6, clock64());
     b12x::resolve_slots<NTHREADS>(a, t, k0, kend, nblk * BN, s_slot);
@@ -405,6 +442,7 @@ __device__ __forceinline__ Pipeline<FP8, S> start_block(const AttendArgs &a, uin
     pipe.prefetch();
     B12X_PROF_MAIN(1, clock64());
     grid_dep_wait();
+    B12X_PROF_SEQ(0, 1);
     grid_dep_launch();
     load_query(a, sbase, t, h0, rows, padded);
     B12X_PROF_MAIN(2, clock64());
@@ -662,6 +700,7 @@ template <bool FP8, int RT, bool IP> __device__ __forceinline__ void attend_body
                                                    reinterpret_cast<float *>(smem)); /* the query's */
     B12X_PROF_MAIN(9, clock64());
     B12X_PROF_MAIN(7, prof_gt());
+    B12X_PROF_SEQ(0, 2);
 }
 
 /* The general kernel without and with the in-place combine. */
@@ -762,6 +801,7 @@ __device__ __forceinline__ void load_sync()
 __device__ __forceinline__ b12x::Chunk small_start(const AttendArgs &a, int32_t *s_slot)
 {
     const b12x::Chunk ck = b12x::chunk_of(a, HEAD_TILE, 16);
+    B12X_PROF_SEQ_ENTER(0);
     B12X_PROF_MAIN(0, prof_gt());
     B12X_PROF_MAIN(6, clock64());
     b12x::resolve_slots<SMALL_THREADS>(a, ck.t, ck.k0, ck.kend, ck.nblk * BN, s_slot);
@@ -920,6 +960,7 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch + (IP && FP8 && SHORT
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(SmallRegs<FP8, SHORT>::math));
     grid_dep_wait();
     grid_dep_launch();
+    B12X_PROF_SEQ(0, 1);
     load_query(a, sbase, t, h0, rows, 16);
     B12X_PROF_MAIN(2, clock64());
 
@@ -1116,6 +1157,7 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch + (IP && FP8 && SHORT
                                               });
     B12X_PROF_MAIN(9, clock64());
     B12X_PROF_MAIN(7, prof_gt());
+    B12X_PROF_SEQ(0, 2);
 }
 
 /* ---- fp8 at <= 16 heads, steps of >= SMALL_RC_T tokens -----------------
@@ -1328,6 +1370,7 @@ template <bool IP> __device__ __forceinline__ void small_rc(const AttendArgs &a)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(RcRegs::math));
     grid_dep_wait();
     grid_dep_launch();
+    B12X_PROF_SEQ(0, 1);
     load_query(a, sbase, t, h0, rows, 16);
     B12X_PROF_MAIN(2, clock64());
 
@@ -1547,6 +1590,7 @@ template <bool IP> __device__ __forceinline__ void small_rc(const AttendArgs &a)
                                               reinterpret_cast<float *>(smem)); /* the query's */
     B12X_PROF_MAIN(9, clock64());
     B12X_PROF_MAIN(7, prof_gt());
+    B12X_PROF_SEQ(0, 2);
 }
 
 /* The kernel without and with the in-place combine. */
@@ -1583,7 +1627,9 @@ __global__ void __maxnreg__(RcRegs::launch) b12x_small_rc_ip_kernel(const Attend
  * reads over 4 x H multiprocessors, and L = 128 (a whole row, as few groups
  * as cover the splits) otherwise, so that blocks stay few and full.  Empty
  * partials (lse -inf) weigh 0 and are never read as numbers, so 0 * NaN
- * cannot occur. */
+ * cannot occur.  EARLY: it lets the next kernel of the stream launch
+ * before its own dependency wait instead of after it (when, in
+ * b12x_attend_launch_tuned). */
 constexpr int CB_MAX_GROUPS = 8;
 constexpr int CB_Z = MAX_SPLITS / CB_MAX_GROUPS;
 static_assert(CB_MAX_GROUPS * CB_Z >= MAX_SPLITS, "combine covers every split");
@@ -1596,7 +1642,7 @@ __device__ __forceinline__ float ex2_approx(float x)
     return y;
 }
 
-template <int L>
+template <int L, bool EARLY>
 __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const AttendArgs a)
 {
     static_assert(MAX_SPLITS <= 64, "a warp holds every split's LSE, two a lane");
@@ -1606,6 +1652,7 @@ __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const At
     __shared__ float4 s_acc[CB_MAX_GROUPS][L];
     __shared__ float s_sum[REF ? CB_MAX_GROUPS : 1];
     B12X_PROF_CB(0);
+    B12X_PROF_SEQ_ENTER(1);
     /* The launch's parameters and this thread's addresses before the
      * dependency wait: a multiprocessor's first reads of the parameters
      * miss its constant cache, and here they overlap the previous kernel
@@ -1620,10 +1667,14 @@ __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const At
     __nv_bfloat16 *out = a.out + (int64_t)h * a.o_sh + (int64_t)t * a.o_st + c;
     float *out_lse = a.lse ? a.lse + (int64_t)h * a.l_sh + (int64_t)t * a.l_st : nullptr;
     asm volatile("" ::"l"(lse), "l"(part), "l"(out), "l"(out_lse), "l"(zstride), "r"(S));
+    if constexpr (EARLY)
+        grid_dep_launch(); /* the next kernel may start now: see b12x_attend_launch_tuned */
     grid_dep_wait();
     B12X_PROF_CB(2);
+    B12X_PROF_SEQ(1, 1);
     B12X_PROF_CB_AT(3, clock64());
-    grid_dep_launch();
+    if constexpr (!EARLY)
+        grid_dep_launch();
     /* Every load first: each warp the LSEs of all splits (lane l: l and
      * l + 32) or, REF, split 0's, and each thread its splits' LSEs and
      * four columns of their partials. */
@@ -1737,6 +1788,7 @@ __global__ void __launch_bounds__(L *CB_MAX_GROUPS) b12x_combine_kernel(const At
         *out_lse = sum > 0.0f ? m + logf(sum) : -INFINITY;
     B12X_PROF_CB_AT(5, clock64());
     B12X_PROF_CB(1);
+    B12X_PROF_SEQ(1, 2);
 }
 
 typedef void (*attend_kernel_fn)(AttendArgs);
@@ -1880,9 +1932,13 @@ extern "C" int b12x_attend_setup(b12x_dev *out, mlart_error_fn err)
     if (e != cudaSuccess)
         return cuda_fail(err, "device query", e);
     g_cb_spread_smem = per_sm / 3;
-    rc = allow_smem((const void *)b12x_combine_kernel<32>, (size_t)g_cb_spread_smem, optin, dev, err);
+    rc = allow_smem((const void *)b12x_combine_kernel<32, false>, (size_t)g_cb_spread_smem, optin, dev, err);
     if (rc == 0)
-        rc = allow_smem((const void *)b12x_combine_kernel<128>, (size_t)g_cb_spread_smem, optin, dev, err);
+        rc = allow_smem((const void *)b12x_combine_kernel<128, false>, (size_t)g_cb_spread_smem, optin, dev, err);
+    if (rc == 0)
+        rc = allow_smem((const void *)b12x_combine_kernel<32, true>, (size_t)g_cb_spread_smem, optin, dev, err);
+    if (rc == 0)
+        rc = allow_smem((const void *)b12x_combine_kernel<128, true>, (size_t)g_cb_spread_smem, optin, dev, err);
 
     if (rc != 0)
         return rc;
@@ -2105,7 +2161,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
 
     if (tune && (tune->combine < 0 || tune->combine > 2 || tune->parts < 0 || tune->parts > 3 ||
                  tune->combine_spread < -1 || tune->combine_spread > 1 || tune->inplace < -1 ||
-                 tune->inplace > 1))
+                 tune->inplace > 1 || tune->cb_trigger < -1 || tune->cb_trigger > 1))
         return err(MLART_EINVAL, "b12x_mla_sparse: tuning values out of range");
     b12x_split sp = b12x_attend_split(T, H, g->topk, fp8, num_sms);
     if (tune && tune->splits > 0) {
@@ -2226,15 +2282,29 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
          * bf16 T = 8 14.1 -> 12.8 us); at 64 and 128 heads the cap was
          * slower (measured: docs/PERF.md, attention, run of 13:22 UTC). */
         const int64_t cb_blocks = (int64_t)T * H * (combine == 1 ? 1 : KV_L / 128);
+        const bool small = H <= 16 && cb_blocks <= 4 * (int64_t)num_sms;
         const size_t cb_smem =
             tune && tune->combine_spread ? (tune->combine_spread > 0 ? g_cb_spread_smem : 0)
-            : (H <= 16 && cb_blocks <= 4 * (int64_t)num_sms ? g_cb_spread_smem : 0);
+            : (small ? g_cb_spread_smem : 0);
+        /* Where the cap applies (after the small-head kernel, its blocks
+         * resident at once), the combine lets the next kernel launch before
+         * its own dependency wait: a following attention call's blocks
+         * then resolve their slots and start their gathers while this call
+         * ends, instead of after (16 heads T = 1 5.87 -> 5.12 us, T = 8
+         * 11.40 -> 10.51, bf16, in back-to-back calls; with 64 and 128
+         * heads, whose combines take several waves, up to 2.7% slower:
+         * docs/PERF.md, attention, 2026-12-02).  Whatever launches early
+         * still waits for this grid, which waits for the main kernel, before
+         * it reads anything the step writes; what it may read before its
+         * wait (a following call's indices, block table, lengths and cache,
+         * the weights of the op kernels) no kernel of the step writes. */
+        const bool early = tune && tune->cb_trigger ? tune->cb_trigger > 0 : small;
         if (combine == 1)
-            e = launch(b12x_combine_kernel<128>, dim3((unsigned)T, (unsigned)H, 1), 128 * ng1,
-                       cb_smem, st, pdl, a);
+            e = launch(early ? b12x_combine_kernel<128, true> : b12x_combine_kernel<128, false>,
+                       dim3((unsigned)T, (unsigned)H, 1), 128 * ng1, cb_smem, st, pdl, a);
         else
-            e = launch(b12x_combine_kernel<32>, dim3((unsigned)T, (unsigned)H, KV_L / 128),
-                       32 * ng2, cb_smem, st, pdl, a);
+            e = launch(early ? b12x_combine_kernel<32, true> : b12x_combine_kernel<32, false>,
+                       dim3((unsigned)T, (unsigned)H, KV_L / 128), 32 * ng2, cb_smem, st, pdl, a);
     }
     if (e == cudaSuccess)
         e = cudaGetLastError();
@@ -2253,6 +2323,71 @@ static double prof_pick(double *v, int n, double q)
             v[j - 1] = x;
         }
     return n ? v[(int)(q * (n - 1) + 0.5)] : 0.0;
+}
+
+/* The last call against the one before it (b12x_prof_seq): where the
+ * main kernel's blocks start, pass their wait and end, and where the
+ * combine's do, in us from the previous call's last combine exit; the
+ * main blocks split by whether their SM ran a block of that combine.
+ * Only when the last launches were one main and one combine grid of nm and
+ * nc blocks, repeated since b12x_profile_reset. */
+static void prof_seq_dump(FILE *f, const char *label, int nm, int nc)
+{
+    static unsigned long long q[2][2][PROF_BLOCKS][4];
+    unsigned int n[2] = {0, 0};
+    if (nm < 1 || nc < 1 || nm > PROF_BLOCKS || nc > PROF_BLOCKS ||
+        cudaMemcpyFromSymbol(n, b12x_prof_seq_n, sizeof n) != cudaSuccess ||
+        cudaMemcpyFromSymbol(q, b12x_prof_seq, sizeof q) != cudaSuccess || n[0] % nm || n[1] % nc ||
+        n[0] / nm < 2 || n[1] / nc < 2)
+        return;
+    const int lm = (int)((n[0] / nm - 1) & 1), lc = (int)((n[1] / nc - 1) & 1), pc = lc ^ 1;
+    unsigned long long e = 0;
+    static int on_cb[1024];
+    memset(on_cb, 0, sizeof on_cb);
+    for (int b = 0; b < nc; b++) {
+        e = q[1][pc][b][2] > e ? q[1][pc][b][2] : e;
+        on_cb[q[1][pc][b][3] & 1023]++;
+    }
+    static double v[3][PROF_BLOCKS], w[2][3][PROF_BLOCKS];
+    int cnt[2] = {0, 0}, sms = 0, deep = 0, late = 0;
+    static int per_sm[1024];
+    memset(per_sm, 0, sizeof per_sm);
+    for (int b = 0; b < nc; b++)
+        v[0][b] = ((double)q[1][pc][b][2] - (double)e) * 1e-3;
+    fprintf(f, "# profile %s: two calls, us from the previous combine's last exit: its exits %.2f..%.2f (median %.2f) on",
+            label, prof_pick(v[0], nc, 0.0), 0.0, prof_pick(v[0], nc, 0.5));
+    for (int i = 0; i < 1024; i++)
+        sms += on_cb[i] > 0;
+    fprintf(f, " %d SMs;", sms);
+    for (int b = 0; b < nm; b++) {
+        for (int k = 0; k < 3; k++)
+            v[k][b] = ((double)q[0][lm][b][k] - (double)e) * 1e-3;
+        const int g = on_cb[q[0][lm][b][3] & 1023] > 0;
+        for (int k = 0; k < 3; k++)
+            w[g][k][cnt[g]] = v[k][b];
+        cnt[g]++;
+        late += v[0][b] > 0;
+        if (++per_sm[q[0][lm][b][3] & 1023] == 2)
+            deep++;
+    }
+    fprintf(f, " main %d blocks: entry %.2f/%.2f/%.2f past-wait %.2f/%.2f/%.2f exit %.2f/%.2f/%.2f"
+               " (min/median/max; %d entered after it, %d SMs ran two);",
+            nm, prof_pick(v[0], nm, 0.0), prof_pick(v[0], nm, 0.5), prof_pick(v[0], nm, 1.0), prof_pick(v[1], nm, 0.0),
+            prof_pick(v[1], nm, 0.5), prof_pick(v[1], nm, 1.0), prof_pick(v[2], nm, 0.0), prof_pick(v[2], nm, 0.5),
+            prof_pick(v[2], nm, 1.0), late, deep);
+    for (int g = 0; g < 2; g++)
+        if (cnt[g])
+            fprintf(f, " on SMs %s the combine: %d, entry %.2f/%.2f past-wait %.2f/%.2f exit %.2f/%.2f;",
+                    g ? "with" : "without", cnt[g], prof_pick(w[g][0], cnt[g], 0.5), prof_pick(w[g][0], cnt[g], 1.0),
+                    prof_pick(w[g][1], cnt[g], 0.5), prof_pick(w[g][1], cnt[g], 1.0),
+                    prof_pick(w[g][2], cnt[g], 0.5), prof_pick(w[g][2], cnt[g], 1.0));
+    for (int b = 0; b < nc; b++)
+        for (int k = 0; k < 3; k++)
+            v[k][b] = ((double)q[1][lc][b][k] - (double)e) * 1e-3;
+    fprintf(f, " its combine %d blocks: entry %.2f/%.2f/%.2f past-wait %.2f/%.2f/%.2f exit %.2f/%.2f/%.2f\n", nc,
+            prof_pick(v[0], nc, 0.0), prof_pick(v[0], nc, 0.5), prof_pick(v[0], nc, 1.0), prof_pick(v[1], nc, 0.0),
+            prof_pick(v[1], nc, 0.5), prof_pick(v[1], nc, 1.0), prof_pick(v[2], nc, 0.0), prof_pick(v[2], nc, 0.5),
+            prof_pick(v[2], nc, 1.0));
 }
 
 /* Phase profile of the last launch of the diagnostic build: us from the
@@ -2361,6 +2496,13 @@ extern "C" void b12x_profile_dump(FILE *f, const char *label)
         fprintf(f, " %s %.2f", lnames[k], prof_pick(v[0], nm, 0.5));
     }
     fprintf(f, "\n");
+    prof_seq_dump(f, label, nm, nc);
+}
+
+extern "C" void b12x_profile_reset(void)
+{
+    static const unsigned int zero[2] = {0, 0};
+    (void)cudaMemcpyToSymbol(b12x_prof_seq_n, zero, sizeof zero);
 }
 #endif
 

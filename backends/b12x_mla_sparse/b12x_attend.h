@@ -79,7 +79,9 @@ int b12x_attend_launch(const mlart_step *s, const b12x_dev *dev, void *stream, m
  * multiprocessor, -1 leaves it uncapped; `inplace` 1 combines inside the
  * attention kernels (an error where b12x_attend_inplace_ok refuses the
  * step, or with parts = 2), -1 runs the combine kernel, 0 follows
- * b12x_dev.inplace. */
+ * b12x_dev.inplace; `cb_trigger` 1 lets the combine kernel's dependents
+ * launch before its dependency wait, -1 after it, 0 as the launch
+ * decides (before, where the combine is capped). */
 typedef struct b12x_tune {
     int splits;
     int parts;
@@ -87,6 +89,7 @@ typedef struct b12x_tune {
     int pdl;
     int combine_spread;
     int inplace;
+    int cb_trigger;
 } b12x_tune;
 int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev, const b12x_tune *tune, void *stream,
                              mlart_error_fn err);

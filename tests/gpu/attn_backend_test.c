@@ -478,6 +478,85 @@ START_TEST(test_inplace_repeat)
 }
 END_TEST
 
+/* Calls back to back whose combine lets the next kernel launch before its
+ * own dependency wait (16 heads: the small-head kernels and the capped
+ * combine after them): four steps of T = 1, 4, 8 and 2 tokens, each with
+ * its own query, indices and outputs over one cache and one workspace,
+ * called three times round on one stream without synchronisation (so a
+ * call's blocks resolve their slots while the call before ends, and its
+ * partials go into the workspace the call before combines from).  Each
+ * step's output and LSE, poisoned before the round, must equal its call
+ * alone bit for bit, and the reference. */
+START_TEST(test_back_to_back)
+{
+    const mlart_kv_format fmt = g_fmts[_i];
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 81) * 0x9E3779B97F4A7C15ull;
+    static const int Ts[4] = {1, 4, 8, 2};
+    shared_cache c;
+    cudaStream_t st;
+    attn_host h[4];
+    attn_dev d[4];
+    attn_result alone[4], round[4], ref;
+    b12x_run run;
+    char msg[256];
+    GPU_CUDA(cudaStreamCreate(&st));
+    cache_open(&c, fmt, &rng);
+    for (int i = 0; i < 4; i++) {
+        const attn_shape sh = {Ts[i], 16, 2048, fmt, 1, 0, 0, 0.0417f, 0};
+        attn_host_make(&h[i], &sh, c.host, &rng);
+        attn_dev_upload(&d[i], &h[i], c.dev);
+    }
+    {
+        attn_host hp = h[2]; /* a plan that covers the four steps (T = 8 has the most requests) */
+        for (int i = 0; i < 4; i++)
+            hp.max_blocks = h[i].max_blocks > hp.max_blocks ? h[i].max_blocks : hp.max_blocks;
+        b12x_open(&run, &hp, &d[2], 8); /* the workspace, shared (owned by d[2]) */
+    }
+    for (int i = 0; i < 4; i++) {
+        d[i].ws = d[2].ws;
+        d[i].ws_bytes = d[2].ws_bytes;
+        b12x_attend_sync(&run, &h[i], &d[i], st);
+        attn_fetch(&alone[i], &d[i], &h[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        attn_poison(&d[i], &h[i]);
+    GPU_CUDA(cudaMemset(d[2].ws, 0xff, d[2].ws_bytes));
+    for (int k = 0; k < 12; k++) {
+        mlart_step s = attn_dev_step(&h[k % 4], &d[k % 4]);
+        ck_assert_msg(run.vt->attend(run.state, &s, st) == 0, "attend %d: %s", k, attn_last_msg);
+    }
+    GPU_CUDA(cudaStreamSynchronize(st));
+    GPU_CUDA(cudaGetLastError());
+    for (int i = 0; i < 4; i++) {
+        attn_fetch(&round[i], &d[i], &h[i]);
+        const size_t n = (size_t)16 * Ts[i];
+        ck_assert_msg(memcmp(alone[i].out, round[i].out, n * 1024) == 0,
+                      "T = %d: the output back to back differs from the call alone", Ts[i]);
+        ck_assert_msg(memcmp(alone[i].lse, round[i].lse, n * 4) == 0,
+                      "T = %d: the LSE back to back differs from the call alone", Ts[i]);
+        ref_attend_sync(&h[i], &d[i], st);
+        attn_fetch(&ref, &d[i], &h[i]);
+        ck_assert_msg(!attn_compare(&h[i], &round[i], &ref, NMSE_MAX, LSE_TOL, msg, sizeof msg),
+                      "T = %d vs reference: %s", Ts[i], msg);
+        attn_result_free(&ref);
+        attn_result_free(&alone[i]);
+        attn_result_free(&round[i]);
+    }
+    printf("%s, 16 heads: 12 calls back to back (T = 1, 4, 8, 2), one workspace, each equal to its call alone "
+           "bit for bit and to the reference (last: %s)\n",
+           mlart_kv_format_name(fmt), msg);
+    run.vt->destroy(run.state);
+    for (int i = 0; i < 4; i++) {
+        if (i != 2)
+            d[i].ws = NULL;
+        attn_dev_free(&d[i]);
+        attn_host_free(&h[i]);
+    }
+    cache_close(&c);
+    cudaStreamDestroy(st);
+}
+END_TEST
+
 /* Graph capture + replay equals the eager call bit for bit, also after the
  * indices change in place (the graph reads the persistent buffers). */
 START_TEST(test_graph)
@@ -744,6 +823,7 @@ int main(void)
     tcase_add_loop_test(tc, test_awkward, 0, 2);
     tcase_add_loop_test(tc, test_graph, 0, 4);
     tcase_add_loop_test(tc, test_pdl_order, 0, 2);
+    tcase_add_loop_test(tc, test_back_to_back, 0, 2);
     tcase_add_test(tc, test_bad_input);
     suite_add_tcase(s, tc);
     tc = tcase_create("wgmma");
