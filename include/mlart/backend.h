@@ -123,7 +123,11 @@ typedef struct mlart_backend_vtable {
      * (absorb_query or its own op, whose kernels let dependents start only
      * once past their own griddepcontrol.wait): a kernel launched with
      * programmatic dependent launch may read the step's other inputs (cache,
-     * idx, block table, lengths) before its wait, q_mqa only after it. */
+     * idx, block table, lengths) before its wait, q_mqa only after it.  Its
+     * last kernel may let the next kernel of the stream start before its own
+     * kernels have finished (b12x_mla_sparse does at <= 16 heads): a kernel
+     * launched after attend() with programmatic dependent launch reads
+     * attn_out, lse and the workspace only after its griddepcontrol.wait. */
     int (*attend)(void *state, const mlart_step *s, void *stream);
     /* attn_out x W_UV -> o.  NULL: runtime op. */
     int (*v_up)(void *state, const mlart_step *s, void *stream);
