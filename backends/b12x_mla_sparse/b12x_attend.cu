@@ -2331,6 +2331,12 @@ static double prof_pick(double *v, int n, double q)
  * main blocks split by whether their SM ran a block of that combine.
  * Only when the last launches were one main and one combine grid of nm and
  * nc blocks, repeated since b12x_profile_reset. */
+/* " name min/median/max" of v[0..n) (sorted in place). */
+static void prof_print3(FILE *f, const char *name, double *v, int n)
+{
+    fprintf(f, " %s %.2f/%.2f/%.2f", name, prof_pick(v, n, 0.0), prof_pick(v, n, 0.5), prof_pick(v, n, 1.0));
+}
+
 static void prof_seq_dump(FILE *f, const char *label, int nm, int nc)
 {
     static unsigned long long q[2][2][PROF_BLOCKS][4];
@@ -2370,11 +2376,11 @@ static void prof_seq_dump(FILE *f, const char *label, int nm, int nc)
         if (++per_sm[q[0][lm][b][3] & 1023] == 2)
             deep++;
     }
-    fprintf(f, " main %d blocks: entry %.2f/%.2f/%.2f past-wait %.2f/%.2f/%.2f exit %.2f/%.2f/%.2f"
-               " (min/median/max; %d entered after it, %d SMs ran two);",
-            nm, prof_pick(v[0], nm, 0.0), prof_pick(v[0], nm, 0.5), prof_pick(v[0], nm, 1.0), prof_pick(v[1], nm, 0.0),
-            prof_pick(v[1], nm, 0.5), prof_pick(v[1], nm, 1.0), prof_pick(v[2], nm, 0.0), prof_pick(v[2], nm, 0.5),
-            prof_pick(v[2], nm, 1.0), late, deep);
+    static const char *const phase[3] = {"entry", "past-wait", "exit"};
+    fprintf(f, " main %d blocks:", nm);
+    for (int k = 0; k < 3; k++)
+        prof_print3(f, phase[k], v[k], nm);
+    fprintf(f, " (min/median/max; %d entered after it, %d SMs ran two);", late, deep);
     for (int g = 0; g < 2; g++)
         if (cnt[g])
             fprintf(f, " on SMs %s the combine: %d, entry %.2f/%.2f past-wait %.2f/%.2f exit %.2f/%.2f;",
@@ -2384,10 +2390,10 @@ static void prof_seq_dump(FILE *f, const char *label, int nm, int nc)
     for (int b = 0; b < nc; b++)
         for (int k = 0; k < 3; k++)
             v[k][b] = ((double)q[1][lc][b][k] - (double)e) * 1e-3;
-    fprintf(f, " its combine %d blocks: entry %.2f/%.2f/%.2f past-wait %.2f/%.2f/%.2f exit %.2f/%.2f/%.2f\n", nc,
-            prof_pick(v[0], nc, 0.0), prof_pick(v[0], nc, 0.5), prof_pick(v[0], nc, 1.0), prof_pick(v[1], nc, 0.0),
-            prof_pick(v[1], nc, 0.5), prof_pick(v[1], nc, 1.0), prof_pick(v[2], nc, 0.0), prof_pick(v[2], nc, 0.5),
-            prof_pick(v[2], nc, 1.0));
+    fprintf(f, " its combine %d blocks:", nc);
+    for (int k = 0; k < 3; k++)
+        prof_print3(f, phase[k], v[k], nc);
+    fprintf(f, "\n");
 }
 
 /* Phase profile of the last launch of the diagnostic build: us from the
