@@ -63,12 +63,13 @@ typedef struct mlart_bmm_config {
      * token rows a tile (8, 16 or 64, not 64 with 512 columns; 0 = 8 up to
      * T = 8, else 16) */
     /* DIRECT, RING and SWAP: 1 launches with programmatic dependent launch (the
-     * direct kernel issues its weight loads, then waits for the previous
-     * kernel of the stream before it reads `a` or writes, so the weights
-     * must not be written by that kernel; the ring waits before any load);
-     * 0 (default) a plain launch.  Either way the kernel lets the next
-     * kernel of the stream start once it is past that wait.  Also honoured
-     * with path AUTO when it picks DIRECT or RING. */
+     * direct kernel issues its weight loads and the swap kernel the
+     * weights of its first stages, then wait for the previous kernel of
+     * the stream before they read `a` or write, so the weights must not be
+     * written by that kernel; the ring waits before any load); 0 (default)
+     * a plain launch.  Either way the kernel lets the next kernel of the
+     * stream start once it is past that wait.  Also honoured with path
+     * AUTO when it picks DIRECT, RING or SWAP. */
     int pdl;
 } mlart_bmm_config;
 

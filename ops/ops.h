@@ -36,6 +36,13 @@ int mlart_v_up_bmm_check(const mlart_tensor *x, const mlart_tensor *w, const mla
 int mlart_v_up_bmm_cpu(const mlart_tensor *x, const mlart_tensor *w, const mlart_tensor *o);
 int mlart_v_up_bmm_cuda(const mlart_tensor *x, const mlart_tensor *w, const mlart_tensor *o,
                         void *stream);
+/* The same, launched with programmatic dependent launch: the kernel may be
+ * scheduled while the previous kernel of the stream still runs and read w
+ * then; it reads x and writes o only once that kernel and its writes are
+ * complete.  For a caller whose previous kernel never writes w (the layer
+ * step, after the backend's attend). */
+int mlart_v_up_bmm_cuda_pdl(const mlart_tensor *x, const mlart_tensor *w, const mlart_tensor *o,
+                            void *stream);
 
 /* Cache write: rows latent[N, L+R] bf16 into cache u8 [num_slots, bytes_per_token]
  * at slots[N] (i32 physical slot; -1 = skip), in the geometry's kv format

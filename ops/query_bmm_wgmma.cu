@@ -597,6 +597,9 @@ struct SwapParams {
     int nblk;       /* N / BM */
     int ntt;        /* token tiles of NT rows */
     int a_headmaj;  /* ta is {K, T, H} */
+    int w_early;    /* launched with PDL: the weights of the first
+                     * min(w_early, NST) units are copied before the
+                     * dependency wait (0: none) */
 };
 
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, uint32_t bar)
@@ -686,24 +689,44 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
         __syncwarp();
         asm volatile("bar.arrive 2, 160;" ::: "memory");
     }
-    /* With programmatic dependent launch, every thread waits for the
-     * previous kernel of the stream and its memory before it reads or
-     * writes global memory (a no-op otherwise), then lets the next kernel
-     * be scheduled, as the ring does. */
+    /* With programmatic dependent launch (w_early), the producer also
+     * copies the weights of its first units (up to one lap of the ring)
+     * before the wait: no kernel of a step writes them (the caller's
+     * promise, mlart_bmm_config.pdl), and so they stream in while the
+     * previous kernel ends.  Each such stage expects its whole bytes at
+     * once; the token rows follow after the wait. */
+    int early = 0;
+    if (sp.w_early && tid == 128) {
+        const int units = (i1 - i0) * KB;
+        early = units < NST ? units : NST;
+        early = early < sp.w_early ? early : sp.w_early;
+        for (int u = 0; u < early; u++) {
+            const int it = i0 + u / KB, b = u % KB;
+            const int nb = it % sp.nblk, h = it / sp.nblk / sp.ntt;
+            mbar_expect_tx(full0 + 8 * u, ST);
+            tma_load_4d(base + (uint32_t)u * ST, &sp.tw, 0, 64 * b, nb * MW, h, full0 + 8 * u);
+        }
+    }
+    /* Every thread waits for the previous kernel of the stream and its
+     * memory before it reads or writes anything else in global memory (a
+     * no-op for a plain launch), then lets the next kernel be scheduled,
+     * as the ring does. */
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     if (warp == 4) {
         if (tid == 128) {
-            int s = 0;
+            int s = 0, u = 0;
             uint32_t ph = 0;
             for (int it = i0; it < i1; it++) {
                 const int nb = it % sp.nblk, r = it / sp.nblk;
                 const int tt = r % sp.ntt, h = r / sp.ntt;
-                for (int b = 0; b < KB; b++) {
+                for (int b = 0; b < KB; b++, u++) {
                     const uint32_t st = base + (uint32_t)s * ST, full = full0 + 8 * s;
-                    mbar_wait(empty0 + 8 * s, ph ^ 1); /* passes at once on the first lap */
-                    mbar_expect_tx(full, ST);
-                    tma_load_4d(st, &sp.tw, 0, 64 * b, nb * MW, h, full);
+                    if (u >= early) {
+                        mbar_wait(empty0 + 8 * s, ph ^ 1); /* passes at once on the first lap */
+                        mbar_expect_tx(full, ST);
+                        tma_load_4d(st, &sp.tw, 0, 64 * b, nb * MW, h, full);
+                    }
                     if (sp.a_headmaj)
                         tma_load_3d(st + (uint32_t)BM * 128, &sp.ta, 64 * b, tt * NT, h, full);
                     else
@@ -1223,6 +1246,16 @@ extern "C" int mlart_bmm_swap_run(const mlart_bmm_desc *d, int bm, int nt, int p
     sp.nblk = sp.p.nslice;
     sp.ntt = (int)((d->T + nt - 1) / nt);
     sp.p.items = (int)(d->H * sp.ntt * sp.nblk);
+    /* With PDL, the weights of the first stages go before the wait: the
+     * whole first lap when all the weights are at most 2 MiB (16 heads of
+     * the V up-projection at V = 128), else two stages.  Measured after
+     * attend() (mlart-bench attn, the v_up_pdl column; docs/PERF.md, ops,
+     * 2026-12-02): against two stages, the whole lap saved 0.3-0.5 us at
+     * 16 heads T = 1, 2 and 8 and lost up to 0.15 us elsewhere there; at
+     * 64 and 128 heads it saved 0.2-0.4 us at T = 2 and lost up to 1.2 us
+     * from T = 4 on, where its traffic meets the previous kernel's. */
+    const int64_t w_bytes = d->H * d->K * d->N * 2;
+    sp.w_early = !pdl ? 0 : w_bytes <= ((int64_t)2 << 20) ? 1 << 30 : 2;
     return (int)(d->K == 128   ? launch_swap_kb<2>(sp, bm, nt, pdl, sms, st)
                  : d->K == 192 ? launch_swap_kb<3>(sp, bm, nt, pdl, sms, st)
                                : launch_swap_kb<8>(sp, bm, nt, pdl, sms, st));

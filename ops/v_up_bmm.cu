@@ -7,10 +7,11 @@
 #include "ops/ops.h"
 #include "runtime/status.h"
 
-extern "C" int mlart_v_up_bmm_cuda(const mlart_tensor *x, const mlart_tensor *w, const mlart_tensor *o,
-                                   void *stream)
+static int v_up_run(const mlart_tensor *x, const mlart_tensor *w, const mlart_tensor *o, int pdl,
+                    void *stream)
 {
     mlart_bmm_desc s = {};
+    mlart_bmm_config cfg = {};
     MLART_CHECK(mlart_v_up_bmm_check(x, w, o));
     if (x->device < 0 || w->device < 0 || o->device < 0)
         return mlart_set_error(MLART_EINVAL, "v_up_bmm_cuda: every tensor must be on a CUDA device");
@@ -27,5 +28,19 @@ extern "C" int mlart_v_up_bmm_cuda(const mlart_tensor *x, const mlart_tensor *w,
     s.c = o->data;
     s.c_sh = o->stride[0];
     s.c_st = o->stride[1];
-    return mlart_bmm_cuda_run(&s, NULL, stream);
+    cfg.path = MLART_BMM_AUTO;
+    cfg.pdl = pdl;
+    return mlart_bmm_cuda_run(&s, &cfg, stream);
+}
+
+extern "C" int mlart_v_up_bmm_cuda(const mlart_tensor *x, const mlart_tensor *w, const mlart_tensor *o,
+                                   void *stream)
+{
+    return v_up_run(x, w, o, 0, stream);
+}
+
+extern "C" int mlart_v_up_bmm_cuda_pdl(const mlart_tensor *x, const mlart_tensor *w, const mlart_tensor *o,
+                                       void *stream)
+{
+    return v_up_run(x, w, o, 1, stream);
 }

@@ -697,7 +697,10 @@ int mlart_layer_decode(mlart_layer *ly, const mlart_step_io *io, void *stream)
             MLART_CHECK(mlart_v_up_bmm_cpu(&x, &s.w_uv, &o));
         else
 #ifdef MLART_WITH_CUDA
-            MLART_CHECK(mlart_v_up_bmm_cuda(&x, &s.w_uv, &o, stream));
+            /* with programmatic dependent launch: its weight copies start
+             * while attend()'s last kernel ends (attend never writes W_UV,
+             * backend.h); it reads attn_out only after that kernel */
+            MLART_CHECK(mlart_v_up_bmm_cuda_pdl(&x, &s.w_uv, &o, stream));
 #else
             return mlart_set_error(MLART_ENODEV, "this build has no CUDA");
 #endif

@@ -24,6 +24,12 @@
  *            heads before the combine's own wait); here the predecessor
  *            is the absorption, which lets it start once past its own
  *            wait
+ *   v_up     the V up-projection (V = 128, weights rotating with the sets)
+ *            after them, launched plainly: time(qbmm + attend + v_up) -
+ *            time(qbmm + attend)
+ *   v_up_pdl the same launched as the layer step launches it, with
+ *            programmatic dependent launch (mlart_v_up_bmm_cuda_pdl: its
+ *            first weight copies start while attend() ends)
  *   inplace  the same step with the in-place combine forced (b12x_tune
  *            inplace = 1), where b12x_attend_inplace_ok takes it; checked
  *            like err.  The time column is the backend's default launch.
@@ -82,10 +88,11 @@ void bench_log(int level, const char *fmt, ...)
 
 /* One input set: its own query, indices and pages; outputs per backend;
  * for the "in layer" columns the query absorption's inputs (qin [T,H,192]:
- * q_nope P = 128 and q_pe, wuk [H,128,512]) that write q. */
+ * q_nope P = 128 and q_pe, wuk [H,128,512]) that write q, and the V
+ * up-projection's weights (wuv [H,512,128]) and output (o [T,H*128]). */
 struct Set {
     void *q, *idx, *req, *seq, *bt, *out, *lse, *ref_out, *ref_lse;
-    void *qin, *wuk;
+    void *qin, *wuk, *wuv, *o;
 };
 
 struct Ctx {
@@ -130,6 +137,7 @@ mlart_step make_step(const Ctx &c, int set, bool ref)
 }
 
 constexpr int64_t kP = 128, kQin = kP + 64; /* the absorption's P and q row (q_nope, q_pe) */
+constexpr int64_t kV = 128;                  /* the V up-projection's V */
 
 
 /* The query absorption of a layer step writing set `set`'s q_mqa: q_nope
@@ -160,6 +168,34 @@ int enqueue_b12x(void *ctx, int set, cudaStream_t stream);
 int enqueue_layer(void *ctx, int set, cudaStream_t stream)
 {
     return enqueue_qbmm(ctx, set, stream) || enqueue_b12x(ctx, set, stream);
+}
+
+/* The V up-projection of set `set`'s attention output into its o, plainly
+ * or as the layer step launches it (pdl). */
+int enqueue_v_up(const Ctx &c, int set, int pdl, cudaStream_t stream)
+{
+    const Set &s = c.sets[set];
+    const int64_t T = c.T, H = c.g.heads;
+    const size_t x_b = (size_t)(H * T * 512) * 2, w_b = (size_t)(H * 512 * kV) * 2, o_b = (size_t)(T * H * kV) * 2;
+    mlart_tensor x = mlart_bench_view3(s.out, s.out, x_b, H, T, 512, T * 512, 512);
+    mlart_tensor w = mlart_bench_view3(s.wuv, s.wuv, w_b, H, 512, kV, 512 * kV, kV);
+    mlart_tensor o = mlart_bench_view3(s.o, s.o, o_b, H, T, kV, kV, H * kV);
+    if ((pdl ? mlart_v_up_bmm_cuda_pdl : mlart_v_up_bmm_cuda)(&x, &w, &o, stream) != 0) {
+        fprintf(stderr, "mlart-bench attn: V up-projection: %s\n", mlart_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+/* A whole layer step: absorption, attend(), V up-projection. */
+int enqueue_step(void *ctx, int set, cudaStream_t stream)
+{
+    return enqueue_layer(ctx, set, stream) || enqueue_v_up(*(Ctx *)ctx, set, 0, stream);
+}
+
+int enqueue_step_pdl(void *ctx, int set, cudaStream_t stream)
+{
+    return enqueue_layer(ctx, set, stream) || enqueue_v_up(*(Ctx *)ctx, set, 1, stream);
 }
 
 int enqueue_b12x(void *ctx, int set, cudaStream_t stream)
@@ -233,6 +269,8 @@ void free_sets(Ctx &c)
         cudaFree(x.ref_lse);
         cudaFree(x.qin);
         cudaFree(x.wuk);
+        cudaFree(x.wuv);
+        cudaFree(x.o);
     }
     memset(c.sets, 0, sizeof c.sets);
     c.nsets = 0;
@@ -264,9 +302,12 @@ int alloc_sets(Ctx &c, int nsets, uint64_t seed)
         ATT_CUDA(cudaMalloc(&x.ref_lse, (size_t)H * T * 4));
         ATT_CUDA(cudaMalloc(&x.qin, (size_t)T * H * kQin * 2));
         ATT_CUDA(cudaMalloc(&x.wuk, (size_t)H * kP * 512 * 2));
+        ATT_CUDA(cudaMalloc(&x.wuv, (size_t)H * 512 * kV * 2));
+        ATT_CUDA(cudaMalloc(&x.o, (size_t)T * H * kV * 2));
         if (mlart_bench_fill_bf16(x.q, (size_t)T * H * 576, seed * 977 + s, 0) ||
             mlart_bench_fill_bf16(x.qin, (size_t)T * H * kQin, seed * 977 + s + 500, 0) ||
-            mlart_bench_fill_bf16(x.wuk, (size_t)H * kP * 512, seed * 977 + s + 900, 0))
+            mlart_bench_fill_bf16(x.wuk, (size_t)H * kP * 512, seed * 977 + s + 900, 0) ||
+            mlart_bench_fill_bf16(x.wuv, (size_t)H * 512 * kV, seed * 977 + s + 1300, 0))
             goto fail;
         for (int t = 0; t < T; t++) {
             req[t] = t;
@@ -607,7 +648,8 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     static const mlart_bench_col cols[] = {
         {"time", "us", 8, 2},    {"GB/s", "unique", 7, 0}, {"TFLOP/s", "", 8, 1}, {"floor", "us", 7, 2},
         {"%roof", "%", 6, 1},    {"ref", "us", 9, 1},      {"x_ref", "x", 7, 1},  {"err", "nmse", 9, 7},
-        {"qbmm", "us", 7, 2},    {"in_layer", "+us", 8, 2}, {"inplace", "us", 8, 2}};
+        {"qbmm", "us", 7, 2},    {"in_layer", "+us", 8, 2}, {"inplace", "us", 8, 2}, {"v_up", "+us", 7, 2},
+        {"v_up_pdl", "+us", 8, 2}};
     const mlart_bench_table t = {"attn decode: b12x_mla_sparse, topk 2048, each token its own request, "
                                  "q_mqa[T,H,576] x paged cache -> out[H,T,512] + lse",
                                  "shape", 34, cols, (int)(sizeof cols / sizeof cols[0])};
@@ -617,6 +659,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     int wrong = 0, any = 0;
     double worst_mem_ratio = 0, worst_small_us = 0, h128_fp8_t64 = NAN, worst_layer_mem = 0, worst_layer_small = 0;
     double ip_mem_ratio = 0, ip_small_us = 0; /* the in-place combine's column, where it runs */
+    double step_plain_sum = 0, step_pdl_sum = 0; /* the v_up columns, summed over the rows */
     char line[768];
     mlart_bench_opts ref_opts = *o;
     ref_opts.reps = o->reps < 3 ? o->reps : 3;
@@ -685,7 +728,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
             }
             for (int it = 0; it < 7; it++) {
                 char name[64];
-                double v[11], ref_us = NAN, pair_us = NAN;
+                double v[13], ref_us = NAN, pair_us = NAN, step_us = NAN;
                 c->T = Ts[it];
                 snprintf(name, sizeof name, "attn %s H%d %s T%d", models[m].name, models[m].heads,
                          fmts[f] == MLART_KV_BF16 ? "bf16" : "fp8", c->T);
@@ -745,13 +788,36 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
                  * attend() start once past its own wait); the cost is
                  * time(absorption + attend) - time(absorption).  Last, as it
                  * overwrites the queries. */
-                v[8] = v[9] = NAN;
+                v[8] = v[9] = v[11] = v[12] = NAN;
                 if (mlart_bench_time(o, enqueue_qbmm, c, nsets, &v[8]) ||
                     mlart_bench_time(o, enqueue_layer, c, nsets, &pair_us)) {
                     fprintf(stderr, "mlart-bench attn: %s: layer timing failed\n", name);
                     wrong++;
                 } else {
                     v[9] = pair_us - v[8];
+                    /* and the V up-projection after them, both launches */
+                    const size_t o_b = (size_t)c->T * c->g.heads * kV * 2;
+                    void *o_plain = malloc(o_b), *o_pdl = malloc(o_b);
+                    /* the two launches must give the same bytes (set 0's o after each) */
+                    const bool timed = o_plain && o_pdl && !mlart_bench_time(o, enqueue_step, c, nsets, &step_us) &&
+                                       cudaMemcpy(o_plain, c->sets[0].o, o_b, cudaMemcpyDeviceToHost) == cudaSuccess &&
+                                       cudaMemset(c->sets[0].o, 0xff, o_b) == cudaSuccess &&
+                                       !mlart_bench_time(o, enqueue_step_pdl, c, nsets, &v[12]) &&
+                                       cudaMemcpy(o_pdl, c->sets[0].o, o_b, cudaMemcpyDeviceToHost) == cudaSuccess;
+                    const bool same = timed && memcmp(o_plain, o_pdl, o_b) == 0;
+                    free(o_plain);
+                    free(o_pdl);
+                    if (!same) {
+                        fprintf(stderr, "mlart-bench attn: %s: step timing failed or the two V up-projection "
+                                        "launches differ\n", name);
+                        v[12] = NAN;
+                        wrong++;
+                    } else {
+                        v[11] = step_us - pair_us;
+                        v[12] -= pair_us;
+                        step_plain_sum += v[11];
+                        step_pdl_sum += v[12];
+                    }
                 }
                 mlart_bench_table_row(o, &t, name, v);
                 if (c->g.heads <= 16 && c->T >= 8) {
@@ -781,11 +847,12 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
              "attn targets: 16 heads T>=8 worst time/bandwidth-floor %.2fx (target <= 2: %s); 16 heads T<8 "
              "worst %.2f us (target < 5: %s); 128 heads fp8 T=64 %.1f TFLOP/s (target >= 250: %s); in a layer "
              "step (after the absorption): 16 heads T>=8 worst %.2fx, T<8 worst %.2f us; with the in-place "
-             "combine (opt-in, where it runs; 0 = no such row): 16 heads T>=8 worst %.2fx, T<8 worst %.2f us",
+             "combine (opt-in, where it runs; 0 = no such row): 16 heads T>=8 worst %.2fx, T<8 worst %.2f us; "
+             "V up-projection after attend(), summed over the rows: plain %.1f us, as the layer launches it %.1f us",
              worst_mem_ratio, worst_mem_ratio == 0 ? "n/a" : worst_mem_ratio <= 2 ? "met" : "MISSED",
              worst_small_us, worst_small_us == 0 ? "n/a" : worst_small_us < 5 ? "met" : "MISSED", h128_fp8_t64,
              isnan(h128_fp8_t64) ? "n/a" : h128_fp8_t64 >= 250 ? "met" : "MISSED", worst_layer_mem,
-             worst_layer_small, ip_mem_ratio, ip_small_us);
+             worst_layer_small, ip_mem_ratio, ip_small_us, step_plain_sum, step_pdl_sum);
     mlart_bench_summary(o, t.title, line);
     return wrong;
 }

@@ -127,7 +127,9 @@ typedef struct mlart_backend_vtable {
      * last kernel may let the next kernel of the stream start before its own
      * kernels have finished (b12x_mla_sparse does at <= 16 heads): a kernel
      * launched after attend() with programmatic dependent launch reads
-     * attn_out, lse and the workspace only after its griddepcontrol.wait. */
+     * attn_out, lse and the workspace only after its griddepcontrol.wait.
+     * The runtime's V up-projection (v_up NULL) is launched that way and
+     * reads W_UV before its wait: attend() must not write the weights. */
     int (*attend)(void *state, const mlart_step *s, void *stream);
     /* attn_out x W_UV -> o.  NULL: runtime op. */
     int (*v_up)(void *state, const mlart_step *s, void *stream);

@@ -649,15 +649,19 @@ START_TEST(graph_replay)
 }
 END_TEST
 
-/* Programmatic dependent launch: the decode kernels (direct at T <= 16,
- * ring at T = 64; the swap path's ordering is the ring's) may start while the previous kernel of the stream still
- * runs, and must wait for it before they read the query.  The previous kernel here (pdl_late_copy) lets
- * dependents start at once and writes the new query only after 200 us; the
- * op, eager and replayed from a graph, must give exactly the output of the
- * new query, with the op launched plainly and with PDL.  Control: a PDL
- * reader that does not wait reads old bytes (required in a graph, printed
- * for eager launches), so this setup would catch a kernel that forgot to
- * wait. */
+/* Programmatic dependent launch: the decode kernels may start while the
+ * previous kernel of the stream still runs, and must wait for it before
+ * they read the query (or the V up-projection's input); with PDL the
+ * direct kernel and the swap path copy weights before that wait.  Cases:
+ * the query at 16 heads on the automatic path (direct at T <= 16, ring at
+ * T = 64), the query forced onto the swap path, and the V up-projection
+ * (the swap path at these T; what the layer step launches with PDL).  The
+ * previous kernel here (pdl_late_copy) lets dependents start at once and
+ * writes the new input only after 200 us; the op, eager and replayed from
+ * a graph, must give exactly the output of the new input, with the op
+ * launched plainly and with PDL.  Control: a PDL reader that does not wait
+ * reads old bytes (required in a graph, printed for eager launches), so
+ * this setup would catch a kernel that forgot to wait. */
 START_TEST(pdl_order)
 {
     uint64_t rng = g_seed ^ 0x7171ull;
@@ -671,11 +675,14 @@ START_TEST(pdl_order)
     }
     ck_assert_msg(early[1] == 1, "control: in a graph a dependent that does not wait saw only the new bytes; the "
                                  "device did not start it early, so this test could not catch a missing wait");
+    for (int kind = 0; kind < 3; kind++) /* query auto, query on the swap path, V up-projection */
     for (unsigned it = 0; it < 4; it++)
         for (int p = 0; p < 2; p++)
             for (int pdl = 0; pdl < 2; pdl++) {
                 ops_case c = {0, 16, Ts[it], p ? 192 : 128, 512, 64, 1, 0, 0};
-                const mlart_bmm_config cfg = {MLART_BMM_AUTO, 0, 0, 0, 0, 0, pdl};
+                if (kind == 2)
+                    c = (ops_case){1, 16, Ts[it], 512, p ? 256 : 128, 0, 0, 0, 0};
+                const mlart_bmm_config cfg = {kind == 1 ? MLART_BMM_SWAP : MLART_BMM_AUTO, 0, 0, 0, 0, 0, pdl};
                 const size_t na = ops_a_elems(&c), nw = ops_w_elems(&c), nc = ops_c_elems(&c);
                 uint16_t *ha0 = malloc(na * 2), *ha1 = malloc(na * 2), *hw = malloc(nw * 2), *hx = malloc(nc * 2),
                          *hy = malloc(nc * 2);
@@ -697,11 +704,12 @@ START_TEST(pdl_order)
                 v = ops_make_views(&c, 0, da, na * 2, dw, nw * 2, dc, nc * 2);
                 desc_from_views(&c, &v, &d);
                 {
-                    const int path = mlart_bmm_cuda_path(&d, NULL);
-                    ck_assert_msg(path == (c.T > 32 ? MLART_BMM_RING : MLART_BMM_DIRECT),
-                                  "T %lld: the automatic choice is path %d, not the kernel this test expects; "
+                    const int path = mlart_bmm_cuda_path(&d, &cfg);
+                    const int want = kind ? MLART_BMM_SWAP : c.T > 32 ? MLART_BMM_RING : MLART_BMM_DIRECT;
+                    ck_assert_msg(path == want,
+                                  "kind %d T %lld: the choice is path %d, not the kernel this test expects (%d); "
                                   "update this test",
-                                  (long long)c.T, path);
+                                  kind, (long long)c.T, path, want);
                 }
 
                 /* expected: the op on the new query, nothing before it */
@@ -719,8 +727,8 @@ START_TEST(pdl_order)
                 GPU_CUDA(cudaMemcpyAsync(hy, dc, nc * 2, cudaMemcpyDeviceToHost, st));
                 GPU_CUDA(cudaStreamSynchronize(st));
                 ck_assert_msg(memcmp(hx, hy, nc * 2) == 0,
-                              "eager after a late writer: T %lld P %lld pdl %d read the old query", (long long)c.T,
-                              (long long)c.K, pdl);
+                              "eager after a late writer: kind %d T %lld K %lld pdl %d read the old input", kind,
+                              (long long)c.T, (long long)c.K, pdl);
 
                 /* the same two launches captured in a graph, replayed twice */
                 GPU_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
@@ -735,8 +743,8 @@ START_TEST(pdl_order)
                     GPU_CUDA(cudaMemcpyAsync(hy, dc, nc * 2, cudaMemcpyDeviceToHost, st));
                     GPU_CUDA(cudaStreamSynchronize(st));
                     ck_assert_msg(memcmp(hx, hy, nc * 2) == 0,
-                                  "graph after a late writer: T %lld P %lld pdl %d read the old query",
-                                  (long long)c.T, (long long)c.K, pdl);
+                                  "graph after a late writer: kind %d T %lld K %lld pdl %d read the old input",
+                                  kind, (long long)c.T, (long long)c.K, pdl);
                 }
                 cudaGraphExecDestroy(ge);
                 cudaGraphDestroy(g);
@@ -752,8 +760,10 @@ START_TEST(pdl_order)
                 cases++;
             }
     cudaStreamDestroy(st);
-    printf("pdl order: %d cases (H16, T in {1,4,16,64}, both P, q_pe fused, plain and PDL launch; direct kernel at T <= 16, ring at 64): the op's output is "
-           "that of a query written late by the previous kernel, eager and in a graph; control: a dependent that "
+    printf("pdl order: %d cases (H16, T in {1,4,16,64}, plain and PDL launch: the query with q_pe fused, both P, "
+           "direct kernel at T <= 16, ring at 64, and on the swap path; the V up-projection, both V, swap path): "
+           "the op's output is that of an input written late by the previous kernel, eager and in a graph; "
+           "control: a dependent that "
            "does not wait read old bytes in a graph %s, eagerly %s\n",
            cases, early[1] ? "yes" : "no", early[0] ? "yes" : "no");
 }

@@ -51,8 +51,12 @@ if [ -x "$san" ]; then
   run memcheck_inplace_general env MLART_B12X_INPLACE=1 "$san" --tool memcheck --error-exitcode 1 \
     --kernel-name kns=b12x_attend "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda \
     --set heads=256 --batch 2 --context 2048 --steps 1 --verify
+  # the V up-projection on the swap path, launched by the layer step with programmatic
+  # dependent launch (16 heads a rank at T = 4)
+  run memcheck_swap env "$san" --tool memcheck --error-exitcode 1 --kernel-name kns=bmm_swap "$dec" \
+    --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --batch 4 --context 2048 --steps 1 --verify
 else
-  echo "== compute-sanitizer not found: memcheck of the in-place kernels not run"
+  echo "== compute-sanitizer not found: memcheck of the in-place and swap kernels not run"
 fi
 run decode_glm5 "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda
 run decode_dsv32 "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda
