@@ -27,8 +27,8 @@ run() { # name, command...
 run runtime_layer_gpu "$build/tests/test_runtime_layer_gpu"
 run decode_tiny_cuda "$dec" --config "$src/configs/tiny-cpu.ini" --device cuda --steps 4 --verify
 run decode_tiny_cuda_ref "$dec" --config "$src/configs/tiny-cpu.ini" --device cuda --backend reference --steps 4 --verify
-run decode_glm5_verify "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --batch 8 --context 4096 --steps 2 --verify
-run decode_dsv32_verify "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda --batch 8 --context 4096 --steps 2 --verify
+run decode_glm5_verify "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --batch 8 --context 4096 --steps 4 --verify
+run decode_dsv32_verify "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda --batch 8 --context 4096 --steps 4 --verify
 run decode_glm5_bf16_verify "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --kv-format bf16 --batch 4 --context 3000 --steps 2 --verify
 # 16 heads a rank at T = 1 and 4, 64 (glm5 heads=256 over tp 4) at T = 2, with the in-place combine
 # (opt-in, docs/attention.md)
@@ -58,6 +58,25 @@ if [ -x "$san" ]; then
 else
   echo "== compute-sanitizer not found: memcheck of the in-place and swap kernels not run"
 fi
+# the steps replayed from one captured CUDA graph give the bytes of the steps launched directly
+# (--eager): the same checksum over every step's output, while the lengths grow each step
+same_checksum() { # mlart-decode arguments
+  local a b
+  a=$("$dec" "$@" | grep '^checksum')
+  b=$("$dec" "$@" --eager | grep '^checksum')
+  echo "graph: $a"
+  echo "eager: $b"
+  [ -n "$a" ] && [ "$a" = "$b" ]
+}
+run graph_eq_dsv32 same_checksum --config "$src/configs/deepseek-v32-tp8.ini" --device cuda \
+  --batch 8 --context 2048 --steps 6 --set layers=3
+run graph_eq_glm5_bf16 same_checksum --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda \
+  --kv-format bf16 --set heads=256 --batch 4 --context 2048 --steps 4
+inplace_checksum() { (export MLART_B12X_INPLACE=1 && same_checksum "$@"); }
+run graph_eq_dsv32_inplace inplace_checksum --config "$src/configs/deepseek-v32-tp8.ini" --device cuda \
+  --batch 2 --context 2048 --steps 4
+run graph_eq_tiny_ref same_checksum --config "$src/configs/tiny-cpu.ini" --device cuda --backend reference \
+  --steps 4
 run decode_glm5 "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda
 run decode_dsv32 "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda
 exit "$failed"
