@@ -50,8 +50,8 @@ static void usage(FILE *f)
             "  --layer N          ... from its layer N (default 0)\n"
             "  --verify           compare the output with a float64 oracle and, for another\n"
             "                     backend, with the reference backend; exit 1 on a mismatch\n"
-            "  --eager            CUDA: launch every step's kernels directly instead of\n"
-            "                     replaying one captured CUDA graph of the step\n"
+            "  --graph            CUDA: from the second step on, replay one captured CUDA\n"
+            "                     graph of the step instead of launching its kernels directly\n"
             "  --help             this text\n"
             "Precedence: command line > MLART_* environment > config file.\n",
             DEFAULT_CONFIG, MLART_SOURCE_DIR);
@@ -174,7 +174,7 @@ typedef struct run {
     int dev;             /* -1 host */
     mlart_context *ctx;
     int verify;
-    int eager; /* CUDA: no graph; launch each step's kernels directly */
+    int graph; /* CUDA: replay one captured graph of the step (--graph) */
     const char *weights;
     int layer0;
     const char *config_path;
@@ -530,7 +530,8 @@ static int capture_step(run *r, mlart_step_io *io, const mlart_tensor *lat,
         cudaGraphDestroy(graph);
     if (e != cudaSuccess) {
         fprintf(stderr, "mlart-decode: capturing the step in a CUDA graph failed: %s (the "
-                        "backend declares itself graph-safe; --eager runs without graphs)\n",
+                        "backend declares itself graph-safe; without --graph the kernels are "
+                        "launched directly)\n",
                 cudaGetErrorString(e));
         return MLART_ECUDA;
     }
@@ -550,15 +551,15 @@ static int run_decode(run *r)
      * each kernel loads its module, backends set kernel attributes), so
      * ms/step and tokens/s cover steps 1.. when there are at least two */
     double t_decode = 0.0, t_first = 0.0, t_capture = 0.0, t_start = now_s(), t_progress = 0.0;
-    /* CUDA: the steps run on a stream of their own (ordered with the legacy
-     * stream of the uploads), and from step 1 on as the replay of one CUDA
-     * graph of the step, captured at step 1, unless --eager or a backend
-     * that is not graph-safe */
+    /* CUDA: the steps run on the legacy stream, or with --graph on a stream
+     * of their own (ordered with the legacy stream of the uploads) and from
+     * step 1 on as the replay of one CUDA graph of the step, captured at
+     * step 1, unless a backend is not graph-safe */
     void *stream = NULL;
-    const int use_graph = r->dev >= 0 && !r->eager && graph_safe(r);
+    const int use_graph = r->dev >= 0 && r->graph && graph_safe(r);
 #ifdef MLART_WITH_CUDA
     cudaGraphExec_t exec = NULL;
-    if (r->dev >= 0) {
+    if (use_graph) {
         cudaStream_t st;
         if (cudaStreamCreate(&st) != cudaSuccess) {
             fprintf(stderr, "mlart-decode: cudaStreamCreate failed\n");
@@ -703,7 +704,7 @@ static int run_decode(run *r)
         if (use_graph && r->cfg.steps > 1)
             printf("# the graph (KV write and decode of every layer) was captured and instantiated "
                    "once in %.3f ms, outside the timing\n", 1e3 * t_capture);
-        else if (r->dev >= 0 && !r->eager && r->cfg.steps > 1)
+        else if (r->dev >= 0 && r->graph && r->cfg.steps > 1)
             printf("# no CUDA graph: a backend does not declare itself graph-safe\n");
         printf("%-16s %-6s %-10s %5s %4s %3s %4s %4s %5s %5s %8s %6s %6s %8s %10s %12s\n",
                "backend", "device", "kv_format", "heads", "P", "R", "L", "V", "topk", "batch",
@@ -860,8 +861,8 @@ int main(int argc, char **argv)
             r.verify = 1;
             continue;
         }
-        if (!strcmp(a, "--eager")) {
-            r.eager = 1;
+        if (!strcmp(a, "--graph")) {
+            r.graph = 1;
             continue;
         }
         for (k = 0; k < sizeof keyed / sizeof keyed[0]; k++)

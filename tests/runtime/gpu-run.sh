@@ -29,6 +29,7 @@ run decode_tiny_cuda "$dec" --config "$src/configs/tiny-cpu.ini" --device cuda -
 run decode_tiny_cuda_ref "$dec" --config "$src/configs/tiny-cpu.ini" --device cuda --backend reference --steps 4 --verify
 run decode_glm5_verify "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --batch 8 --context 4096 --steps 4 --verify
 run decode_dsv32_verify "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda --batch 8 --context 4096 --steps 4 --verify
+run decode_dsv32_graph_verify "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda --batch 8 --context 4096 --steps 4 --verify --graph
 run decode_glm5_bf16_verify "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --kv-format bf16 --batch 4 --context 3000 --steps 2 --verify
 # 16 heads a rank at T = 1 and 4, 64 (glm5 heads=256 over tp 4) at T = 2, with the in-place combine
 # (opt-in, docs/attention.md)
@@ -58,14 +59,14 @@ if [ -x "$san" ]; then
 else
   echo "== compute-sanitizer not found: memcheck of the in-place and swap kernels not run"
 fi
-# the steps replayed from one captured CUDA graph give the bytes of the steps launched directly
-# (--eager): the same checksum over every step's output, while the lengths grow each step
+# the steps replayed from one captured CUDA graph (--graph) give the bytes of the steps launched
+# directly: the same checksum over every step's output, while the lengths grow each step
 same_checksum() { # mlart-decode arguments
   local a b
-  a=$("$dec" "$@" | grep '^checksum')
-  b=$("$dec" "$@" --eager | grep '^checksum')
+  a=$("$dec" "$@" --graph | grep '^checksum')
+  b=$("$dec" "$@" | grep '^checksum')
   echo "graph: $a"
-  echo "eager: $b"
+  echo "direct: $b"
   [ -n "$a" ] && [ "$a" = "$b" ]
 }
 run graph_eq_dsv32 same_checksum --config "$src/configs/deepseek-v32-tp8.ini" --device cuda \
