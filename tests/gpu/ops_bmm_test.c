@@ -800,12 +800,15 @@ START_TEST(bad_input)
     bad = v; /* wrong dtype */
     bad.w.dtype = MLART_DTYPE_F32;
     ck_assert_int_eq(mlart_v_up_bmm_cuda(&bad.a, &bad.w, &bad.c, 0), MLART_EDTYPE);
+    ck_assert_int_eq(mlart_v_up_bmm_cuda_pdl(&bad.a, &bad.w, &bad.c, 0), MLART_EDTYPE);
     ck_assert_int_eq(mlart_v_up_bmm_cuda(NULL, &v.w, &v.c, 0), MLART_EINVAL);
+    ck_assert_int_eq(mlart_v_up_bmm_cuda_pdl(NULL, &v.w, &v.c, 0), MLART_EINVAL);
     GPU_CUDA(cudaDeviceSynchronize());
     cudaFree(da);
     cudaFree(dw);
     cudaFree(dc);
-    printf("bad input refused: host tensors, shape mismatch, span past extent, lone pe, inner stride, dtype, NULL\n");
+    printf("bad input refused: host tensors, shape mismatch, span past extent, lone pe, inner stride, dtype, NULL "
+           "(the V up-projection's plain and PDL entries alike)\n");
 }
 END_TEST
 
