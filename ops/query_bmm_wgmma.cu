@@ -602,6 +602,17 @@ struct SwapParams {
                      * dependency wait (0: none) */
 };
 
+/* Item `it` of the swap grid: column block nb, token tile tt, head h
+ * (column block fastest). */
+struct SwapItem {
+    int nb, tt, h;
+};
+__device__ __forceinline__ SwapItem swap_item(const SwapParams &sp, int it)
+{
+    const int r = it / sp.nblk;
+    return {it % sp.nblk, r % sp.ntt, r / sp.ntt};
+}
+
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, uint32_t bar)
 {
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
@@ -701,10 +712,10 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
         early = units < NST ? units : NST;
         early = early < sp.w_early ? early : sp.w_early;
         for (int u = 0; u < early; u++) {
-            const int it = i0 + u / KB, b = u % KB;
-            const int nb = it % sp.nblk, h = it / sp.nblk / sp.ntt;
+            const SwapItem x = swap_item(sp, i0 + u / KB);
+            const int b = u % KB;
             mbar_expect_tx(full0 + 8 * u, ST);
-            tma_load_4d(base + (uint32_t)u * ST, &sp.tw, 0, 64 * b, nb * MW, h, full0 + 8 * u);
+            tma_load_4d(base + (uint32_t)u * ST, &sp.tw, 0, 64 * b, x.nb * MW, x.h, full0 + 8 * u);
         }
     }
     /* Every thread waits for the previous kernel of the stream and its
@@ -718,8 +729,7 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
             int s = 0, u = 0;
             uint32_t ph = 0;
             for (int it = i0; it < i1; it++) {
-                const int nb = it % sp.nblk, r = it / sp.nblk;
-                const int tt = r % sp.ntt, h = r / sp.ntt;
+                const auto [nb, tt, h] = swap_item(sp, it);
                 for (int b = 0; b < KB; b++, u++) {
                     const uint32_t st = base + (uint32_t)s * ST, full = full0 + 8 * s;
                     if (u >= early) {
@@ -745,8 +755,7 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
     int s = 0;
     uint32_t ph = 0;
     for (int it = i0; it < i1; it++) {
-        const int nb = it % sp.nblk, r = it / sp.nblk;
-        const int tt = r % sp.ntt, h = r / sp.ntt;
+        const auto [nb, tt, h] = swap_item(sp, it);
         float acc[MW][NT / 2];
         /* One unit's wgmma stay in flight while the warpgroup waits for the
          * next unit: a stage is released when the group after it has been

@@ -2325,17 +2325,18 @@ static double prof_pick(double *v, int n, double q)
     return n ? v[(int)(q * (n - 1) + 0.5)] : 0.0;
 }
 
+/* " name min/median/max" of v[0..n) (sorted in place). */
+static void prof_print3(FILE *f, const char *name, double *v, int n)
+{
+    fprintf(f, " %s %.2f/%.2f/%.2f", name, prof_pick(v, n, 0.0), prof_pick(v, n, 0.5), prof_pick(v, n, 1.0));
+}
+
 /* The last call against the one before it (b12x_prof_seq): where the
  * main kernel's blocks start, pass their wait and end, and where the
  * combine's do, in us from the previous call's last combine exit; the
  * main blocks split by whether their SM ran a block of that combine.
  * Only when the last launches were one main and one combine grid of nm and
  * nc blocks, repeated since b12x_profile_reset. */
-/* " name min/median/max" of v[0..n) (sorted in place). */
-static void prof_print3(FILE *f, const char *name, double *v, int n)
-{
-    fprintf(f, " %s %.2f/%.2f/%.2f", name, prof_pick(v, n, 0.0), prof_pick(v, n, 0.5), prof_pick(v, n, 1.0));
-}
 
 static void prof_seq_dump(FILE *f, const char *label, int nm, int nc)
 {
