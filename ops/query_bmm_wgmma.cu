@@ -662,7 +662,7 @@ __host__ __device__ constexpr size_t swap_smem(int bm, int nt, int nst)
     return (size_t)nst * swap_stage(bm, nt) + (size_t)nt * (bm + 8) * 2 + 1024;
 }
 
-template <int KB, int BM, int NT, int NST>
+template <int KB, int BM, int NT, int NST, bool EARLY>
 __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_constant__ SwapParams sp)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -700,14 +700,16 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
         __syncwarp();
         asm volatile("bar.arrive 2, 160;" ::: "memory");
     }
-    /* With programmatic dependent launch (w_early), the producer also
-     * copies the weights of its first units (up to one lap of the ring)
-     * before the wait: no kernel of a step writes them (the caller's
+    /* With programmatic dependent launch (EARLY, w_early), the producer
+     * also copies the weights of its first units (up to one lap of the
+     * ring) before the wait: no kernel of a step writes them (the caller's
      * promise, mlart_bmm_config.pdl), and so they stream in while the
      * previous kernel ends.  Each such stage expects its whole bytes at
-     * once; the token rows follow after the wait. */
+     * once; the token rows follow after the wait.  A plain launch runs the
+     * instantiation without EARLY, whose producer loop has no test per
+     * unit (with the test it was 0.05-0.17 us slower; docs/PERF.md). */
     int early = 0;
-    if (sp.w_early && tid == 128) {
+    if (EARLY && tid == 128) {
         const int units = (i1 - i0) * KB;
         early = units < NST ? units : NST;
         early = early < sp.w_early ? early : sp.w_early;
@@ -732,7 +734,7 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
                 const auto [nb, tt, h] = swap_item(sp, it);
                 for (int b = 0; b < KB; b++, u++) {
                     const uint32_t st = base + (uint32_t)s * ST, full = full0 + 8 * s;
-                    if (u >= early) {
+                    if (!EARLY || u >= early) {
                         mbar_wait(empty0 + 8 * s, ph ^ 1); /* passes at once on the first lap */
                         mbar_expect_tx(full, ST);
                         tma_load_4d(st, &sp.tw, 0, 64 * b, nb * MW, h, full);
@@ -956,14 +958,15 @@ template <int KB, int BM, int NT> cudaError_t launch_swap(const SwapParams &sp, 
 {
     constexpr int NST = swap_nst(BM, NT);
     const size_t smem = swap_smem(BM, NT, NST);
-    cudaError_t e = cudaFuncSetAttribute(bmm_swap_kernel<KB, BM, NT, NST>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    void (*const kern)(SwapParams) =
+        sp.w_early ? bmm_swap_kernel<KB, BM, NT, NST, true> : bmm_swap_kernel<KB, BM, NT, NST, false>;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return e;
     cudaLaunchAttribute at[1];
     const cudaLaunchConfig_t lc =
         mlart_launch_cfg(dim3((unsigned)(sp.p.items < sms ? sp.p.items : sms)), dim3(SWAP_THREADS), smem, st, pdl, at);
-    return cudaLaunchKernelEx(&lc, bmm_swap_kernel<KB, BM, NT, NST>, sp);
+    return cudaLaunchKernelEx(&lc, kern, sp);
 }
 
 template <int KB, int BM>
