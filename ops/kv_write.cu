@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "ops/ops.h"
+#include "runtime/cuda_launch.h"
 #include "runtime/status.h"
 
 namespace {
@@ -73,6 +74,14 @@ __global__ void kvw_kernel(uint8_t *cache, int64_t cache_row, int64_t num_slots,
 {
     const int lane = threadIdx.x & 31;
     const int64_t n = (int64_t)blockIdx.x * KVW_WARPS + (threadIdx.x >> 5);
+#if __CUDA_ARCH__ >= 900
+    /* Launched with programmatic dependent launch: wait for the previous
+     * kernel of the stream and its memory before reading the rows and the
+     * slots or writing the cache (no global access comes before this), then
+     * let the next kernel be scheduled. */
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
     if (n >= N)
         return;
     const int32_t s = slots[n * slot_stride];
@@ -137,11 +146,20 @@ extern "C" int mlart_kv_write_cuda(const mlart_geometry *g, const mlart_tensor *
     if ((((uintptr_t)cache->data | cache->stride[0]) & 1) || ((uintptr_t)latent->data & 1))
         return mlart_set_error(MLART_ELAYOUT, "kv_write_cuda: rows must be 2-byte aligned");
     const unsigned blocks = (unsigned)((N + KVW_WARPS - 1) / KVW_WARPS);
-    kvw_kernel<<<blocks, 32 * KVW_WARPS, 0, (cudaStream_t)stream>>>(
-        (uint8_t *)cache->data, cache->stride[0], cache->shape[0],
-        (const uint16_t *)latent->data, latent->stride[0], (const int32_t *)slots->data,
-        slots->stride[0], N, g->kv_lora, g->rope, g->kv_format == MLART_KV_FP8_DS_MLA);
-    cudaError_t e = cudaGetLastError();
+    /* With programmatic dependent launch: the kernel waits before any
+     * global access, so it may start while the previous kernel ends whatever
+     * that kernel writes, and the next kernel may start once it is past
+     * that wait. */
+    cudaLaunchAttribute at[1];
+    const cudaLaunchConfig_t lc =
+        mlart_launch_cfg(dim3(blocks), dim3(32 * KVW_WARPS), 0, (cudaStream_t)stream, 1, at);
+    cudaError_t e = cudaLaunchKernelEx(
+        &lc, kvw_kernel, (uint8_t *)cache->data, (int64_t)cache->stride[0],
+        (int64_t)cache->shape[0], (const uint16_t *)latent->data, (int64_t)latent->stride[0],
+        (const int32_t *)slots->data, (int64_t)slots->stride[0], (int64_t)N, (int)g->kv_lora,
+        (int)g->rope, (int)(g->kv_format == MLART_KV_FP8_DS_MLA));
+    if (e == cudaSuccess)
+        e = cudaGetLastError();
     if (e != cudaSuccess)
         return mlart_set_error(MLART_ECUDA, "kv_write_cuda: launch: %s", cudaGetErrorString(e));
     return 0;

@@ -27,6 +27,13 @@ int mlart_query_bmm_cpu(const mlart_tensor *a, const mlart_tensor *w, const mlar
                         const mlart_tensor *pe_in, const mlart_tensor *pe_out);
 int mlart_query_bmm_cuda(const mlart_tensor *a, const mlart_tensor *w, const mlart_tensor *out,
                          const mlart_tensor *pe_in, const mlart_tensor *pe_out, void *stream);
+/* The same, launched with programmatic dependent launch: the kernel may be
+ * scheduled while the previous kernel of the stream still runs and read w
+ * then; it reads a and pe_in and writes out and pe_out only once that
+ * kernel and its writes are complete.  For a caller whose previous kernel
+ * never writes w (the layer step with mlart_layer_desc.early_weights). */
+int mlart_query_bmm_cuda_pdl(const mlart_tensor *a, const mlart_tensor *w, const mlart_tensor *out,
+                             const mlart_tensor *pe_in, const mlart_tensor *pe_out, void *stream);
 
 /* V up-projection: o[h,t,:] = x[h,t,:] (1xL) x w[h] (LxV), FP32 accumulate.
  *   x [H,T,L] bf16 (head-major attention output), inner stride 1

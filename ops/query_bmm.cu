@@ -1391,10 +1391,11 @@ extern "C" int mlart_bmm_cuda_run(const mlart_bmm_desc *s, const mlart_bmm_confi
     return run(d, s, cfg, (cudaStream_t)stream);
 }
 
-extern "C" int mlart_query_bmm_cuda(const mlart_tensor *a, const mlart_tensor *w, const mlart_tensor *out,
-                                    const mlart_tensor *pe_in, const mlart_tensor *pe_out, void *stream)
+static int query_run(const mlart_tensor *a, const mlart_tensor *w, const mlart_tensor *out, const mlart_tensor *pe_in,
+                     const mlart_tensor *pe_out, int pdl, void *stream)
 {
     mlart_bmm_desc s;
+    mlart_bmm_config cfg = {};
     MLART_CHECK(mlart_query_bmm_check(a, w, out, pe_in, pe_out));
     if (a->device < 0 || w->device < 0 || out->device < 0 || (pe_in && (pe_in->device < 0 || pe_out->device < 0)))
         return mlart_set_error(MLART_EINVAL, "query_bmm_cuda: every tensor must be on a CUDA device");
@@ -1423,5 +1424,19 @@ extern "C" int mlart_query_bmm_cuda(const mlart_tensor *a, const mlart_tensor *w
         s.po_st = pe_out->stride[0];
         s.po_sh = pe_out->stride[1];
     }
-    return mlart_bmm_cuda_run(&s, NULL, stream);
+    cfg.path = MLART_BMM_AUTO;
+    cfg.pdl = pdl;
+    return mlart_bmm_cuda_run(&s, &cfg, stream);
+}
+
+extern "C" int mlart_query_bmm_cuda(const mlart_tensor *a, const mlart_tensor *w, const mlart_tensor *out,
+                                    const mlart_tensor *pe_in, const mlart_tensor *pe_out, void *stream)
+{
+    return query_run(a, w, out, pe_in, pe_out, 0, stream);
+}
+
+extern "C" int mlart_query_bmm_cuda_pdl(const mlart_tensor *a, const mlart_tensor *w, const mlart_tensor *out,
+                                        const mlart_tensor *pe_in, const mlart_tensor *pe_out, void *stream)
+{
+    return query_run(a, w, out, pe_in, pe_out, 1, stream);
 }

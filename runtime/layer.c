@@ -34,6 +34,7 @@ struct mlart_layer {
     int32_t max_tokens, max_requests, max_blocks;
     int64_t num_slots;
     int validate_indices;
+    int early_weights; /* CUDA: the query absorption launches with PDL (mlart_layer_desc) */
     mlart_tensor w_uk_t, w_uv; /* what the backend sees */
     void *w_uk_t_own, *w_uv_own; /* dense copies, NULL when the caller's were kept */
     mlart_tensor kv_cache;
@@ -321,6 +322,7 @@ int mlart_layer_create(mlart_context *ctx, const mlart_layer_desc *desc, mlart_l
     ly->max_blocks = desc->max_blocks_per_req;
     ly->num_slots = desc->num_slots;
     ly->validate_indices = ly->device < 0 ? 1 : desc->validate_indices;
+    ly->early_weights = desc->early_weights != 0;
     name = desc->backend && desc->backend[0] ? desc->backend
                                              : ly->device >= 0 ? "b12x_mla_sparse" : "reference";
 #ifdef MLART_WITH_CUDA
@@ -677,7 +679,10 @@ int mlart_layer_decode(mlart_layer *ly, const mlart_step_io *io, void *stream)
             MLART_CHECK(mlart_query_bmm_cpu(&s.q_nope, &s.w_uk_t, &lat, &s.q_pe, &pe));
         else
 #ifdef MLART_WITH_CUDA
-            MLART_CHECK(mlart_query_bmm_cuda(&s.q_nope, &s.w_uk_t, &lat, &s.q_pe, &pe, stream));
+            /* with early_weights, programmatic dependent launch: the caller
+             * promised that the kernel before this one never writes W_UK_T */
+            MLART_CHECK((ly->early_weights ? mlart_query_bmm_cuda_pdl : mlart_query_bmm_cuda)(
+                &s.q_nope, &s.w_uk_t, &lat, &s.q_pe, &pe, stream));
 #else
             return mlart_set_error(MLART_ENODEV, "this build has no CUDA");
 #endif

@@ -53,7 +53,8 @@ endforeach()
 
 if(MLART_WITH_CUDA)
   mlart_test(test_runtime_layer_gpu LABELS gpu
-             SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/runtime/test_layer_gpu.c LIBS ${CMAKE_DL_LIBS})
+             SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/runtime/test_layer_gpu.c
+             LIBS ${CMAKE_DL_LIBS} mlart_pdl_probe)
   target_compile_definitions(test_runtime_layer_gpu PRIVATE ${_runtime_defs})
   add_dependencies(test_runtime_layer_gpu ${MLART_TEST_PLUGINS})
 endif()
@@ -68,10 +69,12 @@ if(TARGET mlart-decode)
            COMMAND ${_dec} --config ${_tiny} --device cpu --steps 3 --verify)
   add_test(NAME decode_default_config COMMAND ${_dec} --steps 2)
   set_tests_properties(decode_default_config PROPERTIES WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
-  # --graph (CUDA only) changes nothing on the host: the README's checksum, and the timing line
+  # --graph / --no-graph (CUDA only) change nothing on the host: the README's checksum, and the timing line
   # says which steps it covers
   add_test(NAME decode_graph_flag_host COMMAND ${_dec} --graph)
-  set_tests_properties(decode_graph_flag_host PROPERTIES WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
+  add_test(NAME decode_no_graph_flag_host COMMAND ${_dec} --no-graph)
+  set_tests_properties(decode_graph_flag_host decode_no_graph_flag_host PROPERTIES
+                       WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
                        PASS_REGULAR_EXPRESSION "over steps 2\\.\\.16; step 1 took.*checksum 0xd80b2f10fca7e9fd")
   add_test(NAME decode_fp8_verify
            COMMAND ${_dec} --config ${_tiny} --device cpu --steps 2 --verify)

@@ -30,6 +30,13 @@
  *   v_up_pdl the same launched as the layer step launches it, with
  *            programmatic dependent launch (mlart_v_up_bmm_cuda_pdl: its
  *            first weight copies start while attend() ends)
+ *   step     the whole layer step as the runtime launches it by default
+ *            (absorption, attend(), V up-projection with PDL), us a step
+ *            in the rotation: qbmm + in_layer + v_up_pdl, measured at once
+ *   early    the same with mlart_layer_desc.early_weights: the absorption
+ *            launched with PDL too (mlart_query_bmm_cuda_pdl), so it
+ *            starts while the previous step's V up-projection ends; the
+ *            bench compares its output with the step's byte for byte
  *   inplace  the same step with the in-place combine forced (b12x_tune
  *            inplace = 1), where b12x_attend_inplace_ok takes it; checked
  *            like err.  The time column is the backend's default launch.
@@ -143,7 +150,7 @@ constexpr int64_t kV = 128;                  /* the V up-projection's V */
 /* The query absorption of a layer step writing set `set`'s q_mqa: q_nope
  * view x W_UK_T into columns 0..511, q_pe copied into 512..575 (the op
  * the runtime runs right before attend()). */
-int enqueue_qbmm(void *ctx, int set, cudaStream_t stream)
+static int qbmm_run(void *ctx, int set, int pdl, cudaStream_t stream)
 {
     Ctx *c = (Ctx *)ctx;
     const Set &s = c->sets[set];
@@ -155,11 +162,16 @@ int enqueue_qbmm(void *ctx, int set, cudaStream_t stream)
     mlart_tensor o = mlart_bench_view3(q, q, q_b, H, T, 512, 576, H * 576);
     mlart_tensor pi = mlart_bench_view3(qin + kP, qin, qin_b, T, H, 64, H * kQin, kQin);
     mlart_tensor po = mlart_bench_view3(q + 512, q, q_b, T, H, 64, H * 576, 576);
-    if (mlart_query_bmm_cuda(&a, &w, &o, &pi, &po, stream) != 0) {
+    if ((pdl ? mlart_query_bmm_cuda_pdl : mlart_query_bmm_cuda)(&a, &w, &o, &pi, &po, stream) != 0) {
         fprintf(stderr, "mlart-bench attn: query absorption: %s\n", mlart_last_error());
         return 1;
     }
     return 0;
+}
+
+int enqueue_qbmm(void *ctx, int set, cudaStream_t stream)
+{
+    return qbmm_run(ctx, set, 0, stream);
 }
 
 int enqueue_b12x(void *ctx, int set, cudaStream_t stream);
@@ -196,6 +208,13 @@ int enqueue_step(void *ctx, int set, cudaStream_t stream)
 int enqueue_step_pdl(void *ctx, int set, cudaStream_t stream)
 {
     return enqueue_layer(ctx, set, stream) || enqueue_v_up(*(Ctx *)ctx, set, 1, stream);
+}
+
+/* A whole layer step with early_weights: the absorption launched with PDL. */
+int enqueue_step_early(void *ctx, int set, cudaStream_t stream)
+{
+    return qbmm_run(ctx, set, 1, stream) || enqueue_b12x(ctx, set, stream) ||
+           enqueue_v_up(*(Ctx *)ctx, set, 1, stream);
 }
 
 int enqueue_b12x(void *ctx, int set, cudaStream_t stream)
@@ -649,7 +668,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
         {"time", "us", 8, 2},    {"GB/s", "unique", 7, 0}, {"TFLOP/s", "", 8, 1}, {"floor", "us", 7, 2},
         {"%roof", "%", 6, 1},    {"ref", "us", 9, 1},      {"x_ref", "x", 7, 1},  {"err", "nmse", 9, 7},
         {"qbmm", "us", 7, 2},    {"in_layer", "+us", 8, 2}, {"inplace", "us", 8, 2}, {"v_up", "+us", 7, 2},
-        {"v_up_pdl", "+us", 8, 2}};
+        {"v_up_pdl", "+us", 8, 2}, {"step", "us", 7, 2},      {"early", "us", 7, 2}};
     const mlart_bench_table t = {"attn decode: b12x_mla_sparse, topk 2048, each token its own request, "
                                  "q_mqa[T,H,576] x paged cache -> out[H,T,512] + lse",
                                  "shape", 34, cols, (int)(sizeof cols / sizeof cols[0])};
@@ -660,7 +679,8 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     double worst_mem_ratio = 0, worst_small_us = 0, h128_fp8_t64 = NAN, worst_layer_mem = 0, worst_layer_small = 0;
     double ip_mem_ratio = 0, ip_small_us = 0; /* the in-place combine's column, where it runs */
     double step_plain_sum = 0, step_pdl_sum = 0; /* the v_up columns, summed over the rows */
-    char line[768];
+    double whole_sum = 0, early_sum = 0;         /* the step and early columns, summed */
+    char line[1024];
     mlart_bench_opts ref_opts = *o;
     ref_opts.reps = o->reps < 3 ? o->reps : 3;
     ref_opts.warmup = 1;
@@ -728,7 +748,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
             }
             for (int it = 0; it < 7; it++) {
                 char name[64];
-                double v[13], ref_us = NAN, pair_us = NAN, step_us = NAN;
+                double v[15], ref_us = NAN, pair_us = NAN, step_us = NAN;
                 c->T = Ts[it];
                 snprintf(name, sizeof name, "attn %s H%d %s T%d", models[m].name, models[m].heads,
                          fmts[f] == MLART_KV_BF16 ? "bf16" : "fp8", c->T);
@@ -788,7 +808,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
                  * attend() start once past its own wait); the cost is
                  * time(absorption + attend) - time(absorption).  Last, as it
                  * overwrites the queries. */
-                v[8] = v[9] = v[11] = v[12] = NAN;
+                v[8] = v[9] = v[11] = v[12] = v[13] = v[14] = NAN;
                 if (mlart_bench_time(o, enqueue_qbmm, c, nsets, &v[8]) ||
                     mlart_bench_time(o, enqueue_layer, c, nsets, &pair_us)) {
                     fprintf(stderr, "mlart-bench attn: %s: layer timing failed\n", name);
@@ -797,26 +817,34 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
                     v[9] = pair_us - v[8];
                     /* and the V up-projection after them, both launches */
                     const size_t o_b = (size_t)c->T * c->g.heads * kV * 2;
-                    void *o_plain = malloc(o_b), *o_pdl = malloc(o_b);
-                    /* the two launches must give the same bytes (set 0's o after each) */
-                    const bool timed = o_plain && o_pdl && !mlart_bench_time(o, enqueue_step, c, nsets, &step_us) &&
+                    void *o_plain = malloc(o_b), *o_pdl = malloc(o_b), *o_early = malloc(o_b);
+                    /* the three launches must give the same bytes (set 0's o after each) */
+                    const bool timed = o_plain && o_pdl && o_early &&
+                                       !mlart_bench_time(o, enqueue_step, c, nsets, &step_us) &&
                                        cudaMemcpy(o_plain, c->sets[0].o, o_b, cudaMemcpyDeviceToHost) == cudaSuccess &&
                                        cudaMemset(c->sets[0].o, 0xff, o_b) == cudaSuccess &&
                                        !mlart_bench_time(o, enqueue_step_pdl, c, nsets, &v[12]) &&
-                                       cudaMemcpy(o_pdl, c->sets[0].o, o_b, cudaMemcpyDeviceToHost) == cudaSuccess;
-                    const bool same = timed && memcmp(o_plain, o_pdl, o_b) == 0;
+                                       cudaMemcpy(o_pdl, c->sets[0].o, o_b, cudaMemcpyDeviceToHost) == cudaSuccess &&
+                                       cudaMemset(c->sets[0].o, 0xff, o_b) == cudaSuccess &&
+                                       !mlart_bench_time(o, enqueue_step_early, c, nsets, &v[14]) &&
+                                       cudaMemcpy(o_early, c->sets[0].o, o_b, cudaMemcpyDeviceToHost) == cudaSuccess;
+                    const bool same = timed && memcmp(o_plain, o_pdl, o_b) == 0 && memcmp(o_plain, o_early, o_b) == 0;
                     free(o_plain);
                     free(o_pdl);
+                    free(o_early);
                     if (!same) {
-                        fprintf(stderr, "mlart-bench attn: %s: step timing failed or the two V up-projection "
-                                        "launches differ\n", name);
-                        v[12] = NAN;
+                        fprintf(stderr, "mlart-bench attn: %s: step timing failed or the three launches of the "
+                                        "step differ\n", name);
+                        v[12] = v[14] = NAN;
                         wrong++;
                     } else {
+                        v[13] = v[12];
                         v[11] = step_us - pair_us;
                         v[12] -= pair_us;
                         step_plain_sum += v[11];
                         step_pdl_sum += v[12];
+                        whole_sum += v[13];
+                        early_sum += v[14];
                     }
                 }
                 mlart_bench_table_row(o, &t, name, v);
@@ -848,11 +876,12 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
              "worst %.2f us (target < 5: %s); 128 heads fp8 T=64 %.1f TFLOP/s (target >= 250: %s); in a layer "
              "step (after the absorption): 16 heads T>=8 worst %.2fx, T<8 worst %.2f us; with the in-place "
              "combine (opt-in, where it runs; 0 = no such row): 16 heads T>=8 worst %.2fx, T<8 worst %.2f us; "
-             "V up-projection after attend(), summed over the rows: plain %.1f us, as the layer launches it %.1f us",
+             "V up-projection after attend(), summed over the rows: plain %.1f us, as the layer launches it %.1f us; "
+             "whole layer step summed over the rows: %.1f us, with early_weights %.1f us",
              worst_mem_ratio, worst_mem_ratio == 0 ? "n/a" : worst_mem_ratio <= 2 ? "met" : "MISSED",
              worst_small_us, worst_small_us == 0 ? "n/a" : worst_small_us < 5 ? "met" : "MISSED", h128_fp8_t64,
              isnan(h128_fp8_t64) ? "n/a" : h128_fp8_t64 >= 250 ? "met" : "MISSED", worst_layer_mem,
-             worst_layer_small, ip_mem_ratio, ip_small_us, step_plain_sum, step_pdl_sum);
+             worst_layer_small, ip_mem_ratio, ip_small_us, step_plain_sum, step_pdl_sum, whole_sum, early_sum);
     mlart_bench_summary(o, t.title, line);
     return wrong;
 }

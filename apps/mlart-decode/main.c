@@ -50,8 +50,9 @@ static void usage(FILE *f)
             "  --layer N          ... from its layer N (default 0)\n"
             "  --verify           compare the output with a float64 oracle and, for another\n"
             "                     backend, with the reference backend; exit 1 on a mismatch\n"
-            "  --graph            CUDA: from the second step on, replay one captured CUDA\n"
-            "                     graph of the step instead of launching its kernels directly\n"
+            "  --no-graph         CUDA: launch every step's kernels directly (default: from\n"
+            "                     the second step on, replay one captured CUDA graph of the\n"
+            "                     step; --graph asks for that explicitly)\n"
             "  --help             this text\n"
             "Precedence: command line > MLART_* environment > config file.\n",
             DEFAULT_CONFIG, MLART_SOURCE_DIR);
@@ -174,7 +175,7 @@ typedef struct run {
     int dev;             /* -1 host */
     mlart_context *ctx;
     int verify;
-    int graph; /* CUDA: replay one captured graph of the step (--graph) */
+    int graph; /* CUDA: replay one captured graph of the step (default; 0: --no-graph) */
     const char *weights;
     int layer0;
     const char *config_path;
@@ -308,6 +309,9 @@ static int setup_layer(run *r, int li)
     d.max_requests = r->B;
     d.max_blocks_per_req = r->MB;
     d.num_slots = r->num_slots;
+    /* [runtime] early_weights: this program writes the weights once, before
+     * the first step, so it may make the promise */
+    d.early_weights = r->cfg.early_weights;
     /* checkpoint layout: strided views, which the layer makes dense once */
     kvb = view(lr->d_kv_b_proj, MLART_DTYPE_BF16, r->dev, 2, H * (P + V), L, 0);
     if ((rc = mlart_weights_from_kv_b_proj(g, &kvb, &d.w_uk_t, &d.w_uv)) < 0)
@@ -530,7 +534,7 @@ static int capture_step(run *r, mlart_step_io *io, const mlart_tensor *lat,
         cudaGraphDestroy(graph);
     if (e != cudaSuccess) {
         fprintf(stderr, "mlart-decode: capturing the step in a CUDA graph failed: %s (the "
-                        "backend declares itself graph-safe; without --graph the kernels are "
+                        "backend declares itself graph-safe; with --no-graph the kernels are "
                         "launched directly)\n",
                 cudaGetErrorString(e));
         return MLART_ECUDA;
@@ -551,10 +555,10 @@ static int run_decode(run *r)
      * each kernel loads its module, backends set kernel attributes), so
      * ms/step and tokens/s cover steps 1.. when there are at least two */
     double t_decode = 0.0, t_first = 0.0, t_capture = 0.0, t_start = now_s(), t_progress = 0.0;
-    /* CUDA: the steps run on the legacy stream, or with --graph on a stream
-     * of their own (ordered with the legacy stream of the uploads) and from
-     * step 1 on as the replay of one CUDA graph of the step, captured at
-     * step 1, unless a backend is not graph-safe */
+    /* CUDA: the steps run on a stream of their own (ordered with the legacy
+     * stream of the uploads) and from step 1 on as the replay of one CUDA
+     * graph of the step, captured at step 1, unless a backend is not
+     * graph-safe; with --no-graph on the legacy stream, launched directly */
     void *stream = NULL;
     const int use_graph = r->dev >= 0 && r->graph && graph_safe(r);
 #ifdef MLART_WITH_CUDA
@@ -706,6 +710,9 @@ static int run_decode(run *r)
                    "once in %.3f ms, outside the timing\n", 1e3 * t_capture);
         else if (r->dev >= 0 && r->graph && r->cfg.steps > 1)
             printf("# no CUDA graph: a backend does not declare itself graph-safe\n");
+        if (r->dev >= 0 && r->cfg.early_weights)
+            printf("# early_weights = 1: each layer's query absorption may start, and read its "
+                   "weights, while the kernel before it ends\n");
         printf("%-16s %-6s %-10s %5s %4s %3s %4s %4s %5s %5s %8s %6s %6s %8s %10s %12s\n",
                "backend", "device", "kv_format", "heads", "P", "R", "L", "V", "topk", "batch",
                "context", "steps", "layers", "tokens", "ms/step", "tokens/s");
@@ -824,6 +831,7 @@ int main(int argc, char **argv)
     const char *config = NULL;
     int rc, n_dev = 0;
     memset(&r, 0, sizeof r);
+    r.graph = 1;
     mlart_config_init(&r.cfg);
     /* first pass: the config file, so flags can override it */
     for (int i = 1; i < argc; i++) {
@@ -861,8 +869,8 @@ int main(int argc, char **argv)
             r.verify = 1;
             continue;
         }
-        if (!strcmp(a, "--graph")) {
-            r.graph = 1;
+        if (!strcmp(a, "--graph") || !strcmp(a, "--no-graph")) {
+            r.graph = a[2] == 'g';
             continue;
         }
         for (k = 0; k < sizeof keyed / sizeof keyed[0]; k++)

@@ -198,6 +198,13 @@ typedef struct mlart_layer_desc {
     mlart_tensor kv_cache;      /* u8 [num_slots, mlart_kv_bytes_per_token] (dense rows) */
     int validate_indices;       /* CUDA: copy indices to host and check them before each
                                    step (not graph-safe; for debugging). Host: always on. */
+    int early_weights;          /* CUDA: 1 = the caller promises that no kernel it enqueues
+                                   writes w_uk_t or w_uv while the layer lives.  A step's
+                                   first kernel (the query absorption) then launches with
+                                   programmatic dependent launch: it may start while the
+                                   caller's previous kernel on the stream ends and read its
+                                   weights then (it reads q only after that kernel).
+                                   0: it starts after that kernel. */
 } mlart_layer_desc;
 
 /* One decode step: T query tokens from B requests. */
@@ -223,7 +230,10 @@ MLART_API void mlart_layer_destroy(mlart_layer *layer);
  * (unless validate_indices is set). */
 MLART_API int mlart_layer_decode(mlart_layer *layer, const mlart_step_io *io, void *stream);
 /* Write N new tokens' latent+rope rows [N,L+R] bf16 into cache slots [N]
- * (i32 physical slot = block*page + offset), quantising to the layer's format. */
+ * (i32 physical slot = block*page + offset), quantising to the layer's format.
+ * On CUDA its kernel launches with programmatic dependent launch: it may
+ * start while the previous kernel on the stream ends, and touches memory
+ * only after that kernel and its writes are complete. */
 MLART_API int mlart_layer_write_kv(mlart_layer *layer, const mlart_tensor *latent,
                                    const mlart_tensor *slots, void *stream);
 MLART_API const char *mlart_layer_backend_name(const mlart_layer *layer);

@@ -4,12 +4,15 @@
  * and repeated slots (the later row wins); then the reference records of
  * tests/data (kv_latent.bin -> kv_fp8.bin).  Both formats.  Also the
  * attention kernels' dequantisation of those records (e4m3 x tile scale ->
- * bf16 on the device) against the host numerics, for every e4m3 value. */
+ * bf16 on the device) against the host numerics, for every e4m3 value; and
+ * the op after a kernel that writes its inputs late (it launches with
+ * programmatic dependent launch). */
 #include <check.h>
 #include <cuda_runtime.h>
 
 #include "attn_util.h"
 #include "fp8_probe.h"
+#include "pdl_probe.h"
 #include "ops/numerics.h"
 #include "ops/ops.h"
 
@@ -246,6 +249,99 @@ START_TEST(test_dequant_exact)
 }
 END_TEST
 
+/* The op launches with programmatic dependent launch: after a kernel that
+ * lets dependents start at once and writes the rows and the slots 200 us
+ * late (tests/gpu/pdl_probe.h), it must still write the new rows, launched
+ * eagerly and from a captured graph.  The control shows that a dependent
+ * that does not wait does see the old bytes on this device. */
+START_TEST(test_after_late_writer)
+{
+    const mlart_kv_format fmt = _i ? MLART_KV_FP8_DS_MLA : MLART_KV_BF16;
+    const mlart_geometry g = geom(fmt);
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 7) * 0x9E3779B97F4A7C15ull;
+    const int64_t N = 64, num_slots = 256;
+    const size_t rb = mlart_kv_bytes_per_token(&g), cache_bytes = rb * (size_t)num_slots;
+    const size_t lat_b = (size_t)N * 576 * 2, slot_b = (size_t)N * 4;
+    uint16_t *lat_old = malloc(lat_b), *lat_new = malloc(lat_b);
+    int32_t *slots_old = malloc(slot_b), *slots_new = malloc(slot_b);
+    uint8_t *cache0 = malloc(cache_bytes), *want = malloc(cache_bytes), *back = malloc(cache_bytes);
+    void *dcache, *dlat, *dlat_new, *dslots, *dslots_new;
+    cudaStream_t st;
+    ck_assert(lat_old && lat_new && slots_old && slots_new && cache0 && want && back);
+    for (int64_t i = 0; i < N * 576; i++) {
+        lat_old[i] = mlart_f32_to_bf16(attn_uniform(&rng));
+        lat_new[i] = mlart_f32_to_bf16(8.0f * attn_uniform(&rng));
+    }
+    for (int64_t n = 0; n < N; n++) { /* distinct slots, old and new apart */
+        slots_old[n] = (int32_t)(2 * n);
+        slots_new[n] = (int32_t)(2 * n + 1);
+    }
+    for (size_t i = 0; i < cache_bytes; i++)
+        cache0[i] = (uint8_t)gpu_rand(&rng);
+    memcpy(want, cache0, cache_bytes);
+    {
+        mlart_tensor hc = attn_t(want, MLART_DTYPE_U8, -1, 2, num_slots, (int64_t)rb, 0);
+        mlart_tensor hl = attn_t(lat_new, MLART_DTYPE_BF16, -1, 2, N, 576, 0);
+        mlart_tensor hs = attn_t(slots_new, MLART_DTYPE_I32, -1, 1, N, 0, 0);
+        ck_assert_msg(mlart_kv_write_cpu(&g, &hc, &hl, &hs) == 0, "cpu: %s", mlart_last_error());
+    }
+    GPU_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    ck_assert_msg(pdl_control(st, 1) == 1, "control: a dependent that does not wait saw only the new bytes; "
+                                           "this device did not start it early, so the test could not fail");
+    GPU_CUDA(cudaMalloc(&dcache, cache_bytes));
+    GPU_CUDA(cudaMalloc(&dlat, lat_b));
+    GPU_CUDA(cudaMalloc(&dlat_new, lat_b));
+    GPU_CUDA(cudaMalloc(&dslots, slot_b));
+    GPU_CUDA(cudaMalloc(&dslots_new, slot_b));
+    GPU_CUDA(cudaMemcpy(dlat_new, lat_new, lat_b, cudaMemcpyHostToDevice));
+    GPU_CUDA(cudaMemcpy(dslots_new, slots_new, slot_b, cudaMemcpyHostToDevice));
+    mlart_tensor dc = attn_t(dcache, MLART_DTYPE_U8, 0, 2, num_slots, (int64_t)rb, 0);
+    mlart_tensor dl = attn_t(dlat, MLART_DTYPE_BF16, 0, 2, N, 576, 0);
+    mlart_tensor ds = attn_t(dslots, MLART_DTYPE_I32, 0, 1, N, 0, 0);
+    for (int graph = 0; graph < 2; graph++) {
+        cudaGraph_t gr;
+        cudaGraphExec_t ge = NULL;
+        GPU_CUDA(cudaMemcpy(dcache, cache0, cache_bytes, cudaMemcpyHostToDevice));
+        GPU_CUDA(cudaMemcpy(dlat, lat_old, lat_b, cudaMemcpyHostToDevice));
+        GPU_CUDA(cudaMemcpy(dslots, slots_old, slot_b, cudaMemcpyHostToDevice));
+        if (graph)
+            GPU_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        /* the rows and the slots both arrive late: the slots in a second writer */
+        GPU_CUDA((cudaError_t)pdl_late_copy(dslots, dslots_new, slot_b, 100, st));
+        GPU_CUDA((cudaError_t)pdl_late_copy(dlat, dlat_new, lat_b, 200, st));
+        ck_assert_msg(mlart_kv_write_cuda(&g, &dc, &dl, &ds, st) == 0, "cuda: %s", mlart_last_error());
+        if (graph) {
+            GPU_CUDA(cudaStreamEndCapture(st, &gr));
+            GPU_CUDA(cudaGraphInstantiate(&ge, gr, 0));
+            GPU_CUDA(cudaGraphLaunch(ge, st));
+            GPU_CUDA(cudaGraphDestroy(gr));
+        }
+        GPU_CUDA(cudaStreamSynchronize(st));
+        if (ge)
+            GPU_CUDA(cudaGraphExecDestroy(ge));
+        GPU_CUDA(cudaMemcpy(back, dcache, cache_bytes, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < cache_bytes; i++)
+            ck_assert_msg(want[i] == back[i], "%s %s: cache byte %zu (slot %zu): want 0x%02x, got 0x%02x",
+                          mlart_kv_format_name(fmt), graph ? "graph" : "eager", i, i / rb, want[i], back[i]);
+    }
+    printf("kv_write %s after a writer 100-200 us late (PDL launch): the new rows in the new slots, eager and "
+           "from a graph\n", mlart_kv_format_name(fmt));
+    GPU_CUDA(cudaStreamDestroy(st));
+    cudaFree(dcache);
+    cudaFree(dlat);
+    cudaFree(dlat_new);
+    cudaFree(dslots);
+    cudaFree(dslots_new);
+    free(lat_old);
+    free(lat_new);
+    free(slots_old);
+    free(slots_new);
+    free(cache0);
+    free(want);
+    free(back);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s;
@@ -259,6 +355,7 @@ int main(void)
     tcase_add_loop_test(tc, test_reference_records, 0, 2);
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_dequant_exact);
+    tcase_add_loop_test(tc, test_after_late_writer, 0, 2);
     suite_add_tcase(s, tc);
     return gpu_test_run(s, CK_FORK);
 }

@@ -780,23 +780,28 @@ START_TEST(bad_input)
     GPU_CUDA(cudaMalloc((void **)&dc, nc * 2));
     v = ops_make_views(&c, 0, da, na * 2, dw, nw * 2, dc, nc * 2);
 
-    bad = v; /* host tensors handed to the CUDA entry */
-    bad.a.device = bad.w.device = bad.c.device = bad.pe_in.device = bad.pe_out.device = -1;
-    ck_assert_int_eq(mlart_query_bmm_cuda(&bad.a, &bad.w, &bad.c, NULL, NULL, 0), MLART_EINVAL);
-    bad = v; /* shapes disagree */
-    bad.w.shape[1] = 192;
-    ck_assert_int_lt(mlart_query_bmm_cuda(&bad.a, &bad.w, &bad.c, NULL, NULL, 0), 0);
-    bad = v; /* q_nope span past its extent */
-    bad.a.extent /= 2;
-    ck_assert_int_eq(mlart_query_bmm_cuda(&bad.a, &bad.w, &bad.c, NULL, NULL, 0), MLART_ELAYOUT);
-    bad = v; /* q_pe span one element past its extent */
-    bad.pe_in.extent -= 2;
-    ck_assert_int_eq(mlart_query_bmm_cuda(&bad.a, &bad.w, &bad.c, &bad.pe_in, &bad.pe_out, 0), MLART_ELAYOUT);
-    bad = v; /* only one of pe_in / pe_out */
-    ck_assert_int_lt(mlart_query_bmm_cuda(&bad.a, &bad.w, &bad.c, &bad.pe_in, NULL, 0), 0);
-    bad = v; /* inner stride not 1 */
-    bad.c.stride[2] = 2;
-    ck_assert_int_lt(mlart_query_bmm_cuda(&bad.a, &bad.w, &bad.c, NULL, NULL, 0), 0);
+    /* the query absorption's plain and PDL entries alike */
+    int (*const qf[2])(const mlart_tensor *, const mlart_tensor *, const mlart_tensor *, const mlart_tensor *,
+                       const mlart_tensor *, void *) = {mlart_query_bmm_cuda, mlart_query_bmm_cuda_pdl};
+    for (int e = 0; e < 2; e++) {
+        bad = v; /* host tensors handed to the CUDA entry */
+        bad.a.device = bad.w.device = bad.c.device = bad.pe_in.device = bad.pe_out.device = -1;
+        ck_assert_int_eq(qf[e](&bad.a, &bad.w, &bad.c, NULL, NULL, 0), MLART_EINVAL);
+        bad = v; /* shapes disagree */
+        bad.w.shape[1] = 192;
+        ck_assert_int_lt(qf[e](&bad.a, &bad.w, &bad.c, NULL, NULL, 0), 0);
+        bad = v; /* q_nope span past its extent */
+        bad.a.extent /= 2;
+        ck_assert_int_eq(qf[e](&bad.a, &bad.w, &bad.c, NULL, NULL, 0), MLART_ELAYOUT);
+        bad = v; /* q_pe span one element past its extent */
+        bad.pe_in.extent -= 2;
+        ck_assert_int_eq(qf[e](&bad.a, &bad.w, &bad.c, &bad.pe_in, &bad.pe_out, 0), MLART_ELAYOUT);
+        bad = v; /* only one of pe_in / pe_out */
+        ck_assert_int_lt(qf[e](&bad.a, &bad.w, &bad.c, &bad.pe_in, NULL, 0), 0);
+        bad = v; /* inner stride not 1 */
+        bad.c.stride[2] = 2;
+        ck_assert_int_lt(qf[e](&bad.a, &bad.w, &bad.c, NULL, NULL, 0), 0);
+    }
     bad = v; /* wrong dtype */
     bad.w.dtype = MLART_DTYPE_F32;
     ck_assert_int_eq(mlart_v_up_bmm_cuda(&bad.a, &bad.w, &bad.c, 0), MLART_EDTYPE);
@@ -808,7 +813,7 @@ START_TEST(bad_input)
     cudaFree(dw);
     cudaFree(dc);
     printf("bad input refused: host tensors, shape mismatch, span past extent, lone pe, inner stride, dtype, NULL "
-           "(the V up-projection's plain and PDL entries alike)\n");
+           "(the plain and PDL entries of both ops alike)\n");
 }
 END_TEST
 

@@ -2,9 +2,11 @@
 # Runtime checks on a CUDA machine, from a build folder made elsewhere:
 #   tests/runtime/gpu-run.sh BUILD_DIR OUT_DIR
 # Runs the layer's device test and mlart-decode on the device (default backend
-# and reference, both KV formats, --verify against the float64 oracle; steps
-# with the in-place combine, and compute-sanitizer memcheck on them when the
-# toolkit is installed), and writes one log per run into OUT_DIR.  Exit
+# and reference, both KV formats, --verify against the float64 oracle, the
+# steps replayed from a CUDA graph (the default) and launched directly
+# (--no-graph) giving the same bytes; steps with the in-place combine, and
+# compute-sanitizer memcheck on them when the toolkit is installed), and
+# writes one log per run into OUT_DIR.  Exit
 # status: number of failed runs.
 set -uo pipefail
 build=${1:?usage: gpu-run.sh BUILD_DIR OUT_DIR}
@@ -29,7 +31,7 @@ run decode_tiny_cuda "$dec" --config "$src/configs/tiny-cpu.ini" --device cuda -
 run decode_tiny_cuda_ref "$dec" --config "$src/configs/tiny-cpu.ini" --device cuda --backend reference --steps 4 --verify
 run decode_glm5_verify "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --batch 8 --context 4096 --steps 4 --verify
 run decode_dsv32_verify "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda --batch 8 --context 4096 --steps 4 --verify
-run decode_dsv32_graph_verify "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda --batch 8 --context 4096 --steps 4 --verify --graph
+run decode_dsv32_direct_verify "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda --batch 8 --context 4096 --steps 4 --verify --no-graph
 run decode_glm5_bf16_verify "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --kv-format bf16 --batch 4 --context 3000 --steps 2 --verify
 # 16 heads a rank at T = 1 and 4, 64 (glm5 heads=256 over tp 4) at T = 2, with the in-place combine
 # (opt-in, docs/attention.md)
@@ -59,12 +61,13 @@ if [ -x "$san" ]; then
 else
   echo "== compute-sanitizer not found: memcheck of the in-place and swap kernels not run"
 fi
-# the steps replayed from one captured CUDA graph (--graph) give the bytes of the steps launched
-# directly: the same checksum over every step's output, while the lengths grow each step
+# the steps replayed from one captured CUDA graph (the default) give the bytes of the steps
+# launched directly (--no-graph): the same checksum over every step's output, while the lengths
+# grow each step
 same_checksum() { # mlart-decode arguments
   local a b
-  a=$("$dec" "$@" --graph | grep '^checksum')
-  b=$("$dec" "$@" | grep '^checksum')
+  a=$("$dec" "$@" | grep '^checksum')
+  b=$("$dec" "$@" --no-graph | grep '^checksum')
   echo "graph: $a"
   echo "direct: $b"
   [ -n "$a" ] && [ "$a" = "$b" ]
@@ -76,6 +79,24 @@ run graph_eq_glm5_bf16 same_checksum --config "$src/configs/glm5-tp4-dcp4.ini" -
 inplace_checksum() { (export MLART_B12X_INPLACE=1 && same_checksum "$@"); }
 run graph_eq_dsv32_inplace inplace_checksum --config "$src/configs/deepseek-v32-tp8.ini" --device cuda \
   --batch 2 --context 2048 --steps 4
+# early_weights (the query absorption launched with PDL) changes no byte, replayed or launched
+# directly, and verifies against the oracle
+early_checksum() { # mlart-decode arguments
+  local a b
+  a=$("$dec" "$@" --set early_weights=1 | grep '^checksum')
+  b=$("$dec" "$@" --set early_weights=0 | grep '^checksum')
+  echo "early_weights=1: $a"
+  echo "early_weights=0: $b"
+  [ -n "$a" ] && [ "$a" = "$b" ]
+}
+run early_eq_dsv32 early_checksum --config "$src/configs/deepseek-v32-tp8.ini" --device cuda \
+  --batch 8 --context 2048 --steps 6 --set layers=3
+run early_eq_dsv32_direct early_checksum --config "$src/configs/deepseek-v32-tp8.ini" --device cuda \
+  --batch 8 --context 2048 --steps 6 --set layers=3 --no-graph
+run early_eq_glm5_h64 early_checksum --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda \
+  --set heads=256 --batch 4 --context 2048 --steps 4 --set layers=2
+run decode_glm5_early_verify "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --batch 8 \
+  --context 4096 --steps 4 --set layers=2 --set early_weights=1 --verify
 run graph_eq_tiny_ref same_checksum --config "$src/configs/tiny-cpu.ini" --device cuda --backend reference \
   --steps 4
 run decode_glm5 "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda

@@ -50,7 +50,7 @@ static void clear_env(void)
     static const char *vars[] = {"MLART_HEADS", "MLART_BACKEND", "MLART_KV_FORMAT", "MLART_DEVICE",
                                  "MLART_TOPK", "MLART_SEED", "MLART_GRAPH_SIZES", "MLART_TP_SIZE",
                                  "MLART_DCP_SIZE", "MLART_STEPS", "MLART_BATCH", "MLART_CONTEXT",
-                                 "MLART_SOFTMAX_SCALE"};
+                                 "MLART_SOFTMAX_SCALE", "MLART_EARLY_WEIGHTS"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
         unsetenv(vars[i]);
 }
@@ -75,6 +75,7 @@ START_TEST(parse_good)
     ck_assert_int_eq(c.dcp_routing, MLART_DCP_A2A);
     ck_assert_int_eq(c.device, MLART_DEVICE_AUTO);
     ck_assert_int_eq(c.layers, 1);
+    ck_assert_int_eq(c.early_weights, 0); /* default: no promise */
     ck_assert_ptr_nonnull(strstr(mlart_config_origin(&c, "heads"), ":3"));
     ck_assert_str_eq(mlart_config_origin(&c, "page_size"), ""); /* default */
     ck_assert_ptr_null(mlart_config_origin(&c, "nosuchkey"));
@@ -113,6 +114,7 @@ START_TEST(errors_name_key_and_line)
     expect_error("[runtime]\ngraph_sizes = 1,4,2\n", "'graph_sizes'", ":2");
     expect_error("[runtime]\ngraph_sizes = 1,,2\n", "'graph_sizes'", ":2");
     expect_error("[runtime]\nbackend = ../evil\n", "'backend'", ":2");
+    expect_error("[runtime]\nearly_weights = 2\n", "'early_weights'", ":2");
     expect_error("[parallel]\ndcp_routing = ring\n", "'dcp_routing'", ":2");
     expect_error("[model]\nsoftmax_scale = nan\n", "'softmax_scale'", ":2");
     expect_error("[runtime]\nheads = 4\n", "belongs in section [model]", ":2");
@@ -183,6 +185,17 @@ START_TEST(precedence)
                                            "kv_lora_rank = 16\nv_head_dim = 8\n"), &c), 0);
     ck_assert_int_eq(c.geom.topk, 16);
     ck_assert_str_eq(mlart_config_origin(&c, "topk"), "environment MLART_TOPK");
+    /* early_weights from the file, then the environment */
+    unsetenv("MLART_TOPK");
+    ck_assert_int_eq(mlart_config_load(ini("[model]\nheads = 2\nqk_nope_dim = 8\nrope_dim = 8\n"
+                                           "kv_lora_rank = 16\nv_head_dim = 8\ntopk = 8\n"
+                                           "[runtime]\nearly_weights = 1\n"), &c), 0);
+    ck_assert_int_eq(c.early_weights, 1);
+    setenv("MLART_EARLY_WEIGHTS", "0", 1);
+    ck_assert_int_eq(mlart_config_load(path, &c), 0);
+    ck_assert_int_eq(c.early_weights, 0);
+    ck_assert_str_eq(mlart_config_origin(&c, "early_weights"), "environment MLART_EARLY_WEIGHTS");
+    unsetenv("MLART_EARLY_WEIGHTS");
     unlink(path);
     printf("precedence: command line > environment > file\n");
 }

@@ -3,7 +3,9 @@
  * copy per token when T <= H, per head otherwise); dense device weights keep
  * their address, strided ones are replaced by dense copies staged once; the
  * reference backend on CUDA agrees with the host reference; a strided lse is
- * filled by the device copy; validate_indices refuses an index >= seq_len.
+ * filled by the device copy; validate_indices refuses an index >= seq_len;
+ * with early_weights a step after a kernel that writes q late still reads
+ * the new q.
  * Exits 77 without a usable device. */
 #define _POSIX_C_SOURCE 200809L
 #include <check.h>
@@ -15,6 +17,7 @@
 #include <string.h>
 
 #include "mlart/backend.h"
+#include "pdl_probe.h"
 #include "plugins/testhost.h"
 #include "tests/runtime/fixture.h"
 
@@ -211,6 +214,78 @@ START_TEST(reference_on_device)
 }
 END_TEST
 
+/* early_weights: the query absorption launches with programmatic dependent
+ * launch and reads its weights before it waits for the kernel before it.
+ * After a kernel that lets dependents start at once and writes q 200 us
+ * late (tests/gpu/pdl_probe.h), a step of the sm_90 backend at DeepSeek
+ * sizes (16 heads, P 128, L 512: the direct kernel of the absorption) must
+ * give the bytes of the same step on q written beforehand without the
+ * option, eagerly and from a captured graph.  The control shows that a
+ * dependent that does not wait does start early here. */
+START_TEST(early_weights_after_late_writer)
+{
+    enum { T = 4, B = 2, MB = 4, TOPK = 64, PAGE = 64 };
+    fx big;
+    mlart_layer *ly0 = NULL, *ly1 = NULL;
+    cudaStream_t st;
+    void *q_new = NULL;
+    fx_init(&big, 16, 128, 64, 512, 128, TOPK, PAGE, T, B, MB, fx_seed() ^ 0xea51ull);
+    mlart_layer_desc d = fx_desc(&big, "b12x_mla_sparse");
+    d.w_uk_t = up(&d.w_uk_t), d.w_uv = up(&d.w_uv), d.kv_cache = up(&d.kv_cache);
+    mlart_step_io hio = fx_io(&big), io = io_up(&hio);
+    const size_t qb = (size_t)io.q.extent, ob = (size_t)io.o.extent;
+    uint8_t *want = malloc(ob), *got = malloc(ob), *junk = malloc(qb);
+    ck_assert(want && got && junk);
+    for (size_t i = 0; i < qb; i++)
+        junk[i] = (uint8_t)(i * 37u + 11u);
+    ck_assert_int_eq(qb % 16, 0);
+    ck_assert_int_eq(cudaMalloc(&q_new, qb), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(q_new, io.q.base, qb, cudaMemcpyDeviceToDevice), cudaSuccess);
+    ck_assert_int_eq(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+    ck_assert_msg(pdl_control(st, 1) == 1, "control: a dependent that does not wait saw only the new bytes; "
+                                           "this device did not start it early, so the test could not fail");
+    /* expected: without the option, q in place before the step */
+    ck_assert_msg(mlart_layer_create(ctx, &d, &ly0) == 0, "%s", mlart_last_error());
+    ck_assert_msg(mlart_layer_decode(ly0, &io, st) == 0, "%s", mlart_last_error());
+    ck_assert_int_eq(cudaStreamSynchronize(st), cudaSuccess);
+    down(want, &io.o);
+    d.early_weights = 1;
+    ck_assert_msg(mlart_layer_create(ctx, &d, &ly1) == 0, "%s", mlart_last_error());
+    for (int graph = 0; graph < 2; graph++) {
+        cudaGraph_t g = NULL;
+        cudaGraphExec_t ge = NULL;
+        ck_assert_int_eq(cudaMemcpy((void *)io.q.base, junk, qb, cudaMemcpyHostToDevice), cudaSuccess);
+        ck_assert_int_eq(cudaMemset((void *)io.o.base, 0xff, ob), cudaSuccess);
+        if (graph)
+            ck_assert_int_eq(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+        ck_assert_int_eq(pdl_late_copy((void *)io.q.base, q_new, qb, 200, st), 0);
+        ck_assert_msg(mlart_layer_decode(ly1, &io, st) == 0, "%s", mlart_last_error());
+        if (graph) {
+            ck_assert_int_eq(cudaStreamEndCapture(st, &g), cudaSuccess);
+            ck_assert_int_eq(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
+            ck_assert_int_eq(cudaGraphLaunch(ge, st), cudaSuccess);
+            cudaGraphDestroy(g);
+        }
+        ck_assert_int_eq(cudaStreamSynchronize(st), cudaSuccess);
+        if (ge)
+            cudaGraphExecDestroy(ge);
+        down(got, &io.o);
+        ck_assert_msg(memcmp(want, got, ob) == 0, "early_weights (%s): the output differs from the step on q "
+                      "written beforehand", graph ? "graph" : "eager");
+    }
+    printf("early_weights: b12x step after a writer of q 200 us late gives the bytes of the plain step "
+           "(eager and graph)\n");
+    mlart_layer_destroy(ly0);
+    mlart_layer_destroy(ly1);
+    cudaStreamDestroy(st);
+    cudaFree(q_new);
+    io_free(&io);
+    desc_free(&d);
+    fx_free(&big);
+    free(want), free(got), free(junk);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s;
@@ -226,6 +301,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, contiguous_query_on_device);
     tcase_add_test(tc, reference_on_device);
+    tcase_add_test(tc, early_weights_after_late_writer);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
