@@ -1426,6 +1426,14 @@ static int query_run(const mlart_tensor *a, const mlart_tensor *w, const mlart_t
     }
     cfg.path = MLART_BMM_AUTO;
     cfg.pdl = pdl;
+    /* The direct kernel loads all its weights before the wait.  After
+     * attend(), in a layer step, that paid where the weights are at most 4
+     * MiB (16 heads: 0.4-0.9 us less a step) and cost up to 1.7 us at 128
+     * heads (16.8 MiB), where those loads meet the previous kernel's
+     * traffic (mlart-bench attn, `step` and `early` columns; docs/PERF.md,
+     * 2026-12-02): above 4 MiB the direct kernel launches plainly. */
+    if (pdl && s.H * s.K * s.N * 2 > ((int64_t)4 << 20) && mlart_bmm_cuda_path(&s, &cfg) == MLART_BMM_DIRECT)
+        cfg.pdl = 0;
     return mlart_bmm_cuda_run(&s, &cfg, stream);
 }
 

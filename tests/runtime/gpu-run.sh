@@ -61,17 +61,20 @@ if [ -x "$san" ]; then
 else
   echo "== compute-sanitizer not found: memcheck of the in-place and swap kernels not run"
 fi
-# the steps replayed from one captured CUDA graph (the default) give the bytes of the steps
-# launched directly (--no-graph): the same checksum over every step's output, while the lengths
-# grow each step
-same_checksum() { # mlart-decode arguments
-  local a b
-  a=$("$dec" "$@" | grep '^checksum')
-  b=$("$dec" "$@" --no-graph | grep '^checksum')
-  echo "graph: $a"
-  echo "direct: $b"
+# two runs with the same arguments plus flags A and flags B give the same checksum over every
+# step's output: checksum_eq "FLAGS A" "FLAGS B" mlart-decode arguments...
+checksum_eq() {
+  local fa=$1 fb=$2 a b
+  shift 2
+  a=$("$dec" "$@" $fa | grep '^checksum')
+  b=$("$dec" "$@" $fb | grep '^checksum')
+  echo "${fa:-(default)}: $a"
+  echo "$fb: $b"
   [ -n "$a" ] && [ "$a" = "$b" ]
 }
+# the steps replayed from one captured CUDA graph (the default) give the bytes of the steps
+# launched directly (--no-graph), while the lengths grow each step
+same_checksum() { checksum_eq "" --no-graph "$@"; }
 run graph_eq_dsv32 same_checksum --config "$src/configs/deepseek-v32-tp8.ini" --device cuda \
   --batch 8 --context 2048 --steps 6 --set layers=3
 run graph_eq_glm5_bf16 same_checksum --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda \
@@ -81,20 +84,15 @@ run graph_eq_dsv32_inplace inplace_checksum --config "$src/configs/deepseek-v32-
   --batch 2 --context 2048 --steps 4
 # early_weights (the query absorption launched with PDL) changes no byte, replayed or launched
 # directly, and verifies against the oracle
-early_checksum() { # mlart-decode arguments
-  local a b
-  a=$("$dec" "$@" --set early_weights=1 | grep '^checksum')
-  b=$("$dec" "$@" --set early_weights=0 | grep '^checksum')
-  echo "early_weights=1: $a"
-  echo "early_weights=0: $b"
-  [ -n "$a" ] && [ "$a" = "$b" ]
-}
+early_checksum() { checksum_eq "--set early_weights=1" "--set early_weights=0" "$@"; }
 run early_eq_dsv32 early_checksum --config "$src/configs/deepseek-v32-tp8.ini" --device cuda \
   --batch 8 --context 2048 --steps 6 --set layers=3
 run early_eq_dsv32_direct early_checksum --config "$src/configs/deepseek-v32-tp8.ini" --device cuda \
   --batch 8 --context 2048 --steps 6 --set layers=3 --no-graph
 run early_eq_glm5_h64 early_checksum --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda \
   --set heads=256 --batch 4 --context 2048 --steps 4 --set layers=2
+run early_eq_dsv32_h128 early_checksum --config "$src/configs/deepseek-v32-tp8.ini" --device cuda \
+  --set heads=1024 --batch 4 --context 2048 --steps 4 --set layers=2
 run decode_glm5_early_verify "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --batch 8 \
   --context 4096 --steps 4 --set layers=2 --set early_weights=1 --verify
 run graph_eq_tiny_ref same_checksum --config "$src/configs/tiny-cpu.ini" --device cuda --backend reference \
