@@ -6,7 +6,8 @@
  * attention kernels' dequantisation of those records (e4m3 x tile scale ->
  * bf16 on the device) against the host numerics, for every e4m3 value; and
  * the op after a kernel that writes its inputs late (it launches with
- * programmatic dependent launch). */
+ * programmatic dependent launch); other row widths (both kernels of the
+ * op). */
 #include <check.h>
 #include <cuda_runtime.h>
 
@@ -60,23 +61,24 @@ static void compare_write(const mlart_geometry *g, const uint16_t *lat, const in
                           int64_t N, int64_t num_slots, uint64_t *rng)
 {
     const size_t rb = mlart_kv_bytes_per_token(g);
+    const int64_t W = g->kv_lora + g->rope; /* values a row */
     const size_t cache_bytes = rb * (size_t)num_slots;
     uint8_t *host = malloc(cache_bytes), *back = malloc(cache_bytes);
     void *dcache, *dlat, *dslots;
     for (size_t i = 0; i < cache_bytes; i++)
         host[i] = (uint8_t)gpu_rand(rng);
     GPU_CUDA(cudaMalloc(&dcache, cache_bytes));
-    GPU_CUDA(cudaMalloc(&dlat, (size_t)N * 576 * 2));
+    GPU_CUDA(cudaMalloc(&dlat, (size_t)(N * W) * 2));
     GPU_CUDA(cudaMalloc(&dslots, (size_t)N * 4));
     GPU_CUDA(cudaMemcpy(dcache, host, cache_bytes, cudaMemcpyHostToDevice));
-    GPU_CUDA(cudaMemcpy(dlat, lat, (size_t)N * 576 * 2, cudaMemcpyHostToDevice));
+    GPU_CUDA(cudaMemcpy(dlat, lat, (size_t)(N * W) * 2, cudaMemcpyHostToDevice));
     GPU_CUDA(cudaMemcpy(dslots, slots, (size_t)N * 4, cudaMemcpyHostToDevice));
 
     mlart_tensor hc = attn_t(host, MLART_DTYPE_U8, -1, 2, num_slots, (int64_t)rb, 0);
-    mlart_tensor hl = attn_t((void *)lat, MLART_DTYPE_BF16, -1, 2, N, 576, 0);
+    mlart_tensor hl = attn_t((void *)lat, MLART_DTYPE_BF16, -1, 2, N, W, 0);
     mlart_tensor hs = attn_t((void *)slots, MLART_DTYPE_I32, -1, 1, N, 0, 0);
     mlart_tensor dc = attn_t(dcache, MLART_DTYPE_U8, 0, 2, num_slots, (int64_t)rb, 0);
-    mlart_tensor dl = attn_t(dlat, MLART_DTYPE_BF16, 0, 2, N, 576, 0);
+    mlart_tensor dl = attn_t(dlat, MLART_DTYPE_BF16, 0, 2, N, W, 0);
     mlart_tensor ds = attn_t(dslots, MLART_DTYPE_I32, 0, 1, N, 0, 0);
     ck_assert_msg(mlart_kv_write_cpu(g, &hc, &hl, &hs) == 0, "cpu: %s", mlart_last_error());
     ck_assert_msg(mlart_kv_write_cuda(g, &dc, &dl, &ds, NULL) == 0, "cuda: %s", mlart_last_error());
@@ -130,6 +132,46 @@ START_TEST(test_random_rows)
            mlart_kv_format_name(fmt), (long long)N, (unsigned long long)g_seed);
     free(lat);
     free(slots);
+}
+END_TEST
+
+/* Other row widths: L + R of 288 and 576 take the kernel with 18 values a
+ * lane (the lanes past the row masked), 1088 and 1280 the one with 48,
+ * bf16 rows of any L; random rows with per-tile magnitudes over many
+ * binades, -1 and repeated slots. */
+START_TEST(test_other_widths)
+{
+    static const struct {
+        int L, R;
+        mlart_kv_format fmt;
+    } cases[] = {{256, 32, MLART_KV_FP8_DS_MLA}, {256, 32, MLART_KV_BF16}, {1024, 64, MLART_KV_FP8_DS_MLA},
+                 {1024, 256, MLART_KV_BF16}, {100, 20, MLART_KV_BF16}, {1408, 128, MLART_KV_FP8_DS_MLA}};
+    uint64_t rng = g_seed ^ 0x3C6EF372FE94F82Bull;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        mlart_geometry g = geom(cases[c].fmt);
+        g.kv_lora = cases[c].L;
+        g.rope = cases[c].R;
+        const int64_t N = 300, num_slots = 512, W = g.kv_lora + g.rope;
+        uint16_t *lat = malloc((size_t)(N * W) * 2);
+        int32_t *slots = malloc((size_t)N * 4);
+        ck_assert(lat && slots);
+        for (int64_t n = 0; n < N; n++) {
+            for (int64_t i = 0; i < W; i++) {
+                if (i % 128 == 0)
+                    rng ^= gpu_rand(&rng) << 7;
+                const float mag = ldexpf(1.0f, (int)((rng >> 3) % 40) - 20);
+                lat[n * W + i] = mlart_f32_to_bf16(mag * attn_uniform(&rng));
+            }
+            const int r = (int)(gpu_rand(&rng) % 20);
+            slots[n] = r == 0 ? -1 : r == 1 && n > 0 ? slots[gpu_rand(&rng) % (uint64_t)n]
+                                                     : (int32_t)(gpu_rand(&rng) % (uint64_t)num_slots);
+        }
+        compare_write(&g, lat, slots, N, num_slots, &rng);
+        printf("kv_write %s L %d R %d: %lld random rows: cuda == cpu byte for byte\n",
+               mlart_kv_format_name(g.kv_format), g.kv_lora, g.rope, (long long)N);
+        free(lat);
+        free(slots);
+    }
 }
 END_TEST
 
@@ -204,7 +246,22 @@ START_TEST(test_bad_input)
     dc = attn_t(dcache, MLART_DTYPE_U8, 0, 2, 1, 656, 0);
     dc.extent = 600;
     ck_assert_int_eq(mlart_kv_write_cuda(&g, &dc, &dl, &ds, NULL), MLART_ELAYOUT);
-    printf("kv_write cuda: host operands, wrong row size, span past extent refused\n");
+    /* rows of more than 1536 values: not on CUDA (the host twin takes them) */
+    {
+        mlart_geometry wide = g;
+        wide.kv_lora = 1536;
+        wide.rope = 128;
+        const size_t rb = mlart_kv_bytes_per_token(&wide);
+        void *wc, *wl;
+        GPU_CUDA(cudaMalloc(&wc, rb));
+        GPU_CUDA(cudaMalloc(&wl, 1664 * 2));
+        mlart_tensor c1 = attn_t(wc, MLART_DTYPE_U8, 0, 2, 1, (int64_t)rb, 0);
+        mlart_tensor l1 = attn_t(wl, MLART_DTYPE_BF16, 0, 2, 1, 1664, 0);
+        ck_assert_int_eq(mlart_kv_write_cuda(&wide, &c1, &l1, &ds, NULL), MLART_ENOTSUP);
+        cudaFree(wc);
+        cudaFree(wl);
+    }
+    printf("kv_write cuda: host operands, wrong row size, span past extent, rows over 1536 values refused\n");
     cudaFree(dcache);
     cudaFree(dlat);
     cudaFree(dslots);
@@ -356,6 +413,7 @@ int main(void)
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_dequant_exact);
     tcase_add_loop_test(tc, test_after_late_writer, 0, 2);
+    tcase_add_test(tc, test_other_widths);
     suite_add_tcase(s, tc);
     return gpu_test_run(s, CK_FORK);
 }
