@@ -20,7 +20,6 @@
 
 namespace {
 
-constexpr int KVW_WARPS = 8;
 
 __device__ float kvw_bf16(uint16_t h)
 {
@@ -68,69 +67,22 @@ __device__ float kvw_tile_scale(float amax)
     return ldexpf(1.0f, k);
 }
 
-/* One row: the bf16 copy or the fp8_ds_mla record of `row` into `rec`,
- * from the row's values as lane `lane` holds them (value lane + 32 k in
- * v[k], k < K).  L % 128 == 0 for fp8, so tile t is v[4t .. 4t+3] of every
- * lane. */
-template <int K>
-__device__ __forceinline__ void kvw_store(uint8_t *rec, const uint16_t (&v)[K], int lane, int L, int R, int fp8)
-{
-    if (!fp8) {
-        uint16_t *dst = (uint16_t *)rec;
-#pragma unroll
-        for (int k = 0; k < K; k++)
-            if (lane + 32 * k < L + R)
-                dst[lane + 32 * k] = v[k];
-        return;
-    }
-    const int tiles = L / 128;
-#pragma unroll
-    for (int t = 0; t < K / 4; t++) {
-        if (t >= tiles)
-            break;
-        float amax = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const float a = fabsf(kvw_bf16(v[4 * t + j]));
-            if (a > amax)
-                amax = a;
-        }
-        for (int off = 16; off > 0; off >>= 1)
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-        const float scale = kvw_tile_scale(amax);
-        int e;
-        (void)frexpf(scale, &e);
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            rec[t * 128 + lane + 32 * j] = kvw_f32_to_e4m3(ldexpf(kvw_bf16(v[4 * t + j]), 1 - e));
-        if (lane == 0)
-            *(float *)(rec + L + 4 * t) = scale;
-    }
-    uint16_t *rope = (uint16_t *)(rec + L + 4 * tiles);
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-        const int i = lane + 32 * k;
-        if (i >= L && i < L + R)
-            rope[i - L] = v[k];
-    }
-}
+/* Four warps a row, two rows a block.  Warp w of a row takes the 128-value
+ * tiles t = w, w + 4, w + 8 of the latent part (value 128 t + lane + 32 j
+ * in v[4 (t / 4) + j]) and the rope values L + 128 m + 32 w + lane (in
+ * r[m]); for fp8, L % 128 == 0, so a warp's tile is whole and its scale
+ * is the warp's own maximum.  TW tiles and RM rope rounds a warp at most:
+ * <1, 1> takes L <= 512 and R <= 128, <3, 12> L and R up to 1536. */
+constexpr int KVW_ROWS = 2;
 
-/* One warp per row; rows of at most 32 K values (L + R <= 32 K).  Every
- * load a row needs (its values, its slot, the slots of the 32 rows after
- * it) is issued before anything is used or written, so a row costs one
- * memory round trip before its writes: with the loads of each 128-value
- * tile behind the stores of the one before (the compiler may not move a
- * load above a store it cannot tell apart), a row took one round trip a
- * tile, and a step's KV write of one token was on the H200 a kernel of
- * 7.8-8.5 us under Nsight Compute (docs/PERF.md). */
-template <int K>
+template <int TW, int RM>
 __global__ void kvw_kernel(uint8_t *__restrict__ cache, int64_t cache_row, int64_t num_slots,
                            const uint16_t *__restrict__ latent, int64_t lat_row,
                            const int32_t *__restrict__ slots, int64_t slot_stride, int64_t N, int L,
                            int R, int fp8)
 {
-    const int lane = threadIdx.x & 31;
-    const int64_t n = (int64_t)blockIdx.x * KVW_WARPS + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
+    const int64_t n = (int64_t)blockIdx.x * KVW_ROWS + (threadIdx.x >> 7);
 #if __CUDA_ARCH__ >= 900
     /* Launched with programmatic dependent launch: wait for the previous
      * kernel of the stream and its memory before reading the rows and the
@@ -141,23 +93,81 @@ __global__ void kvw_kernel(uint8_t *__restrict__ cache, int64_t cache_row, int64
 #endif
     if (n >= N)
         return;
+    /* Every load first (this warp's values, the slot, the next 32 rows'
+     * slots), so a row costs one memory round trip before its writes. */
     const uint16_t *row = latent + n * lat_row;
-    uint16_t v[K];
+    uint16_t v[4 * TW], r[RM];
 #pragma unroll
-    for (int k = 0; k < K; k++)
-        v[k] = lane + 32 * k < L + R ? row[lane + 32 * k] : (uint16_t)0;
+    for (int k = 0; k < 4 * TW; k++) {
+        const int i = 128 * (w + 4 * (k / 4)) + lane + 32 * (k % 4);
+        v[k] = i < L ? row[i] : (uint16_t)0;
+    }
+#pragma unroll
+    for (int m = 0; m < RM; m++) {
+        const int i = 128 * m + 32 * w + lane;
+        r[m] = i < R ? row[L + i] : (uint16_t)0;
+    }
     const int32_t s = slots[n * slot_stride];
     const int64_t j0 = n + 1 + lane;
     const int32_t s_after = j0 < N ? slots[j0 * slot_stride] : -1;
     if (s < 0 || s >= num_slots)
         return;
-    /* The later row wins: skip this one if any later row names the same slot. */
+    /* The later row wins: skip this one if any later row names the same
+     * slot (every warp of the row finds the same answer). */
     int later = s_after == s;
     for (int64_t j = j0 + 32; j < N && !later; j += 32)
         later = slots[j * slot_stride] == s;
     if (__any_sync(0xffffffffu, later))
         return;
-    kvw_store<K>(cache + (int64_t)s * cache_row, v, lane, L, R, fp8);
+
+    uint8_t *rec = cache + (int64_t)s * cache_row;
+    if (!fp8) {
+        uint16_t *dst = (uint16_t *)rec;
+#pragma unroll
+        for (int k = 0; k < 4 * TW; k++) {
+            const int i = 128 * (w + 4 * (k / 4)) + lane + 32 * (k % 4);
+            if (i < L)
+                dst[i] = v[k];
+        }
+#pragma unroll
+        for (int m = 0; m < RM; m++) {
+            const int i = 128 * m + 32 * w + lane;
+            if (i < R)
+                dst[L + i] = r[m];
+        }
+        return;
+    }
+    const int tiles = L / 128;
+#pragma unroll
+    for (int q = 0; q < TW; q++) {
+        const int t = w + 4 * q;
+        if (t >= tiles)
+            break;
+        float amax = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float a = fabsf(kvw_bf16(v[4 * q + j]));
+            if (a > amax)
+                amax = a;
+        }
+        for (int off = 16; off > 0; off >>= 1)
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+        const float scale = kvw_tile_scale(amax);
+        int e;
+        (void)frexpf(scale, &e);
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            rec[t * 128 + lane + 32 * j] = kvw_f32_to_e4m3(ldexpf(kvw_bf16(v[4 * q + j]), 1 - e));
+        if (lane == 0)
+            *(float *)(rec + L + 4 * t) = scale;
+    }
+    uint16_t *rope = (uint16_t *)(rec + L + 4 * tiles);
+#pragma unroll
+    for (int m = 0; m < RM; m++) {
+        const int i = 128 * m + 32 * w + lane;
+        if (i < R)
+            rope[i] = r[m];
+    }
 }
 
 } /* namespace */
@@ -179,24 +189,23 @@ extern "C" int mlart_kv_write_cuda(const mlart_geometry *g, const mlart_tensor *
                                "kv_write_cuda: fp8_ds_mla cache rows must be 4-byte aligned");
     if ((((uintptr_t)cache->data | cache->stride[0]) & 1) || ((uintptr_t)latent->data & 1))
         return mlart_set_error(MLART_ELAYOUT, "kv_write_cuda: rows must be 2-byte aligned");
-    const unsigned blocks = (unsigned)((N + KVW_WARPS - 1) / KVW_WARPS);
+    const unsigned blocks = (unsigned)((N + KVW_ROWS - 1) / KVW_ROWS);
     /* With programmatic dependent launch: the kernel waits before any
      * global access, so it may start while the previous kernel ends whatever
      * that kernel writes, and the next kernel may start once it is past
      * that wait. */
     cudaLaunchAttribute at[1];
     const cudaLaunchConfig_t lc =
-        mlart_launch_cfg(dim3(blocks), dim3(32 * KVW_WARPS), 0, (cudaStream_t)stream, 1, at);
-    /* rows of up to 576 values (L = 512, R = 64 and smaller) in 18
-     * registers a lane, larger ones in 48 (L + R <= 1536) */
-    const int vals = g->kv_lora + g->rope;
-    if (vals > 32 * 48)
-        return mlart_set_error(MLART_ENOTSUP, "kv_write_cuda: rows of %d values (L + R <= 1536)", vals);
+        mlart_launch_cfg(dim3(blocks), dim3(128 * KVW_ROWS), 0, (cudaStream_t)stream, 1, at);
+    if (g->kv_lora > 1536 || g->rope > 1536)
+        return mlart_set_error(MLART_ENOTSUP, "kv_write_cuda: L = %d, R = %d (each at most 1536 "
+                               "on CUDA)", g->kv_lora, g->rope);
+    const bool small = g->kv_lora <= 512 && g->rope <= 128;
     cudaError_t e = cudaLaunchKernelEx(
-        &lc, vals <= 32 * 18 ? kvw_kernel<18> : kvw_kernel<48>, (uint8_t *)cache->data, (int64_t)cache->stride[0],
-        (int64_t)cache->shape[0], (const uint16_t *)latent->data, (int64_t)latent->stride[0],
-        (const int32_t *)slots->data, (int64_t)slots->stride[0], (int64_t)N, (int)g->kv_lora,
-        (int)g->rope, (int)(g->kv_format == MLART_KV_FP8_DS_MLA));
+        &lc, small ? kvw_kernel<1, 1> : kvw_kernel<3, 12>, (uint8_t *)cache->data,
+        (int64_t)cache->stride[0], (int64_t)cache->shape[0], (const uint16_t *)latent->data,
+        (int64_t)latent->stride[0], (const int32_t *)slots->data, (int64_t)slots->stride[0],
+        (int64_t)N, (int)g->kv_lora, (int)g->rope, (int)(g->kv_format == MLART_KV_FP8_DS_MLA));
     if (e == cudaSuccess)
         e = cudaGetLastError();
     if (e != cudaSuccess)

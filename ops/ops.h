@@ -61,7 +61,7 @@ int mlart_kv_write_check(const mlart_geometry *g, const mlart_tensor *cache,
                          const mlart_tensor *latent, const mlart_tensor *slots);
 int mlart_kv_write_cpu(const mlart_geometry *g, const mlart_tensor *cache,
                        const mlart_tensor *latent, const mlart_tensor *slots);
-/* CUDA: rows of L + R <= 1536 values (MLART_ENOTSUP beyond); launched with
+/* CUDA: L and R each at most 1536 (MLART_ENOTSUP beyond); launched with
  * programmatic dependent launch, it touches memory only after the previous
  * kernel of the stream is complete. */
 int mlart_kv_write_cuda(const mlart_geometry *g, const mlart_tensor *cache,

@@ -135,17 +135,19 @@ START_TEST(test_random_rows)
 }
 END_TEST
 
-/* Other row widths: L + R of 288 and 576 take the kernel with 18 values a
- * lane (the lanes past the row masked), 1088 and 1280 the one with 48,
- * bf16 rows of any L; random rows with per-tile magnitudes over many
- * binades, -1 and repeated slots. */
+/* Other row widths: L <= 512 and R <= 128 take the kernel with one tile
+ * and one rope round a warp (the lanes past the row masked), larger ones
+ * the one with three tiles and twelve rope rounds (up to L = 1408 here,
+ * R = 256), bf16 rows of any L; random rows with per-tile magnitudes over
+ * many binades, -1 and repeated slots. */
 START_TEST(test_other_widths)
 {
     static const struct {
         int L, R;
         mlart_kv_format fmt;
     } cases[] = {{256, 32, MLART_KV_FP8_DS_MLA}, {256, 32, MLART_KV_BF16}, {1024, 64, MLART_KV_FP8_DS_MLA},
-                 {1024, 256, MLART_KV_BF16}, {100, 20, MLART_KV_BF16}, {1408, 128, MLART_KV_FP8_DS_MLA}};
+                 {1024, 256, MLART_KV_BF16}, {100, 20, MLART_KV_BF16}, {1408, 128, MLART_KV_FP8_DS_MLA},
+                 {384, 192, MLART_KV_FP8_DS_MLA}, {1536, 200, MLART_KV_BF16}};
     uint64_t rng = g_seed ^ 0x3C6EF372FE94F82Bull;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         mlart_geometry g = geom(cases[c].fmt);
@@ -246,22 +248,22 @@ START_TEST(test_bad_input)
     dc = attn_t(dcache, MLART_DTYPE_U8, 0, 2, 1, 656, 0);
     dc.extent = 600;
     ck_assert_int_eq(mlart_kv_write_cuda(&g, &dc, &dl, &ds, NULL), MLART_ELAYOUT);
-    /* rows of more than 1536 values: not on CUDA (the host twin takes them) */
+    /* L over 1536: not on CUDA (the host twin takes it) */
     {
         mlart_geometry wide = g;
-        wide.kv_lora = 1536;
-        wide.rope = 128;
+        wide.kv_lora = 1664;
+        wide.rope = 64;
         const size_t rb = mlart_kv_bytes_per_token(&wide);
         void *wc, *wl;
         GPU_CUDA(cudaMalloc(&wc, rb));
-        GPU_CUDA(cudaMalloc(&wl, 1664 * 2));
+        GPU_CUDA(cudaMalloc(&wl, 1728 * 2));
         mlart_tensor c1 = attn_t(wc, MLART_DTYPE_U8, 0, 2, 1, (int64_t)rb, 0);
-        mlart_tensor l1 = attn_t(wl, MLART_DTYPE_BF16, 0, 2, 1, 1664, 0);
+        mlart_tensor l1 = attn_t(wl, MLART_DTYPE_BF16, 0, 2, 1, 1728, 0);
         ck_assert_int_eq(mlart_kv_write_cuda(&wide, &c1, &l1, &ds, NULL), MLART_ENOTSUP);
         cudaFree(wc);
         cudaFree(wl);
     }
-    printf("kv_write cuda: host operands, wrong row size, span past extent, rows over 1536 values refused\n");
+    printf("kv_write cuda: host operands, wrong row size, span past extent, L over 1536 refused\n");
     cudaFree(dcache);
     cudaFree(dlat);
     cudaFree(dslots);
