@@ -1,8 +1,9 @@
 /* Cache write on CUDA (ops/ops.h): the same bytes as mlart_kv_write_cpu.
- * One warp per row.  The fp8_ds_mla encoder repeats the CPU twin's steps
- * (ops/numerics.h) operation for operation, with the same exact-power-of-two
- * scale and the same round-to-nearest-even e4m3 conversion, so the records
- * match bit for bit.
+ * Four warps a row, a warp a 128-value tile (kvw_kernel).  The fp8_ds_mla
+ * encoder repeats the CPU twin's steps (ops/numerics.h) operation for
+ * operation, with the same exact-power-of-two scale and the same
+ * round-to-nearest-even e4m3 conversion, so the records match bit for
+ * bit.
  *
  * What the host twin refuses by reading the inputs (slots outside
  * [-1, num_slots), non-finite latent values) this op cannot see without a
