@@ -107,6 +107,8 @@ void mlart_bench_summary(const mlart_bench_opts *o, const char *table, const cha
 /* Suites: each returns the number of wrong results it found (0 = all
  * values checked out) or -1 if it could not run. */
 int mlart_bench_ops(const mlart_bench_opts *o);
+/* The cache write on each of its paths (bench_kvw.cu): rows "kv_write ...". */
+int mlart_bench_kvw(const mlart_bench_opts *o);
 /* The dependent latencies of a decode step (bench_lat.cu): rows "latency ...". */
 int mlart_bench_lat(const mlart_bench_opts *o);
 #ifdef MLART_BENCH_ATTN

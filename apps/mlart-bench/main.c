@@ -3,7 +3,8 @@
  *   mlart-bench [--filter STR] [--json FILE] [--reps N] [--warmup N]
  *               [--variants] [--device N] [--sets N]
  *
- * Suites: the ops against cuBLAS (bench_ops.cu), the attention backends
+ * Suites: the ops against cuBLAS (bench_ops.cu), the cache write on each of
+ * its paths (bench_kvw.cu), the attention backends
  * (bench_attn.cu) and the latencies a decode step is made of (bench_lat.cu).
  * Prints one fixed-width table per suite (units row under the header), a
  * summary line per table, and with --json the same rows as a JSON array.
@@ -129,6 +130,10 @@ int main(int argc, char **argv)
         fprintf(o.json, ",\n  {\"copy_roofline_gbs\": %.1f}", o.copy_gbs);
 
     rc = mlart_bench_ops(&o);
+    wrong += rc > 0 ? rc : 0;
+    if (rc < 0)
+        wrong++;
+    rc = mlart_bench_kvw(&o);
     wrong += rc > 0 ? rc : 0;
     if (rc < 0)
         wrong++;

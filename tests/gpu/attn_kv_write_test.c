@@ -7,13 +7,14 @@
  * bf16 on the device) against the host numerics, for every e4m3 value; and
  * the op after a kernel that writes its inputs late (it launches with
  * programmatic dependent launch); other row widths (both kernels of the
- * op). */
+ * op); many rows (100000, several rounds of the claim path) on each path. */
 #include <check.h>
 #include <cuda_runtime.h>
 
 #include "attn_util.h"
 #include "fp8_probe.h"
 #include "pdl_probe.h"
+#include "ops/kv_write_cuda.h"
 #include "ops/numerics.h"
 #include "ops/ops.h"
 
@@ -55,22 +56,43 @@ static mlart_geometry geom(mlart_kv_format fmt)
     return g;
 }
 
-/* Write rows into a cache that starts from the same random bytes on both
- * sides, with the CPU twin and the CUDA op, and compare the whole cache. */
-static void compare_write(const mlart_geometry *g, const uint16_t *lat, const int32_t *slots,
-                          int64_t N, int64_t num_slots, uint64_t *rng)
+/* The first byte where a and b differ, or n: one check assert a buffer,
+ * not one a byte (each passing assert sends the parent a message). */
+static size_t first_diff(const uint8_t *a, const uint8_t *b, size_t n)
 {
+    size_t i = 0;
+    if (!memcmp(a, b, n))
+        return n;
+    while (a[i] == b[i])
+        i++;
+    return i;
+}
+
+/* The paths compare_write runs: each of them, and the claim path once more
+ * captured in a CUDA graph and replayed. */
+enum { RUN_SCAN = 1, RUN_CLAIM = 2, RUN_AUTO = 4, RUN_CLAIM_GRAPH = 8, RUN_ALL = 15 };
+
+/* Write rows into a cache that starts from the same random bytes on both
+ * sides, with the CPU twin and with the CUDA op on every path in `runs`,
+ * and compare the whole cache after each. */
+static void compare_write(const mlart_geometry *g, const uint16_t *lat, const int32_t *slots,
+                          int64_t N, int64_t num_slots, uint64_t *rng, int runs)
+{
+    static const char *names[] = {"scan", "claim", "auto", "claim in a graph"};
     const size_t rb = mlart_kv_bytes_per_token(g);
     const int64_t W = g->kv_lora + g->rope; /* values a row */
     const size_t cache_bytes = rb * (size_t)num_slots;
-    uint8_t *host = malloc(cache_bytes), *back = malloc(cache_bytes);
+    uint8_t *init = malloc(cache_bytes), *host = malloc(cache_bytes), *back = malloc(cache_bytes);
     void *dcache, *dlat, *dslots;
+    cudaStream_t st;
+    ck_assert(init && host && back);
     for (size_t i = 0; i < cache_bytes; i++)
-        host[i] = (uint8_t)gpu_rand(rng);
+        init[i] = (uint8_t)gpu_rand(rng);
+    memcpy(host, init, cache_bytes);
+    GPU_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     GPU_CUDA(cudaMalloc(&dcache, cache_bytes));
     GPU_CUDA(cudaMalloc(&dlat, (size_t)(N * W) * 2));
     GPU_CUDA(cudaMalloc(&dslots, (size_t)N * 4));
-    GPU_CUDA(cudaMemcpy(dcache, host, cache_bytes, cudaMemcpyHostToDevice));
     GPU_CUDA(cudaMemcpy(dlat, lat, (size_t)(N * W) * 2, cudaMemcpyHostToDevice));
     GPU_CUDA(cudaMemcpy(dslots, slots, (size_t)N * 4, cudaMemcpyHostToDevice));
 
@@ -81,14 +103,37 @@ static void compare_write(const mlart_geometry *g, const uint16_t *lat, const in
     mlart_tensor dl = attn_t(dlat, MLART_DTYPE_BF16, 0, 2, N, W, 0);
     mlart_tensor ds = attn_t(dslots, MLART_DTYPE_I32, 0, 1, N, 0, 0);
     ck_assert_msg(mlart_kv_write_cpu(g, &hc, &hl, &hs) == 0, "cpu: %s", mlart_last_error());
-    ck_assert_msg(mlart_kv_write_cuda(g, &dc, &dl, &ds, NULL) == 0, "cuda: %s", mlart_last_error());
-    GPU_CUDA(cudaDeviceSynchronize());
-    GPU_CUDA(cudaMemcpy(back, dcache, cache_bytes, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < cache_bytes; i++)
-        ck_assert_msg(host[i] == back[i], "%s: cache byte %zu (slot %zu, offset %zu): cpu 0x%02x, cuda 0x%02x",
-                      mlart_kv_format_name(g->kv_format), i, i / rb, i % rb, host[i], back[i]);
+    for (int k = 0; k < 4; k++) {
+        static const int path[] = {MLART_KVW_SCAN, MLART_KVW_CLAIM, MLART_KVW_AUTO, MLART_KVW_CLAIM};
+        cudaGraph_t gr;
+        cudaGraphExec_t ge = NULL;
+        if (!(runs & (1 << k)))
+            continue;
+        GPU_CUDA(cudaMemcpy(dcache, init, cache_bytes, cudaMemcpyHostToDevice));
+        if (k == 3)
+            GPU_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        ck_assert_msg(mlart_kv_write_cuda_path(g, &dc, &dl, &ds, st, path[k]) == 0, "cuda %s: %s",
+                      names[k], mlart_last_error());
+        if (k == 3) {
+            GPU_CUDA(cudaStreamEndCapture(st, &gr));
+            GPU_CUDA(cudaGraphInstantiate(&ge, gr, 0));
+            GPU_CUDA(cudaGraphLaunch(ge, st));
+            GPU_CUDA(cudaGraphDestroy(gr));
+        }
+        GPU_CUDA(cudaStreamSynchronize(st));
+        if (ge)
+            GPU_CUDA(cudaGraphExecDestroy(ge));
+        GPU_CUDA(cudaMemcpy(back, dcache, cache_bytes, cudaMemcpyDeviceToHost));
+        const size_t i = first_diff(host, back, cache_bytes);
+        ck_assert_msg(i == cache_bytes,
+                      "%s, %s path: cache byte %zu (slot %zu, offset %zu): cpu 0x%02x, cuda 0x%02x",
+                      mlart_kv_format_name(g->kv_format), names[k], i, i / rb, i % rb, host[i],
+                      back[i]);
+    }
+    free(init);
     free(host);
     free(back);
+    GPU_CUDA(cudaStreamDestroy(st));
     cudaFree(dcache);
     cudaFree(dlat);
     cudaFree(dslots);
@@ -126,9 +171,10 @@ START_TEST(test_random_rows)
         slots[n] = r == 0 ? -1 : r == 1 && n > 0 ? slots[gpu_rand(&rng) % (uint64_t)n]
                                                  : (int32_t)(gpu_rand(&rng) % (uint64_t)num_slots);
     }
-    compare_write(&g, lat, slots, N, num_slots, &rng);
+    compare_write(&g, lat, slots, N, num_slots, &rng, RUN_ALL);
     printf("kv_write %s: %lld random rows (zero tiles, pow2-boundary amax, subnormals, -1 and "
-           "repeated slots): cuda == cpu byte for byte (seed 0x%llx)\n",
+           "repeated slots): cuda == cpu byte for byte on the scan and claim paths, auto, and "
+           "the claim path in a graph (seed 0x%llx)\n",
            mlart_kv_format_name(fmt), (long long)N, (unsigned long long)g_seed);
     free(lat);
     free(slots);
@@ -168,12 +214,42 @@ START_TEST(test_other_widths)
             slots[n] = r == 0 ? -1 : r == 1 && n > 0 ? slots[gpu_rand(&rng) % (uint64_t)n]
                                                      : (int32_t)(gpu_rand(&rng) % (uint64_t)num_slots);
         }
-        compare_write(&g, lat, slots, N, num_slots, &rng);
-        printf("kv_write %s L %d R %d: %lld random rows: cuda == cpu byte for byte\n",
+        compare_write(&g, lat, slots, N, num_slots, &rng, RUN_SCAN | RUN_CLAIM);
+        printf("kv_write %s L %d R %d: %lld random rows: cuda == cpu byte for byte, scan and "
+               "claim paths\n",
                mlart_kv_format_name(g.kv_format), g.kv_lora, g.rope, (long long)N);
         free(lat);
         free(slots);
     }
+}
+END_TEST
+
+/* Many rows: more than one round of the claim kernel (32 rows a worker),
+ * slots drawn from fewer slots than rows, so most slots are named several
+ * times and far apart (the first and the last row name one slot, rows of
+ * different rounds name others), and -1 rows; every path against the CPU
+ * twin. */
+START_TEST(test_many_rows)
+{
+    const mlart_kv_format fmt = _i ? MLART_KV_FP8_DS_MLA : MLART_KV_BF16;
+    const mlart_geometry g = geom(fmt);
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 11) * 0x9E3779B97F4A7C15ull;
+    const int64_t N = 100000, num_slots = 40000;
+    uint16_t *lat = malloc((size_t)N * 576 * 2);
+    int32_t *slots = malloc((size_t)N * 4);
+    ck_assert(lat && slots);
+    for (int64_t i = 0; i < N * 576; i++)
+        lat[i] = mlart_f32_to_bf16(ldexpf(attn_uniform(&rng), (int)(i / 128 % 9) - 4));
+    for (int64_t n = 0; n < N; n++)
+        slots[n] = gpu_rand(&rng) % 16 == 0 ? -1 : (int32_t)(gpu_rand(&rng) % (uint64_t)num_slots);
+    slots[N - 1] = slots[0] = 12345;
+    slots[N / 2] = slots[1] = 777;
+    compare_write(&g, lat, slots, N, num_slots, &rng, RUN_ALL);
+    printf("kv_write %s: %lld rows into %lld slots (repeats across rounds, -1 rows): cuda == cpu "
+           "byte for byte on the scan and claim paths, auto, and the claim path in a graph\n",
+           mlart_kv_format_name(fmt), (long long)N, (long long)num_slots);
+    free(lat);
+    free(slots);
 }
 END_TEST
 
@@ -209,9 +285,9 @@ START_TEST(test_reference_records)
     ck_assert_msg(mlart_kv_write_cuda(&g, &dc, &dl, &ds, NULL) == 0, "%s", mlart_last_error());
     GPU_CUDA(cudaDeviceSynchronize());
     GPU_CUDA(cudaMemcpy(back, dcache, rec_len, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < rec_len; i++)
-        ck_assert_msg(back[i] == rec[i], "%s: record %zu byte %zu: 0x%02x, want 0x%02x", cases[_i],
-                      i / 656, i % 656, back[i], rec[i]);
+    const size_t i = first_diff(back, rec, rec_len);
+    ck_assert_msg(i == rec_len, "%s: record %zu byte %zu: 0x%02x, want 0x%02x", cases[_i], i / 656,
+                  i % 656, back[i], rec[i]);
     printf("kv_write fp8_ds_mla: %lld rows of %s equal the reference records\n", (long long)N,
            cases[_i]);
     free(lat);
@@ -231,7 +307,7 @@ START_TEST(test_bad_input)
     uint16_t lat[576] = {0};
     int32_t slot = 0;
     void *dcache, *dlat, *dslots;
-    GPU_CUDA(cudaMalloc(&dcache, 1152));
+    GPU_CUDA(cudaMalloc(&dcache, 1280));
     GPU_CUDA(cudaMalloc(&dlat, sizeof lat));
     GPU_CUDA(cudaMalloc(&dslots, 4));
     mlart_tensor hc = attn_t(host, MLART_DTYPE_U8, -1, 2, 1, 656, 0);
@@ -263,7 +339,17 @@ START_TEST(test_bad_input)
         cudaFree(wc);
         cudaFree(wl);
     }
-    printf("kv_write cuda: host operands, wrong row size, span past extent, L over 1536 refused\n");
+    /* the claim path's claim words need 4-byte aligned rows */
+    {
+        const mlart_geometry gb = geom(MLART_KV_BF16);
+        mlart_tensor c2 = attn_t((uint8_t *)dcache + 2, MLART_DTYPE_U8, 0, 2, 1, 1152, 0);
+        mlart_tensor l2 = attn_t(dlat, MLART_DTYPE_BF16, 0, 2, 1, 576, 0);
+        ck_assert_int_eq(mlart_kv_write_cuda_path(&gb, &c2, &l2, &ds, NULL, MLART_KVW_CLAIM),
+                         MLART_ELAYOUT);
+        ck_assert_int_eq(mlart_kv_write_cuda_path(&gb, &c2, &l2, &ds, NULL, 3), MLART_EINVAL);
+    }
+    printf("kv_write cuda: host operands, wrong row size, span past extent, L over 1536, the "
+           "claim path on 2-byte aligned rows, an unknown path refused\n");
     cudaFree(dcache);
     cudaFree(dlat);
     cudaFree(dslots);
@@ -379,9 +465,9 @@ START_TEST(test_after_late_writer)
         if (ge)
             GPU_CUDA(cudaGraphExecDestroy(ge));
         GPU_CUDA(cudaMemcpy(back, dcache, cache_bytes, cudaMemcpyDeviceToHost));
-        for (size_t i = 0; i < cache_bytes; i++)
-            ck_assert_msg(want[i] == back[i], "%s %s: cache byte %zu (slot %zu): want 0x%02x, got 0x%02x",
-                          mlart_kv_format_name(fmt), graph ? "graph" : "eager", i, i / rb, want[i], back[i]);
+        const size_t i = first_diff(want, back, cache_bytes);
+        ck_assert_msg(i == cache_bytes, "%s %s: cache byte %zu (slot %zu): want 0x%02x, got 0x%02x",
+                      mlart_kv_format_name(fmt), graph ? "graph" : "eager", i, i / rb, want[i], back[i]);
     }
     printf("kv_write %s after a writer 100-200 us late (PDL launch): the new rows in the new slots, eager and "
            "from a graph\n", mlart_kv_format_name(fmt));
@@ -416,6 +502,7 @@ int main(void)
     tcase_add_test(tc, test_dequant_exact);
     tcase_add_loop_test(tc, test_after_late_writer, 0, 2);
     tcase_add_test(tc, test_other_widths);
+    tcase_add_loop_test(tc, test_many_rows, 0, 2);
     suite_add_tcase(s, tc);
     return gpu_test_run(s, CK_FORK);
 }

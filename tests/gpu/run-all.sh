@@ -41,7 +41,7 @@ step() { # name limit command...
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw \
   --format=csv >"$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
-step attn_kv_write_gpu 60 "$build/tests/attn_kv_write_gpu"
+step attn_kv_write_gpu 120 "$build/tests/attn_kv_write_gpu"
 step attn_backend_gpu 240 "$build/tests/attn_backend_gpu"
 step test_runtime_layer_gpu 60 "$build/tests/test_runtime_layer_gpu"
 step ops_guard_gpu 300 "$build/tests/ops_guard_gpu"
