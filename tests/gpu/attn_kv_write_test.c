@@ -68,6 +68,23 @@ static size_t first_diff(const uint8_t *a, const uint8_t *b, size_t n)
     return i;
 }
 
+/* Wait for what was enqueued on st; with `graph`, st was capturing: end
+ * the capture and replay the graph once first. */
+static void finish(cudaStream_t st, int graph)
+{
+    cudaGraph_t gr;
+    cudaGraphExec_t ge = NULL;
+    if (graph) {
+        GPU_CUDA(cudaStreamEndCapture(st, &gr));
+        GPU_CUDA(cudaGraphInstantiate(&ge, gr, 0));
+        GPU_CUDA(cudaGraphLaunch(ge, st));
+        GPU_CUDA(cudaGraphDestroy(gr));
+    }
+    GPU_CUDA(cudaStreamSynchronize(st));
+    if (ge)
+        GPU_CUDA(cudaGraphExecDestroy(ge));
+}
+
 /* The paths compare_write runs: each of them, and the claim path once more
  * captured in a CUDA graph and replayed. */
 enum { RUN_SCAN = 1, RUN_CLAIM = 2, RUN_AUTO = 4, RUN_CLAIM_GRAPH = 8, RUN_ALL = 15 };
@@ -105,8 +122,6 @@ static void compare_write(const mlart_geometry *g, const uint16_t *lat, const in
     ck_assert_msg(mlart_kv_write_cpu(g, &hc, &hl, &hs) == 0, "cpu: %s", mlart_last_error());
     for (int k = 0; k < 4; k++) {
         static const int path[] = {MLART_KVW_SCAN, MLART_KVW_CLAIM, MLART_KVW_AUTO, MLART_KVW_CLAIM};
-        cudaGraph_t gr;
-        cudaGraphExec_t ge = NULL;
         if (!(runs & (1 << k)))
             continue;
         GPU_CUDA(cudaMemcpy(dcache, init, cache_bytes, cudaMemcpyHostToDevice));
@@ -114,15 +129,7 @@ static void compare_write(const mlart_geometry *g, const uint16_t *lat, const in
             GPU_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
         ck_assert_msg(mlart_kv_write_cuda_path(g, &dc, &dl, &ds, st, path[k]) == 0, "cuda %s: %s",
                       names[k], mlart_last_error());
-        if (k == 3) {
-            GPU_CUDA(cudaStreamEndCapture(st, &gr));
-            GPU_CUDA(cudaGraphInstantiate(&ge, gr, 0));
-            GPU_CUDA(cudaGraphLaunch(ge, st));
-            GPU_CUDA(cudaGraphDestroy(gr));
-        }
-        GPU_CUDA(cudaStreamSynchronize(st));
-        if (ge)
-            GPU_CUDA(cudaGraphExecDestroy(ge));
+        finish(st, k == 3);
         GPU_CUDA(cudaMemcpy(back, dcache, cache_bytes, cudaMemcpyDeviceToHost));
         const size_t i = first_diff(host, back, cache_bytes);
         ck_assert_msg(i == cache_bytes,
@@ -444,8 +451,6 @@ START_TEST(test_after_late_writer)
     mlart_tensor dl = attn_t(dlat, MLART_DTYPE_BF16, 0, 2, N, 576, 0);
     mlart_tensor ds = attn_t(dslots, MLART_DTYPE_I32, 0, 1, N, 0, 0);
     for (int graph = 0; graph < 2; graph++) {
-        cudaGraph_t gr;
-        cudaGraphExec_t ge = NULL;
         GPU_CUDA(cudaMemcpy(dcache, cache0, cache_bytes, cudaMemcpyHostToDevice));
         GPU_CUDA(cudaMemcpy(dlat, lat_old, lat_b, cudaMemcpyHostToDevice));
         GPU_CUDA(cudaMemcpy(dslots, slots_old, slot_b, cudaMemcpyHostToDevice));
@@ -455,15 +460,7 @@ START_TEST(test_after_late_writer)
         GPU_CUDA((cudaError_t)pdl_late_copy(dslots, dslots_new, slot_b, 100, st));
         GPU_CUDA((cudaError_t)pdl_late_copy(dlat, dlat_new, lat_b, 200, st));
         ck_assert_msg(mlart_kv_write_cuda(&g, &dc, &dl, &ds, st) == 0, "cuda: %s", mlart_last_error());
-        if (graph) {
-            GPU_CUDA(cudaStreamEndCapture(st, &gr));
-            GPU_CUDA(cudaGraphInstantiate(&ge, gr, 0));
-            GPU_CUDA(cudaGraphLaunch(ge, st));
-            GPU_CUDA(cudaGraphDestroy(gr));
-        }
-        GPU_CUDA(cudaStreamSynchronize(st));
-        if (ge)
-            GPU_CUDA(cudaGraphExecDestroy(ge));
+        finish(st, graph);
         GPU_CUDA(cudaMemcpy(back, dcache, cache_bytes, cudaMemcpyDeviceToHost));
         const size_t i = first_diff(want, back, cache_bytes);
         ck_assert_msg(i == cache_bytes, "%s %s: cache byte %zu (slot %zu): want 0x%02x, got 0x%02x",
