@@ -125,6 +125,9 @@ static void compare_write(const mlart_geometry *g, const uint16_t *lat, const in
         if (!(runs & (1 << k)))
             continue;
         GPU_CUDA(cudaMemcpy(dcache, init, cache_bytes, cudaMemcpyHostToDevice));
+        /* a copy from pageable memory may return before its DMA lands, and
+         * st does not wait for the legacy stream */
+        GPU_CUDA(cudaDeviceSynchronize());
         if (k == 3)
             GPU_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
         ck_assert_msg(mlart_kv_write_cuda_path(g, &dc, &dl, &ds, st, path[k]) == 0, "cuda %s: %s",
@@ -454,6 +457,7 @@ START_TEST(test_after_late_writer)
         GPU_CUDA(cudaMemcpy(dcache, cache0, cache_bytes, cudaMemcpyHostToDevice));
         GPU_CUDA(cudaMemcpy(dlat, lat_old, lat_b, cudaMemcpyHostToDevice));
         GPU_CUDA(cudaMemcpy(dslots, slots_old, slot_b, cudaMemcpyHostToDevice));
+        GPU_CUDA(cudaDeviceSynchronize()); /* the copies' DMA done before st's work */
         if (graph)
             GPU_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
         /* the rows and the slots both arrive late: the slots in a second writer */

@@ -609,6 +609,8 @@ START_TEST(graph_replay)
                 GPU_CUDA(cudaMemcpy(dw, hw, nw * 2, cudaMemcpyHostToDevice));
                 GPU_CUDA(cudaMemset(d1, 0xFF, nc * 2));
                 GPU_CUDA(cudaMemset(d2, 0xFF, nc * 2));
+                /* those ran on the legacy stream, which st does not wait for */
+                GPU_CUDA(cudaDeviceSynchronize());
                 v = ops_make_views(&c, 0, da, na * 2, dw, nw * 2, d1, nc * 2);
                 ck_assert_int_eq(run_op(&c, &v, gen ? &gcfg : NULL, st), 0);
                 GPU_CUDA(cudaStreamSynchronize(st));
