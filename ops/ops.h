@@ -62,7 +62,7 @@ int mlart_kv_write_check(const mlart_geometry *g, const mlart_tensor *cache,
 int mlart_kv_write_cpu(const mlart_geometry *g, const mlart_tensor *cache,
                        const mlart_tensor *latent, const mlart_tensor *slots);
 /* CUDA: L and R each at most 1536 (MLART_ENOTSUP beyond).  Up to 1024 rows
- * one kernel launched with programmatic dependent launch, which touches
+ * (bf16; fp8_ds_mla 2048) one kernel launched with programmatic dependent launch, which touches
  * memory only after the previous kernel of the stream is complete; more
  * rows on 4-byte aligned cache rows, one cooperative kernel launched
  * plainly, whose work is linear in N (it uses each named record's first

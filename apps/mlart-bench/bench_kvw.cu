@@ -1,7 +1,7 @@
 /* mlart-bench suite "kv_write": the cache write (mlart_kv_write_cuda) for
  * decode-sized and prefill-sized row counts, both formats, each path:
- *   auto   what mlart_kv_write_cuda does (the scan path up to 1024 rows,
- *          the claim path above)
+ *   auto   what mlart_kv_write_cuda does (the scan path up to 1024 bf16
+ *          or 2048 fp8 rows, the claim path above)
  *   scan   each row scans the later rows' slots (work grows as N^2)
  *   claim  claims in the records' first words, a cooperative grid
  *   copy   cudaMemcpyAsync of the same latent rows to a scratch buffer:
@@ -230,7 +230,7 @@ extern "C" int mlart_bench_kvw(const mlart_bench_opts *o)
         }
     if (head)
         mlart_bench_summary(o, "kv_write",
-                            "kv_write: auto = the scan path up to 1024 rows, the claim path above; "
+                            "kv_write: auto = the scan path up to 1024 bf16 / 2048 fp8 rows, the claim path above; "
                             "x_scan = scan / auto");
     return wrong;
 }
