@@ -1,8 +1,9 @@
 /* Cache write on CUDA (ops/ops.h): the same bytes as mlart_kv_write_cpu.
  * Four warps a row, a warp a 128-value tile.  The fp8_ds_mla encoder
- * repeats the CPU twin's steps (ops/numerics.h) operation for operation,
- * with the same exact-power-of-two scale and the same round-to-nearest-even
- * e4m3 conversion, so the records match bit for bit.
+ * repeats the CPU twin's steps (ops/numerics.h): the same exact-power-of-two
+ * scale, the same scaling, and the hardware's round-to-nearest-even e4m3
+ * conversion, which equals the twin's for every finite float
+ * (ops/e4m3_cuda.cuh), so the records match bit for bit.
  *
  * When two rows name one slot the later row wins, as on the host: a row is
  * written only if no later row names its slot.  Two kernels find those
@@ -24,6 +25,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "ops/e4m3_cuda.cuh"
 #include "ops/kv_write_cuda.h"
 #include "ops/ops.h"
 #include "runtime/cuda_launch.h"
@@ -35,30 +37,6 @@ namespace {
 __device__ float kvw_bf16(uint16_t h)
 {
     return __uint_as_float((uint32_t)h << 16);
-}
-
-/* mlart_f32_to_e4m3 of ops/numerics.h, line for line. */
-__device__ uint8_t kvw_f32_to_e4m3(float x)
-{
-    uint8_t sign = signbit(x) ? 0x80 : 0;
-    float a = fabsf(x);
-    int e, m, E;
-    if (isnan(x))
-        return (uint8_t)(sign | 0x7f);
-    if (a >= 464.0f)
-        return (uint8_t)(sign | 0x7e);
-    if (a < 0.015625f) {
-        m = (int)rintf(a * 512.0f);
-        return (uint8_t)(sign | m);
-    }
-    (void)frexpf(a, &e);
-    m = (int)rintf((ldexpf(a, 1 - e) - 1.0f) * 8.0f);
-    E = e + 6;
-    if (m == 8) {
-        m = 0;
-        E++;
-    }
-    return (uint8_t)(sign | (E << 3) | m);
 }
 
 /* mlart_fp8_ds_mla_tile_scale of ops/numerics.h. */
@@ -150,7 +128,7 @@ __device__ __forceinline__ void kvw_store(uint8_t *__restrict__ rec, int L, int 
         (void)frexpf(scale, &e);
 #pragma unroll
         for (int j = 0; j < 4; j++)
-            rec[t * 128 + lane + 32 * j] = kvw_f32_to_e4m3(ldexpf(kvw_bf16(v[4 * q + j]), 1 - e));
+            rec[t * 128 + lane + 32 * j] = mlart_e4m3_from_f32(ldexpf(kvw_bf16(v[4 * q + j]), 1 - e));
         if (lane == 0)
             *(float *)(rec + L + 4 * t) = scale;
     }

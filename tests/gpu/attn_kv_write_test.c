@@ -404,6 +404,51 @@ START_TEST(test_dequant_exact)
 }
 END_TEST
 
+/* The KV write's hardware f32 -> e4m3 conversion against the host's
+ * (mlart_f32_to_e4m3): every float whose low 16 bits are zero (every bf16
+ * value, so every scaled value the encoder converts but float
+ * subnormals), every float subnormal, and 2^22 random floats; both
+ * signs.  NaN inputs are left out (unspecified record bytes). */
+START_TEST(test_e4m3_exhaustive)
+{
+    const size_t n_hi = 1u << 16, n_sub = 1u << 24, n_rand = 1u << 22;
+    const size_t n = n_hi + n_sub + n_rand;
+    float *in = malloc(n * sizeof(float));
+    uint8_t *out = malloc(n);
+    uint64_t rng = g_seed ^ 0xE4E3ull;
+    size_t k = 0, checked = 0;
+    ck_assert(in && out);
+    for (uint32_t i = 0; i < n_hi; i++, k++) {
+        const uint32_t u = i << 16;
+        memcpy(&in[k], &u, 4);
+    }
+    for (uint32_t i = 0; i < n_sub; i++, k++) { /* exponent 0, both signs */
+        const uint32_t u = (i & 0x7fffffu) | ((i >> 23) << 31);
+        memcpy(&in[k], &u, 4);
+    }
+    for (size_t i = 0; i < n_rand; i++, k++) {
+        const uint32_t u = (uint32_t)gpu_rand(&rng);
+        memcpy(&in[k], &u, 4);
+    }
+    ck_assert_int_eq(fp8_probe_quant(in, n, out), 0);
+    size_t bad = n;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(in[i]))
+            continue;
+        checked++;
+        if (out[i] != mlart_f32_to_e4m3(in[i]) && bad == n)
+            bad = i;
+    }
+    ck_assert_msg(bad == n, "f32 %a (0x%08x): device e4m3 0x%02x, host 0x%02x", (double)in[bad],
+                  bad < n ? *(const uint32_t *)&in[bad] : 0u, bad < n ? out[bad] : 0,
+                  bad < n ? mlart_f32_to_e4m3(in[bad]) : 0);
+    printf("e4m3 quantisation: %zu non-NaN floats (every bf16 value, every subnormal, 2^22 "
+           "random) equal on the device and the host\n", checked);
+    free(in);
+    free(out);
+}
+END_TEST
+
 /* The op launches with programmatic dependent launch: after a kernel that
  * lets dependents start at once and writes the rows and the slots 200 us
  * late (tests/gpu/pdl_probe.h), it must still write the new rows, launched
@@ -501,6 +546,7 @@ int main(void)
     tcase_add_loop_test(tc, test_reference_records, 0, 2);
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_dequant_exact);
+    tcase_add_test(tc, test_e4m3_exhaustive);
     tcase_add_loop_test(tc, test_after_late_writer, 0, 2);
     tcase_add_test(tc, test_other_widths);
     tcase_add_loop_test(tc, test_many_rows, 0, 2);

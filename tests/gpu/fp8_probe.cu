@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "backends/b12x_mla_sparse/b12x_common.cuh"
+#include "ops/e4m3_cuda.cuh"
 
 namespace {
 
@@ -18,7 +19,32 @@ __global__ void dequant_kernel(const uint4 *pieces, const float *scales, int n, 
     }
 }
 
+__global__ void quant_kernel(const float *in, size_t n, uint8_t *out)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = mlart_e4m3_from_f32(in[i]);
+}
+
 } // namespace
+
+extern "C" int fp8_probe_quant(const float *in, size_t n, uint8_t *out)
+{
+    void *din = NULL, *dout = NULL;
+    cudaError_t e;
+    if ((e = cudaMalloc(&din, n * 4)) != cudaSuccess || (e = cudaMalloc(&dout, n)) != cudaSuccess ||
+        (e = cudaMemcpy(din, in, n * 4, cudaMemcpyHostToDevice)) != cudaSuccess ||
+        (e = cudaMemset(dout, 0x55, n)) != cudaSuccess)
+        goto done;
+    quant_kernel<<<1024, 256>>>((const float *)din, n, (uint8_t *)dout);
+    if ((e = cudaGetLastError()) != cudaSuccess)
+        goto done;
+    e = cudaMemcpy(out, dout, n, cudaMemcpyDeviceToHost);
+done:
+    cudaFree(din);
+    cudaFree(dout);
+    return (int)e;
+}
 
 extern "C" int fp8_probe_dequant(const uint8_t *pieces, const float *scales, int n, uint16_t *out)
 {
