@@ -12,8 +12,8 @@
  * dependent launch); above it kvw_claim_kernel, a cooperative grid that
  * claims each named slot by its last row in the record's first word
  * (linear work, three grid barriers a round).  mlart-bench --filter
- * kv_write times both: 1.6 us against 5.9 for one fp8 row, 5.8 ms against
- * 0.18 ms for 65536 (docs/PERF.md).
+ * kv_write times both: 1.1 us against 5.4 for one fp8 row, 5.6 ms against
+ * 0.12 ms for 65536 (docs/PERF.md).
  *
  * What the host twin refuses by reading the inputs (slots outside
  * [-1, num_slots), non-finite latent values) this op cannot see without a
