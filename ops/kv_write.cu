@@ -7,11 +7,11 @@
  *
  * When two rows name one slot the later row wins, as on the host: a row is
  * written only if no later row names its slot.  Two kernels find those
- * rows: up to 1024 bf16 or 2048 fp8 rows (a decode step's) kvw_kernel, where each
- * row scans the slots after it (N^2 work, one launch with programmatic
- * dependent launch); above it kvw_claim_kernel, a cooperative grid that
- * claims each named slot by its last row in the record's first word
- * (linear work, three grid barriers a round).  mlart-bench --filter
+ * rows: up to 1024 bf16 or 2048 fp8 rows (a decode step's) kvw_kernel,
+ * where each row scans the slots after it (N^2 work, one launch with
+ * programmatic dependent launch); above that kvw_claim_kernel, a
+ * cooperative grid that claims each named slot by its last row in the
+ * record's first word (linear work, three grid barriers a round).  mlart-bench --filter
  * kv_write times both: 1.1 us against 5.4 for one fp8 row, 5.6 ms against
  * 0.12 ms for 65536 (docs/PERF.md).
  *
