@@ -68,13 +68,12 @@ uint64_t kv_rand(uint64_t *s)
 
 /* Set 0 on `path` from a zeroed cache, against the CPU twin: records that
  * differ (0 = all equal), or -1 if it could not run. */
-int kv_check(KvCtx *c, int path, const uint16_t *h_lat, const int32_t *h_slots, const uint8_t *want)
+int kv_check(KvCtx *c, int path, const int32_t *h_slots, const uint8_t *want)
 {
     const size_t bytes = c->rb * (size_t)c->num_slots;
     uint8_t *back = (uint8_t *)malloc(bytes);
     int bad = 0;
     KvCtx one = *c;
-    (void)h_lat;
     if (!back)
         return -1;
     one.path = path;
@@ -185,7 +184,7 @@ extern "C" int mlart_bench_kvw(const mlart_bench_opts *o)
                     if (mlart_bench_time(o, kv_enqueue, &c, nsets, &t[k]))
                         goto fail;
                     if (k < 3) {
-                        const int b = kv_check(&c, paths[k], h_lat, h_slots, want);
+                        const int b = kv_check(&c, paths[k], h_slots, want);
                         if (b < 0)
                             goto fail;
                         if (b)
