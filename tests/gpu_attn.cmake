@@ -10,7 +10,8 @@ if(MLART_WITH_CUDA)
   target_compile_features(mlart_fp8_probe PRIVATE cxx_std_17)
 
   mlart_test(attn_backend_gpu LABELS gpu TIMEOUT 600 SOURCES gpu/attn_backend_test.c LIBS mlart_pdl_probe)
-  mlart_test(attn_kv_write_gpu LABELS gpu TIMEOUT 300 SOURCES gpu/attn_kv_write_test.c LIBS mlart_fp8_probe mlart_pdl_probe)
+  mlart_test(attn_kv_write_gpu LABELS gpu TIMEOUT 300 SOURCES gpu/attn_kv_write_test.c LIBS mlart_fp8_probe mlart_pdl_probe
+             mlart_guard_alloc)
 endif()
 # The work split of the sparse attention kernels: host arithmetic only.
 if(MLART_WITH_CUDA)

@@ -7,12 +7,14 @@
  * bf16 on the device) against the host numerics, for every e4m3 value; and
  * the op after a kernel that writes its inputs late (it launches with
  * programmatic dependent launch); other row widths (both kernels of the
- * op); many rows (100000, several rounds of the claim path) on each path. */
+ * op); many rows (100000, several rounds of the claim path) on each path;
+ * each operand ending at unmapped memory (guard pages) on each path. */
 #include <check.h>
 #include <cuda_runtime.h>
 
 #include "attn_util.h"
 #include "fp8_probe.h"
+#include "guard_alloc.h"
 #include "pdl_probe.h"
 #include "ops/kv_write_cuda.h"
 #include "ops/numerics.h"
@@ -260,6 +262,96 @@ START_TEST(test_many_rows)
            mlart_kv_format_name(fmt), (long long)N, (long long)num_slots);
     free(lat);
     free(slots);
+}
+END_TEST
+
+/* Read-exact: each operand in turn (the cache, the latent rows, the slots)
+ * in a guard-page allocation whose span ends at the end of the mapped
+ * memory (tests/gpu/guard_alloc.h), on both paths; a byte read or written
+ * past it faults the launch.  The last slot and the last row are written
+ * (slot num_slots - 1 is named), and the records must equal the CPU
+ * twin's. */
+START_TEST(test_guard_pages)
+{
+    static const char *place[] = {"cache", "latent rows", "slots"};
+    static const int64_t Ns[] = {1, 33, 3000};
+    const mlart_kv_format fmt = _i ? MLART_KV_FP8_DS_MLA : MLART_KV_BF16;
+    const mlart_geometry g = geom(fmt);
+    const size_t rb = mlart_kv_bytes_per_token(&g);
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 21) * 0x9E3779B97F4A7C15ull;
+    int runs = 0;
+    ck_assert_msg(mlart_guard_init(0) == 0, "%s", mlart_guard_error());
+    for (size_t in = 0; in < sizeof Ns / sizeof Ns[0]; in++) {
+        const int64_t N = Ns[in], num_slots = N < 64 ? 64 : N + N / 2;
+        const size_t cb = rb * (size_t)num_slots, lb = (size_t)N * 576 * 2, sb = (size_t)N * 4;
+        uint16_t *lat = malloc(lb);
+        int32_t *slots = malloc(sb);
+        uint8_t *init = malloc(cb), *want = malloc(cb), *back = malloc(cb);
+        ck_assert(lat && slots && init && want && back);
+        for (int64_t i = 0; i < N * 576; i++)
+            lat[i] = mlart_f32_to_bf16(attn_uniform(&rng));
+        for (int64_t n = 0; n < N; n++)
+            slots[n] = n % 7 == 3 ? -1 : (int32_t)(gpu_rand(&rng) % (uint64_t)num_slots);
+        slots[N - 1] = (int32_t)(num_slots - 1);
+        for (size_t i = 0; i < cb; i++)
+            init[i] = (uint8_t)gpu_rand(&rng);
+        memcpy(want, init, cb);
+        {
+            mlart_tensor hc = attn_t(want, MLART_DTYPE_U8, -1, 2, num_slots, (int64_t)rb, 0);
+            mlart_tensor hl = attn_t(lat, MLART_DTYPE_BF16, -1, 2, N, 576, 0);
+            mlart_tensor hs = attn_t(slots, MLART_DTYPE_I32, -1, 1, N, 0, 0);
+            ck_assert_msg(mlart_kv_write_cpu(&g, &hc, &hl, &hs) == 0, "cpu: %s", mlart_last_error());
+        }
+        for (int path = MLART_KVW_SCAN; path <= MLART_KVW_CLAIM; path++)
+            for (int pl = 0; pl < 3; pl++) {
+                mlart_guard_buf gb = {0};
+                void *dc = NULL, *dl = NULL, *ds = NULL;
+                const size_t bytes = pl == 0 ? cb : pl == 1 ? lb : sb;
+                ck_assert_msg(mlart_guard_alloc(&gb, bytes, 0) == 0, "%s", mlart_guard_error());
+                ck_assert((uintptr_t)gb.ptr + gb.bytes == gb.va + gb.mapped);
+                if (pl == 0)
+                    dc = gb.ptr;
+                else
+                    GPU_CUDA(cudaMalloc(&dc, cb));
+                if (pl == 1)
+                    dl = gb.ptr;
+                else
+                    GPU_CUDA(cudaMalloc(&dl, lb));
+                if (pl == 2)
+                    ds = gb.ptr;
+                else
+                    GPU_CUDA(cudaMalloc(&ds, sb));
+                GPU_CUDA(cudaMemcpy(dc, init, cb, cudaMemcpyHostToDevice));
+                GPU_CUDA(cudaMemcpy(dl, lat, lb, cudaMemcpyHostToDevice));
+                GPU_CUDA(cudaMemcpy(ds, slots, sb, cudaMemcpyHostToDevice));
+                mlart_tensor tc = attn_t(dc, MLART_DTYPE_U8, 0, 2, num_slots, (int64_t)rb, 0);
+                mlart_tensor tl = attn_t(dl, MLART_DTYPE_BF16, 0, 2, N, 576, 0);
+                mlart_tensor ts = attn_t(ds, MLART_DTYPE_I32, 0, 1, N, 0, 0);
+                ck_assert_msg(mlart_kv_write_cuda_path(&g, &tc, &tl, &ts, NULL, path) == 0, "%s",
+                              mlart_last_error());
+                GPU_CUDA(cudaDeviceSynchronize());
+                GPU_CUDA(cudaMemcpy(back, dc, cb, cudaMemcpyDeviceToHost));
+                const size_t i = first_diff(want, back, cb);
+                ck_assert_msg(i == cb, "%s N %lld path %d, guarded %s: cache byte %zu: want 0x%02x, got 0x%02x",
+                              mlart_kv_format_name(fmt), (long long)N, path, place[pl], i, want[i], back[i]);
+                if (pl != 0)
+                    cudaFree(dc);
+                if (pl != 1)
+                    cudaFree(dl);
+                if (pl != 2)
+                    cudaFree(ds);
+                mlart_guard_free(&gb);
+                runs++;
+            }
+        free(lat);
+        free(slots);
+        free(init);
+        free(want);
+        free(back);
+    }
+    printf("kv_write %s guard pages: %d runs (N 1, 33, 3000; scan and claim paths; the cache, the "
+           "latent rows and the slots each ending at unmapped memory), 0 faults, records equal to "
+           "the CPU twin's\n", mlart_kv_format_name(fmt), runs);
 }
 END_TEST
 
@@ -550,6 +642,7 @@ int main(void)
     tcase_add_loop_test(tc, test_after_late_writer, 0, 2);
     tcase_add_test(tc, test_other_widths);
     tcase_add_loop_test(tc, test_many_rows, 0, 2);
+    tcase_add_loop_test(tc, test_guard_pages, 0, 2);
     suite_add_tcase(s, tc);
     return gpu_test_run(s, CK_FORK);
 }
