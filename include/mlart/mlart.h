@@ -230,10 +230,14 @@ MLART_API void mlart_layer_destroy(mlart_layer *layer);
  * (unless validate_indices is set). */
 MLART_API int mlart_layer_decode(mlart_layer *layer, const mlart_step_io *io, void *stream);
 /* Write N new tokens' latent+rope rows [N,L+R] bf16 into cache slots [N]
- * (i32 physical slot = block*page + offset), quantising to the layer's format.
- * On CUDA its kernel launches with programmatic dependent launch: it may
- * start while the previous kernel on the stream ends, and touches memory
- * only after that kernel and its writes are complete. */
+ * (i32 physical slot = block*page + offset, -1 = skip), quantising to the
+ * layer's format; where two rows name one slot the later one wins.  On
+ * CUDA, up to 1024 rows (fp8_ds_mla: 2048) its kernel launches with
+ * programmatic dependent launch: it may start while the previous kernel
+ * on the stream ends, and touches memory only after that kernel and its
+ * writes are complete.  More rows (a prefill chunk, a cache fill) take a
+ * cooperative kernel, launched plainly, whose time grows linearly with N.
+ * Neither allocates or synchronises; both may be captured in a graph. */
 MLART_API int mlart_layer_write_kv(mlart_layer *layer, const mlart_tensor *latent,
                                    const mlart_tensor *slots, void *stream);
 MLART_API const char *mlart_layer_backend_name(const mlart_layer *layer);
