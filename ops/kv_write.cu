@@ -275,18 +275,15 @@ extern "C" int mlart_kv_write_cuda_path(const mlart_geometry *g, const mlart_ten
     if (path == MLART_KVW_CLAIM && !claimable)
         return mlart_set_error(MLART_ELAYOUT, "kv_write_cuda: the claim path needs 4-byte "
                                "aligned cache rows");
+    const int fp8 = g->kv_format == MLART_KV_FP8_DS_MLA;
     if (path == MLART_KVW_AUTO)
-        path = N > (g->kv_format == MLART_KV_FP8_DS_MLA ? KVW_SCAN_MAX_FP8 : KVW_SCAN_MAX_BF16) &&
-                       claimable
-                   ? MLART_KVW_CLAIM
-                   : MLART_KVW_SCAN;
+        path = N > (fp8 ? KVW_SCAN_MAX_FP8 : KVW_SCAN_MAX_BF16) && claimable ? MLART_KVW_CLAIM
+                                                                           : MLART_KVW_SCAN;
     const bool small = g->kv_lora <= 512 && g->rope <= 128;
     void *args[] = {(void *)&cache->data, (void *)&cache->stride[0], (void *)&cache->shape[0],
                     (void *)&latent->data, (void *)&latent->stride[0], (void *)&slots->data,
                     (void *)&slots->stride[0], (void *)&N, (void *)&g->kv_lora,
-                    (void *)&g->rope, NULL};
-    const int fp8 = g->kv_format == MLART_KV_FP8_DS_MLA;
-    args[10] = (void *)&fp8;
+                    (void *)&g->rope, (void *)&fp8};
     cudaLaunchAttribute at[1];
     cudaLaunchConfig_t lc;
     const void *fn;

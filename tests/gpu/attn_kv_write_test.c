@@ -58,6 +58,14 @@ static mlart_geometry geom(mlart_kv_format fmt)
     return g;
 }
 
+/* A loop test's case _i: its format (0 bf16, 1 fp8_ds_mla), that
+ * format's geometry, and a seed of its own (salt) in *rng. */
+static mlart_geometry loop_geom(int i, int salt, uint64_t *rng)
+{
+    *rng = g_seed ^ (uint64_t)(i + salt) * 0x9E3779B97F4A7C15ull;
+    return geom(i ? MLART_KV_FP8_DS_MLA : MLART_KV_BF16);
+}
+
 /* The first byte where a and b differ, or n: one check assert a buffer,
  * not one a byte (each passing assert sends the parent a message). */
 static size_t first_diff(const uint8_t *a, const uint8_t *b, size_t n)
@@ -153,9 +161,9 @@ static void compare_write(const mlart_geometry *g, const uint16_t *lat, const in
 
 START_TEST(test_random_rows)
 {
-    const mlart_kv_format fmt = _i ? MLART_KV_FP8_DS_MLA : MLART_KV_BF16;
-    const mlart_geometry g = geom(fmt);
-    uint64_t rng = g_seed ^ (uint64_t)(_i + 1) * 0x9E3779B97F4A7C15ull;
+    uint64_t rng;
+    const mlart_geometry g = loop_geom(_i, 1, &rng);
+    const mlart_kv_format fmt = g.kv_format;
     const int64_t N = 1000, num_slots = 1536;
     uint16_t *lat = malloc((size_t)N * 576 * 2);
     int32_t *slots = malloc((size_t)N * 4);
@@ -243,9 +251,9 @@ END_TEST
  * twin. */
 START_TEST(test_many_rows)
 {
-    const mlart_kv_format fmt = _i ? MLART_KV_FP8_DS_MLA : MLART_KV_BF16;
-    const mlart_geometry g = geom(fmt);
-    uint64_t rng = g_seed ^ (uint64_t)(_i + 11) * 0x9E3779B97F4A7C15ull;
+    uint64_t rng;
+    const mlart_geometry g = loop_geom(_i, 11, &rng);
+    const mlart_kv_format fmt = g.kv_format;
     const int64_t N = 100000, num_slots = 40000;
     uint16_t *lat = malloc((size_t)N * 576 * 2);
     int32_t *slots = malloc((size_t)N * 4);
@@ -275,10 +283,10 @@ START_TEST(test_guard_pages)
 {
     static const char *place[] = {"cache", "latent rows", "slots"};
     static const int64_t Ns[] = {1, 33, 3000};
-    const mlart_kv_format fmt = _i ? MLART_KV_FP8_DS_MLA : MLART_KV_BF16;
-    const mlart_geometry g = geom(fmt);
+    uint64_t rng;
+    const mlart_geometry g = loop_geom(_i, 21, &rng);
+    const mlart_kv_format fmt = g.kv_format;
     const size_t rb = mlart_kv_bytes_per_token(&g);
-    uint64_t rng = g_seed ^ (uint64_t)(_i + 21) * 0x9E3779B97F4A7C15ull;
     int runs = 0;
     ck_assert_msg(mlart_guard_init(0) == 0, "%s", mlart_guard_error());
     for (size_t in = 0; in < sizeof Ns / sizeof Ns[0]; in++) {
@@ -548,9 +556,9 @@ END_TEST
  * that does not wait does see the old bytes on this device. */
 START_TEST(test_after_late_writer)
 {
-    const mlart_kv_format fmt = _i ? MLART_KV_FP8_DS_MLA : MLART_KV_BF16;
-    const mlart_geometry g = geom(fmt);
-    uint64_t rng = g_seed ^ (uint64_t)(_i + 7) * 0x9E3779B97F4A7C15ull;
+    uint64_t rng;
+    const mlart_geometry g = loop_geom(_i, 7, &rng);
+    const mlart_kv_format fmt = g.kv_format;
     const int64_t N = 64, num_slots = 256;
     const size_t rb = mlart_kv_bytes_per_token(&g), cache_bytes = rb * (size_t)num_slots;
     const size_t lat_b = (size_t)N * 576 * 2, slot_b = (size_t)N * 4;
