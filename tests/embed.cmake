@@ -68,4 +68,15 @@ if(TARGET mlart-serve-example)
     ARGS $<TARGET_FILE:mlart-serve-example>)
   target_include_directories(test_embed_serve PRIVATE ${PROJECT_SOURCE_DIR}/apps/serve-example)
   add_dependencies(test_embed_serve mlart-serve-example)
+  # The same binary against servers on the GPU with the DeepSeek-V3.2 TP8
+  # geometry (b12x_mla_sparse, 16 heads, top-k 2048), in both cache formats;
+  # exit 77 without a device.
+  foreach(_fmt fp8_ds_mla bf16)
+    add_test(NAME test_embed_serve_gpu_${_fmt}
+             COMMAND test_embed_serve $<TARGET_FILE:mlart-serve-example> --device cuda
+                     --config ${PROJECT_SOURCE_DIR}/configs/deepseek-v32-tp8.ini
+                     --kv-format ${_fmt})
+    set_tests_properties(test_embed_serve_gpu_${_fmt} PROPERTIES LABELS gpu
+                         SKIP_RETURN_CODE 77 TIMEOUT 300)
+  endforeach()
 endif()

@@ -366,7 +366,8 @@ static int step(serve_engine *e, const serve_request *const *reqs, int n, uint64
             int32_t *idx = e->h_idx + (size_t)t * (size_t)K;
             maxp = p > maxp ? p : maxp;
             /* the query depends only on the position, so a request's
-             * result does not depend on what it was batched with */
+             * inputs do not depend on what it was batched with (its
+             * output may, within the backend's bound: docs/serve.md) */
             for (int64_t j = 0; j < H * PR; j++)
                 q[j] = val_bf16(((uint64_t)p << 32) ^ (uint64_t)j ^ 0x5eed000000000000ull, 1.0f);
             for (int64_t k = 0; k < K; k++)

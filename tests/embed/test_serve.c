@@ -20,10 +20,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "mlart/mlart.h"
 #include "serve_proto.h"
 #include "st_writer.h"
 
 static const char *server_path;
+/* Appended to every server's command line: the arguments after the server's
+ * path (e.g. "--device cuda --config configs/deepseek-v32-tp8.ini"). */
+static char *const *server_extra;
 
 /* ---- protocol ---------------------------------------------------------- */
 
@@ -142,6 +146,7 @@ END_TEST
 typedef struct proc {
     pid_t pid;
     int port;
+    int by_step; /* checksums compared per step size (see load.by_step) */
     FILE *out;
 } proc;
 
@@ -157,6 +162,8 @@ static void spawn(proc *p, const char *const *extra)
     argv[n++] = "0";
     for (int i = 0; extra && extra[i]; i++)
         argv[n++] = extra[i];
+    for (int i = 0; server_extra && server_extra[i] && n < 31; i++)
+        argv[n++] = server_extra[i];
     argv[n] = NULL;
     p->pid = fork();
     ck_assert_int_ge(p->pid, 0);
@@ -176,6 +183,9 @@ static void spawn(proc *p, const char *const *extra)
     ck_assert_msg(sscanf(strstr(line, "127.0.0.1:") ? strstr(line, "127.0.0.1:") : "",
                          "127.0.0.1:%d", &p->port) == 1,
                   "no port in: %s", line);
+    /* The reference backend computes each token alone; the sm_90 one picks
+     * its kernels per step size (docs/serve.md) */
+    p->by_step = strstr(line, "backend reference ") == NULL;
     printf("server: %s", line);
 }
 
@@ -233,6 +243,7 @@ enum kind { K_OK, K_BADJSON, K_TOOLONG, K_RANGE, K_MISMATCH, K_NKINDS };
 static const char *const kind_code[] = {"", "bad_json", "too_long", "out_of_range", "bad_request"};
 
 #define NLISTS 16
+#define MAX_STEP 64 /* largest --max-batch-tokens of these tests */
 typedef struct client {
     int fd, id;
     char *out;
@@ -247,7 +258,10 @@ typedef struct load {
     int total, answered, ok, errors_expected, errors_got, dup, unexpected, mism;
     int got_kind[K_NKINDS], want_kind[K_NKINDS];
     unsigned char *seen;               /* [client][request] */
-    char sums[NLISTS][17];             /* checksum seen for each positions list */
+    /* checksum seen for each positions list, per step size ([0]: any size,
+     * unless by_step) */
+    char sums[NLISTS][MAX_STEP + 1][17];
+    int by_step;
     long batch_requests_sum;
     int after_signal;
     int shutting_down;
@@ -336,7 +350,9 @@ static void on_reply(load *L, client *c, const char *line)
     if (ok) {
         const char *cs = strstr(line, "\"checksum\":\"");
         const char *br = strstr(line, "\"batch_requests\":");
-        int li = (cid * 7 + k) % NLISTS;
+        const char *bt = strstr(line, "\"batch_tokens\":");
+        int li = (cid * 7 + k) % NLISTS, step = L->by_step && bt ? atoi(bt + 15) : 0;
+        char *sum;
         if (k < 0 || kind_of(k) != K_OK || !cs) {
             L->unexpected++;
             return;
@@ -345,9 +361,14 @@ static void on_reply(load *L, client *c, const char *line)
         if (br)
             L->batch_requests_sum += atol(br + 17);
         cs += 12;
-        if (!L->sums[li][0])
-            memcpy(L->sums[li], cs, 16);
-        else if (memcmp(L->sums[li], cs, 16))
+        if (step < 0 || step > MAX_STEP) {
+            L->unexpected++;
+            return;
+        }
+        sum = L->sums[li][step];
+        if (!sum[0])
+            memcpy(sum, cs, 16);
+        else if (memcmp(sum, cs, 16))
             L->mism++;
     } else {
         const char *code = strstr(line, "\"code\":\"");
@@ -480,6 +501,7 @@ START_TEST(test_load)
     L.window = 6;
     L.total = L.nclients * L.per_client;
     spawn(&p, args);
+    L.by_step = p.by_step;
     cl = clients_open(&L, p.port);
     secs = run_clients(&L, cl, 120.0, 0, 0, 0);
     want_ok = L.want_kind[K_OK];
@@ -518,6 +540,7 @@ static void shutdown_case(int sig)
     L.window = 24; /* everything at once */
     L.total = L.nclients * L.per_client;
     spawn(&p, args);
+    L.by_step = p.by_step;
     cl = clients_open(&L, p.port);
     run_clients(&L, cl, 60.0, p.pid, sig, 1);
     rc = finish(&p, 0, 20.0);
@@ -550,9 +573,43 @@ START_TEST(test_sigint)
 }
 END_TEST
 
-/* Send n request lines on one connection, half-close it, and collect each
- * reply's checksum (request i has id "w<i>") until the server closes. */
-static void query(int port, int n, char sums[][17])
+/* Request i of query(): two tokens at positions 37i and 37i + 300. */
+static int pair_line(int i, char *line, size_t cap)
+{
+    return snprintf(line, cap, "{\"id\":\"w%d\",\"tokens\":2,\"positions\":[%d,%d]}\n", i,
+                    37 * i, 37 * i + 300);
+}
+
+/* A request with id "w<id>" for positions list li of the load test. */
+static int list_req(int id, int li, char *line, size_t cap)
+{
+    char pos[32];
+    int n = snprintf(line, cap, "{\"id\":\"w%d\",\"tokens\":%d,\"positions\":[", id,
+                     list_tokens(li));
+    for (int k = 0; k < list_tokens(li); k++) {
+        list_positions(li, k, pos, sizeof pos);
+        n += snprintf(line + n, cap - (size_t)n, "%s%s", k ? "," : "", pos);
+    }
+    return n + snprintf(line + n, cap - (size_t)n, "]}\n");
+}
+
+/* Request i of query(): positions list i. */
+static int list_line(int i, char *line, size_t cap)
+{
+    return list_req(i, i, line, cap);
+}
+
+/* Request i of query(): positions list one_list. */
+static int one_list;
+static int one_line(int i, char *line, size_t cap)
+{
+    return list_req(i, one_list, line, cap);
+}
+
+/* Send n request lines (make_line(i): request i, id "w<i>") on one
+ * connection, half-close it, and collect each reply's checksum until the
+ * server closes. */
+static void query(int port, int n, int (*make_line)(int, char *, size_t), char sums[][17])
 {
     int fd = connect_to(port), got = 0;
     char buf[1 << 16];
@@ -561,10 +618,8 @@ static void query(int port, int n, char sums[][17])
     ck_assert_int_ge(fd, 0);
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     for (int i = 0; i < n; i++) {
-        char line[128];
-        int k = snprintf(line, sizeof line,
-                         "{\"id\":\"w%d\",\"tokens\":2,\"positions\":[%d,%d]}\n", i, 37 * i,
-                         37 * i + 300);
+        char line[256];
+        int k = make_line(i, line, sizeof line);
         ck_assert_int_eq(send(fd, line, (size_t)k, MSG_NOSIGNAL), k);
     }
     /* half-close, as a batch client does: the replies must still come, then EOF */
@@ -595,6 +650,78 @@ static void query(int port, int n, char sums[][17])
     close(fd);
     ck_assert_int_eq(got, n);
 }
+
+/* A request's checksum does not depend on what it is batched with: each
+ * positions list served alone (one request a step) gives the checksum that
+ * the same list gets batched with others under load.  On the sm_90 backend,
+ * whose kernels depend on the step's token count, that holds for steps of
+ * the same count (the alone runs are such steps, and each list is sent
+ * alone to the batching server too); the lists whose checksum moved in
+ * larger steps are counted. */
+START_TEST(test_batch_invariance)
+{
+    static const char *const alone[] = {"--max-batch-requests", "1", NULL};
+    static const char *const batched[] = {"--max-batch-tokens", "32", "--max-request-tokens", "8",
+                                          NULL};
+    char sums[NLISTS][17];
+    proc p;
+    load L;
+    client *cl;
+    int differ = 0, compared = 0, moved = 0;
+    spawn(&p, alone);
+    query(p.port, NLISTS, list_line, sums);
+    ck_assert_int_eq(finish(&p, SIGTERM, 20.0), 0);
+    memset(&L, 0, sizeof L);
+    L.nclients = 16;
+    L.per_client = 32;
+    L.window = 6;
+    L.total = L.nclients * L.per_client;
+    spawn(&p, batched);
+    L.by_step = p.by_step;
+    cl = clients_open(&L, p.port);
+    run_clients(&L, cl, 120.0, 0, 0, 0);
+    ck_assert_int_eq(L.answered, L.total);
+    ck_assert_int_eq(L.unexpected, 0);
+    ck_assert_int_eq(L.mism, 0);
+    ck_assert_msg(L.batch_requests_sum > L.ok, "no step ever batched two requests");
+    for (one_list = 0; one_list < NLISTS; one_list++) { /* each alone on this server too */
+        char one[1][17];
+        query(p.port, 1, one_line, one);
+        ck_assert_msg(!strcmp(one[0], sums[one_list]), "list %d alone: %s on one server, %s on another",
+                      one_list, sums[one_list], one[0]);
+    }
+    for (int li = 0; li < NLISTS; li++) {
+        int lm = 0;
+        for (int st = 0; st <= MAX_STEP; st++) {
+            const char *b = L.sums[li][st];
+            if (!b[0])
+                continue;
+            if (!L.by_step || st == list_tokens(li)) {
+                compared++;
+                if (strcmp(b, sums[li])) {
+                    differ++;
+                    fprintf(stderr, "list %d (%d tokens), steps of %d: alone %s, batched %s\n", li,
+                            list_tokens(li), st, sums[li], b);
+                }
+            } else if (strcmp(b, sums[li])) {
+                lm = 1;
+            }
+        }
+        moved += lm;
+    }
+    printf("batch invariance (%s): %d comparisons with the lone step, %d differ; %d of %d lists "
+           "had another checksum in a step of another size; %.2f requests a step\n",
+           L.by_step ? "per step size" : "any step", compared, differ, moved, NLISTS,
+           L.ok ? (double)L.batch_requests_sum / L.ok : 0.0);
+    clients_close(&L, cl);
+    ck_assert_int_eq(finish(&p, SIGTERM, 20.0), 0);
+    ck_assert_int_eq(differ, 0);
+    if (!L.by_step) {
+        ck_assert_int_eq(compared, NLISTS);
+        ck_assert_int_eq(moved, 0);
+    }
+}
+END_TEST
 
 /* Checkpoint weights through the server: a BF16 and an FP8 (128x128 block
  * scales) kv_b_proj holding the same values must serve identical outputs. */
@@ -648,15 +775,15 @@ START_TEST(test_weights)
         st_buf_free(&f);
     }
     spawn(&p, args);
-    query(p.port, 8, s_bf);
+    query(p.port, 8, pair_line, s_bf);
     ck_assert_int_eq(finish(&p, SIGTERM, 20.0), 0);
     snprintf(pbf, sizeof pbf, "%s", pf8);
     spawn(&p, args);
-    query(p.port, 8, s_f8);
+    query(p.port, 8, pair_line, s_f8);
     ck_assert_int_eq(finish(&p, SIGTERM, 20.0), 0);
     args[0] = "--seed", args[1] = "1"; /* random weights */
     spawn(&p, args);
-    query(p.port, 8, s_rand);
+    query(p.port, 8, pair_line, s_rand);
     ck_assert_int_eq(finish(&p, SIGTERM, 20.0), 0);
     for (int i = 0; i < 8; i++) {
         ck_assert_msg(!strcmp(s_bf[i], s_f8[i]), "request %d: bf16 %s fp8 %s", i, s_bf[i],
@@ -696,7 +823,7 @@ START_TEST(test_clients_vanish)
         }
         close(fd);
     }
-    query(p.port, 4, sums); /* still serving */
+    query(p.port, 4, pair_line, sums); /* still serving */
     ck_assert_int_eq(finish(&p, SIGTERM, 30.0), 0);
     printf("16 clients vanished with 128 requests queued: server kept serving, exit 0\n");
 }
@@ -757,6 +884,10 @@ START_TEST(test_bad_options)
 }
 END_TEST
 
+/* test_serve SERVER [ARGS...]: ARGS go on every server's command line (the
+ * GPU runs: "--device cuda --config FILE"); with them the suite leaves out
+ * the cases that fix their own device or count on slow steps, and exits 77
+ * when "--device cuda" is asked for on a machine without a device. */
 int main(int argc, char **argv)
 {
     Suite *s = suite_create("serve");
@@ -764,21 +895,33 @@ int main(int argc, char **argv)
     SRunner *sr;
     int failed;
     if (argc < 2) {
-        fprintf(stderr, "usage: %s PATH-TO-mlart-serve-example\n", argv[0]);
+        fprintf(stderr, "usage: %s PATH-TO-mlart-serve-example [SERVER-ARGS...]\n", argv[0]);
         return 2;
     }
     server_path = argv[1];
+    server_extra = argc > 2 ? argv + 2 : NULL;
+    for (int i = 2; i + 1 < argc; i++) {
+        int ndev = 0;
+        if (!strcmp(argv[i], "--device") && !strcmp(argv[i + 1], "cuda") &&
+            (mlart_cuda_device_count(&ndev) || ndev < 1)) {
+            printf("no CUDA device: skipped\n");
+            return 77;
+        }
+    }
     signal(SIGPIPE, SIG_IGN);
     tcase_add_test(proto, test_parse);
     tcase_add_test(proto, test_framer_and_replies);
     tcase_set_timeout(live, 180);
     tcase_add_test(live, test_load);
+    tcase_add_test(live, test_batch_invariance);
     tcase_add_test(live, test_sigterm);
     tcase_add_test(live, test_sigint);
     tcase_add_test(live, test_clients_vanish);
-    tcase_add_test(live, test_second_signal);
     tcase_add_test(live, test_bad_options);
-    tcase_add_test(live, test_weights);
+    if (!server_extra) {
+        tcase_add_test(live, test_second_signal); /* needs about a second of CPU steps */
+        tcase_add_test(live, test_weights);       /* runs its servers on the CPU */
+    }
     suite_add_tcase(s, proto);
     suite_add_tcase(s, live);
     sr = srunner_create(s);
