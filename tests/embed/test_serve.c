@@ -709,9 +709,11 @@ START_TEST(test_batch_invariance)
         }
         moved += lm;
     }
-    printf("batch invariance (%s): %d comparisons with the lone step, %d differ; %d of %d lists "
-           "had another checksum in a step of another size; %.2f requests a step\n",
-           L.by_step ? "per step size" : "any step", compared, differ, moved, NLISTS,
+    printf("batch invariance (%s): %d lists alone on two servers agree; under load %d checksums "
+           "compared with the lone ones, %d differ; %d of %d lists had another checksum in a step "
+           "of another size; "
+           "%.2f requests a step\n",
+           L.by_step ? "per step size" : "any step", NLISTS, compared, differ, moved, NLISTS,
            L.ok ? (double)L.batch_requests_sum / L.ok : 0.0);
     clients_close(&L, cl);
     ck_assert_int_eq(finish(&p, SIGTERM, 20.0), 0);

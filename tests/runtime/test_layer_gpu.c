@@ -286,6 +286,34 @@ START_TEST(early_weights_after_late_writer)
 }
 END_TEST
 
+/* Fork and join on the device (tests/gpu/pdl_probe.h): a kernel launched
+ * with PDL after an event join must not start before the joined stream's
+ * kernel ends, eagerly and from a graph; whether it still starts early
+ * with respect to its own stream's previous kernel is printed.  What a
+ * layer would rely on to write the step's cache rows on a second stream
+ * beside the query absorption, joined before attend(). */
+START_TEST(fork_join_probe)
+{
+    static const char *const mode[] = {"eager", "graph", "graph, edges set by hand"};
+    cudaStream_t st;
+    ck_assert_int_eq(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+    for (int m = 0; m < 3; m++) {
+        int em = -1, es = -1, em2 = -1, es2 = -1, pe = -1, pe2 = -1;
+        /* the joined writer late: the dependent must wait for it */
+        ck_assert_int_eq(pdl_fork_join(st, m, 0, 200, &em, &es, &pe), 0);
+        ck_assert_msg(es == 0, "%s: the dependent read the joined stream's old bytes", mode[m]);
+        /* the same-stream writer late: does the dependent still start early? */
+        ck_assert_int_eq(pdl_fork_join(st, m, 200, 0, &em2, &es2, &pe2), 0);
+        ck_assert_int_eq(es2, 0);
+        printf("fork/join (%s): the dependent waited for the joined kernel; after its own stream's "
+               "kernel it started %s; %d programmatic edge(s) in the graph\n",
+               mode[m], em2 ? "early (the programmatic edge survives the join)" : "only after it ended",
+               pe2);
+    }
+    cudaStreamDestroy(st);
+}
+END_TEST
+
 /* A token's output in steps of different sizes.  The sm_90 backend picks
  * its kernels per step (the absorption's and V up-projection's path, the
  * attention's top-k split), so the same token can come out differently in a
@@ -408,6 +436,7 @@ int main(void)
     tcase_add_test(tc, reference_on_device);
     tcase_add_test(tc, early_weights_after_late_writer);
     tcase_add_test(tc, batch_drift);
+    tcase_add_test(tc, fork_join_probe);
     tcase_set_timeout(tc, 120);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
