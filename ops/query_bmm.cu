@@ -1001,7 +1001,7 @@ int warps_or_default(int ks, int want, int mt, int persistent)
  * "small" means no more 64-column tiles over all heads than SMs, where more
  * warps per block shorten the one round trip that dominates; with many
  * tiles, fewer warps leave room for more resident blocks. */
-void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c)
+void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c, bool pdl)
 {
     const int sms = device_sms();
     const int ks = (int)(d.K / 16);
@@ -1011,7 +1011,10 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c)
     c->path = MLART_BMM_GENERIC;
     c->mt = c->warps = c->bm = c->cols = c->groups = 0;
     DirectShape ds;
-    const bool few = (d.T > 8 && d.T <= 16 && (d.K == 192 ? d.H >= 64 : d.H >= 128)) ||
+    /* with PDL at 64-127 heads and P = 192 the swap path stays: it loads
+     * its first weights before its wait, where the direct kernel over
+     * more than 4 MiB of weights launches plainly (query_run) */
+    const bool few = (d.T > 8 && d.T <= 16 && (d.K == 192 && pdl ? d.H >= 64 : d.H >= 128)) ||
                      (d.T > 1 && d.T <= 8 && d.K == 192 && d.H >= 128);
     const bool wide = (d.T > 16 && d.T <= 32) || (d.T > 32 && d.T <= 64 && (d.K == 192 || d.H >= 128));
     /* with the fused q_pe copy (column block 0 copies after its result) only
@@ -1059,8 +1062,19 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c)
          * over two warps (96 weight registers a lane otherwise); two column
          * groups a block once the grid is several waves deep */
         mlart_bmm_config dc = {MLART_BMM_DIRECT, 0, ks % 2 == 0 && ks > 8 ? 2 : 1, 0, 32, 1};
-        if (dc.warps == 1 && (d.N / 32) * d.H > 4 * sms)
+        if (dc.warps == 1 && (d.N / 32) * d.H > 4 * sms && d.T <= 8)
             dc.groups = 2;
+        /* 9 <= T <= 16 below 128 heads at K = 192: the token rows staged,
+         * K in one warp, two column groups (variants of 2026-12-02 01:41,
+         * five rounds: H64 T16 P192 6.47-6.59 us against 6.61-6.69 on the
+         * swap path; at K = 128 one column group: H64 T16 P128 5.32-5.41
+         * against 5.46-5.54 with two; measured at 64 heads only, where the
+         * other head counts below 128 follow) */
+        if (d.T > 8 && d.K == 192 && d.H >= 64 && !pdl) {
+            dc.warps = 1;
+            dc.bm = 1;
+            dc.groups = 2;
+        }
         if (resolve_direct(d, &dc, &ds)) {
             *c = dc;
             return;
@@ -1156,7 +1170,7 @@ int pick_path(const Desc &d, const mlart_bmm_desc *pub, const mlart_bmm_config *
     mlart_bmm_config ac;
     int path = cfg ? cfg->path : MLART_BMM_AUTO;
     if (path == MLART_BMM_AUTO) {
-        auto_config(d, pub, &ac);
+        auto_config(d, pub, &ac, cfg && cfg->pdl);
         return ac.path;
     }
     if (path < MLART_BMM_GENERIC || path > MLART_BMM_SWAP)
@@ -1311,7 +1325,7 @@ int run(const Desc &d, const mlart_bmm_desc *pub, const mlart_bmm_config *cfg, c
     cudaError_t e;
     const int pdl = cfg && cfg->pdl;
     if (!cfg || cfg->path == MLART_BMM_AUTO) {
-        auto_config(d, pub, &ac);
+        auto_config(d, pub, &ac, pdl);
         cfg = &ac;
     }
     const int path = pick_path(d, pub, cfg);
