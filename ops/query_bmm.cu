@@ -1062,14 +1062,16 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c, 
          * over two warps (96 weight registers a lane otherwise); two column
          * groups a block once the grid is several waves deep */
         mlart_bmm_config dc = {MLART_BMM_DIRECT, 0, ks % 2 == 0 && ks > 8 ? 2 : 1, 0, 32, 1};
-        if (dc.warps == 1 && (d.N / 32) * d.H > 4 * sms && d.T <= 8)
+        if (dc.warps == 1 && (d.N / 32) * d.H > 4 * sms && (d.T <= 8 || d.pe_in))
             dc.groups = 2;
-        /* 9 <= T <= 16 below 128 heads at K = 192: the token rows staged,
-         * K in one warp, two column groups (variants of 2026-12-02 01:41,
-         * five rounds: H64 T16 P192 6.47-6.59 us against 6.61-6.69 on the
-         * swap path; at K = 128 one column group: H64 T16 P128 5.32-5.41
-         * against 5.46-5.54 with two; measured at 64 heads only, where the
-         * other head counts below 128 follow) */
+        /* 9 <= T <= 16 below 128 heads: at K = 128 without the q_pe copy
+         * one column group (variants of 2026-12-02 01:41, five rounds, H64
+         * T16 P128 5.32-5.41 us against 5.46-5.54 with two; bench of 08:04
+         * 5.30 against 5.48), with it two (6.39 against 7.01); at K = 192
+         * the token rows staged, K in one warp, two column groups (H64 T16
+         * P192 6.47-6.59 against 6.61-6.69 on the swap path, with the copy
+         * 7.22 against 7.65 for the kernel before).  Measured at 64 heads;
+         * the other head counts below 128 follow. */
         if (d.T > 8 && d.K == 192 && d.H >= 64 && !pdl) {
             dc.warps = 1;
             dc.bm = 1;
