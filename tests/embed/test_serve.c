@@ -486,6 +486,21 @@ static void clients_close(load *L, client *cl)
     free(L->seen);
 }
 
+/* Spawn a server with args and open nclients connections to it, each to
+ * send per_client requests with at most window outstanding. */
+static client *load_start(load *L, proc *p, const char *const *args, int nclients, int per_client,
+                          int window)
+{
+    memset(L, 0, sizeof *L);
+    L->nclients = nclients;
+    L->per_client = per_client;
+    L->window = window;
+    L->total = nclients * per_client;
+    spawn(p, args);
+    L->by_step = p->by_step;
+    return clients_open(L, p->port);
+}
+
 START_TEST(test_load)
 {
     static const char *const args[] = {"--max-batch-tokens", "32", "--max-request-tokens", "8",
@@ -495,14 +510,7 @@ START_TEST(test_load)
     client *cl;
     double secs;
     int want_ok, rc;
-    memset(&L, 0, sizeof L);
-    L.nclients = 48;
-    L.per_client = 64;
-    L.window = 6;
-    L.total = L.nclients * L.per_client;
-    spawn(&p, args);
-    L.by_step = p.by_step;
-    cl = clients_open(&L, p.port);
+    cl = load_start(&L, &p, args, 48, 64, 6);
     secs = run_clients(&L, cl, 120.0, 0, 0, 0);
     want_ok = L.want_kind[K_OK];
     printf("load: %d clients x %d requests (%d well-formed, %d bad) in %.2f s = %.0f requests/s; "
@@ -534,14 +542,7 @@ static void shutdown_case(int sig)
     load L;
     client *cl;
     int rc, fd, shut;
-    memset(&L, 0, sizeof L);
-    L.nclients = 8;
-    L.per_client = 24;
-    L.window = 24; /* everything at once */
-    L.total = L.nclients * L.per_client;
-    spawn(&p, args);
-    L.by_step = p.by_step;
-    cl = clients_open(&L, p.port);
+    cl = load_start(&L, &p, args, 8, 24, 24); /* everything at once */
     run_clients(&L, cl, 60.0, p.pid, sig, 1);
     rc = finish(&p, 0, 20.0);
     shut = L.got_kind[0];
@@ -671,14 +672,7 @@ START_TEST(test_batch_invariance)
     spawn(&p, alone);
     query(p.port, NLISTS, list_line, sums);
     ck_assert_int_eq(finish(&p, SIGTERM, 20.0), 0);
-    memset(&L, 0, sizeof L);
-    L.nclients = 16;
-    L.per_client = 32;
-    L.window = 6;
-    L.total = L.nclients * L.per_client;
-    spawn(&p, batched);
-    L.by_step = p.by_step;
-    cl = clients_open(&L, p.port);
+    cl = load_start(&L, &p, batched, 16, 32, 6);
     run_clients(&L, cl, 120.0, 0, 0, 0);
     ck_assert_int_eq(L.answered, L.total);
     ck_assert_int_eq(L.unexpected, 0);
