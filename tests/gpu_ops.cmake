@@ -11,6 +11,7 @@ if(MLART_WITH_CUDA)
   add_library(mlart_pdl_probe STATIC ${CMAKE_CURRENT_SOURCE_DIR}/gpu/pdl_probe.cu)
   target_link_libraries(mlart_pdl_probe PUBLIC CUDA::cudart)
   target_include_directories(mlart_pdl_probe PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/gpu)
+  target_include_directories(mlart_pdl_probe PRIVATE ${PROJECT_SOURCE_DIR})
 
   mlart_test(ops_bmm_gpu LABELS gpu TIMEOUT 900 SOURCES gpu/ops_bmm_test.c LIBS mlart_pdl_probe)
   mlart_test(ops_guard_gpu LABELS gpu TIMEOUT 1800 SOURCES gpu/ops_guard_test.c LIBS mlart_guard_alloc)

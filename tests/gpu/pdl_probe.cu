@@ -1,6 +1,8 @@
 /* Kernels for the programmatic-dependent-launch tests: see pdl_probe.h. */
 #include "pdl_probe.h"
 
+#include "runtime/cuda_launch.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,22 +42,6 @@ __global__ void nowait_copy2_kernel(uint4 *pa, const uint4 *a, uint4 *pk, const 
     }
 }
 
-/* Eight blocks of 256 threads on st, with programmatic dependent launch
- * when pdl is set (at: storage for the one attribute). */
-cudaLaunchConfig_t small_launch(cudaStream_t st, cudaLaunchAttribute *at, int pdl)
-{
-    cudaLaunchConfig_t lc;
-    lc.gridDim = dim3(8);
-    lc.blockDim = dim3(256);
-    lc.dynamicSmemBytes = 0;
-    lc.stream = st;
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    lc.attrs = at;
-    lc.numAttrs = pdl ? 1 : 0;
-    return lc;
-}
-
 } // namespace
 
 extern "C" int pdl_late_copy(void *dst, const void *src, size_t bytes, unsigned spin_us, cudaStream_t st)
@@ -72,7 +58,7 @@ extern "C" int pdl_nowait_copy(void *dst, const void *src, size_t bytes, cudaStr
     cudaLaunchAttribute at[1];
     if (bytes % 16)
         return (int)cudaErrorInvalidValue;
-    const cudaLaunchConfig_t lc = small_launch(st, at, 1);
+    const cudaLaunchConfig_t lc = mlart_launch_cfg(dim3(8), dim3(256), 0, st, 1, at);
     return (int)cudaLaunchKernelEx(&lc, nowait_copy_kernel, (uint4 *)dst, (const uint4 *)src, bytes / 16);
 }
 
@@ -194,7 +180,7 @@ extern "C" int pdl_fork_join(cudaStream_t st, int graph, unsigned spin_main_us, 
         if ((e = cudaStreamUpdateCaptureDependencies(st, nodes, ed, n, cudaStreamSetCaptureDependencies)))
             goto out;
     }
-    lc = small_launch(st, at, graph != 2); /* 2: the edges say it */
+    lc = mlart_launch_cfg(dim3(8), dim3(256), 0, st, graph != 2, at); /* 2: the edges say it */
     if ((e = cudaLaunchKernelEx(&lc, nowait_copy2_kernel, (uint4 *)pa, (const uint4 *)a, (uint4 *)pk,
                                 (const uint4 *)k, bytes / 16)))
         goto out;
