@@ -1,8 +1,10 @@
 /* The serving example: protocol unit tests, then the real binary on loopback:
  * a bounded load test (many concurrent clients, a fixed number of requests,
  * malformed / oversized / out-of-range ones mixed in, a time limit: every
- * request answered, none lost, equal inputs give equal checksums), and
- * shutdown on SIGTERM and SIGINT with requests still queued. */
+ * request answered, none lost, equal inputs give equal checksums, per step
+ * size on the sm_90 backend), requests alone against batched, and shutdown
+ * on SIGTERM and SIGINT with requests still queued.  Arguments after the
+ * server's path go on every server's command line (the GPU runs). */
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
 #include <check.h>
