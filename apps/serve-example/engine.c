@@ -19,12 +19,18 @@ struct serve_engine {
     int32_t context, blocks, max_t, max_b;
     int64_t num_slots;
     void *kv_cache, *w_uk_t, *w_uv, *kv_b_proj; /* on the device */
-    /* step inputs/outputs: host staging, and device copies on CUDA */
+    /* step inputs/outputs: host staging (page-locked on CUDA), and device
+     * copies on CUDA */
     uint16_t *h_q, *h_o;
     int32_t *h_idx, *h_req, *h_lens, *h_bt;
     void *d_q, *d_o, *d_idx, *d_req, *d_lens, *d_bt;
+    uint16_t *q_table; /* [context, H*(P+R)]: each position's query, made once
+                          (NULL when larger than Q_TABLE_MAX: made per step) */
+    void *stream;      /* CUDA: the steps' stream (cudaStream_t) */
     char describe[160];
 };
+
+#define Q_TABLE_MAX ((size_t)64 << 20)
 
 static uint64_t mix(uint64_t x)
 {
@@ -71,8 +77,44 @@ static void dev_free(const serve_engine *e, void *p)
 #endif
 }
 
-/* Host -> the engine's device (a plain copy on the CPU). */
-static int to_dev(const serve_engine *e, void *dst, const void *src, size_t bytes)
+/* The synthetic query of the token at position p: n bf16 values. */
+static void make_query(uint16_t *q, int32_t p, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++)
+        q[j] = val_bf16(((uint64_t)p << 32) ^ (uint64_t)j ^ 0x5eed000000000000ull, 1.0f);
+}
+
+/* Host staging for the steps: page-locked on CUDA, so that the copies are
+ * asynchronous on the engine's stream. */
+static int host_alloc(const serve_engine *e, size_t bytes, void **out)
+{
+#ifdef MLART_WITH_CUDA
+    if (e->device >= 0)
+        return cudaMallocHost(out, bytes ? bytes : 1) == cudaSuccess ? 0 : MLART_ENOMEM;
+#endif
+    (void)e;
+    *out = malloc(bytes ? bytes : 1);
+    return *out ? 0 : MLART_ENOMEM;
+}
+
+static void host_free(const serve_engine *e, void *p)
+{
+    if (!p)
+        return;
+#ifdef MLART_WITH_CUDA
+    if (e->device >= 0) {
+        cudaFreeHost(p);
+        return;
+    }
+#endif
+    (void)e;
+    free(p);
+}
+
+/* A copy between the host and the engine's device (a plain copy on the
+ * CPU): on `stream` (a cudaStream_t) when given, else synchronously. */
+static int copy(const serve_engine *e, void *dst, const void *src, size_t bytes, int to_device,
+                void *stream)
 {
     if (e->device < 0) {
         if (dst != src)
@@ -80,24 +122,21 @@ static int to_dev(const serve_engine *e, void *dst, const void *src, size_t byte
         return 0;
     }
 #ifdef MLART_WITH_CUDA
-    return cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : MLART_ECUDA;
+    {
+        const enum cudaMemcpyKind k = to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+        cudaError_t ce = stream ? cudaMemcpyAsync(dst, src, bytes, k, (cudaStream_t)stream)
+                                : cudaMemcpy(dst, src, bytes, k);
+        return ce == cudaSuccess ? 0 : MLART_ECUDA;
+    }
 #else
+    (void)to_device, (void)stream;
     return MLART_ENODEV;
 #endif
 }
 
-static int from_dev(const serve_engine *e, void *dst, const void *src, size_t bytes)
+static int to_dev(const serve_engine *e, void *dst, const void *src, size_t bytes)
 {
-    if (e->device < 0) {
-        if (dst != src)
-            memcpy(dst, src, bytes);
-        return 0;
-    }
-#ifdef MLART_WITH_CUDA
-    return cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : MLART_ECUDA;
-#else
-    return MLART_ENODEV;
-#endif
+    return copy(e, dst, src, bytes, 1, NULL);
 }
 
 void serve_engine_destroy(serve_engine *e)
@@ -117,12 +156,17 @@ void serve_engine_destroy(serve_engine *e)
         dev_free(e, e->d_lens);
         dev_free(e, e->d_bt);
     }
-    free(e->h_q);
-    free(e->h_o);
-    free(e->h_idx);
-    free(e->h_req);
-    free(e->h_lens);
-    free(e->h_bt);
+    host_free(e, e->h_q);
+    host_free(e, e->h_o);
+    host_free(e, e->h_idx);
+    host_free(e, e->h_req);
+    host_free(e, e->h_lens);
+    host_free(e, e->h_bt);
+    free(e->q_table);
+#ifdef MLART_WITH_CUDA
+    if (e->stream)
+        cudaStreamDestroy((cudaStream_t)e->stream);
+#endif
     mlart_context_destroy(e->ctx);
     free(e);
 }
@@ -300,16 +344,26 @@ int serve_engine_create(const serve_engine_opts *o, serve_engine **out, char *er
     {
         size_t T = (size_t)e->max_t, B = (size_t)e->max_b;
         size_t H = (size_t)g->heads;
-        e->h_q = malloc(T * H * (size_t)(g->qk_nope + g->rope) * 2);
-        e->h_o = malloc(T * H * (size_t)g->v_head * 2);
-        e->h_idx = malloc(T * (size_t)g->topk * 4);
-        e->h_req = malloc(T * 4);
-        e->h_lens = malloc(B * 4);
-        e->h_bt = malloc(B * (size_t)e->blocks * 4);
-        if (!e->h_q || !e->h_o || !e->h_idx || !e->h_req || !e->h_lens || !e->h_bt) {
-            rc = MLART_ENOMEM;
+        const size_t qrow = H * (size_t)(g->qk_nope + g->rope);
+        if ((rc = host_alloc(e, T * qrow * 2, (void **)&e->h_q)) ||
+            (rc = host_alloc(e, T * H * (size_t)g->v_head * 2, (void **)&e->h_o)) ||
+            (rc = host_alloc(e, T * (size_t)g->topk * 4, (void **)&e->h_idx)) ||
+            (rc = host_alloc(e, T * 4, (void **)&e->h_req)) ||
+            (rc = host_alloc(e, B * 4, (void **)&e->h_lens)) ||
+            (rc = host_alloc(e, B * (size_t)e->blocks * 4, (void **)&e->h_bt)))
+            goto fail;
+        if ((size_t)e->context * qrow * 2 <= Q_TABLE_MAX &&
+            (e->q_table = malloc((size_t)e->context * qrow * 2))) {
+            for (int32_t p = 0; p < e->context; p++)
+                make_query(e->q_table + (size_t)p * qrow, p, (int64_t)qrow);
+        }
+#ifdef MLART_WITH_CUDA
+        if (e->device >= 0 &&
+            cudaStreamCreateWithFlags((cudaStream_t *)&e->stream, cudaStreamNonBlocking) != cudaSuccess) {
+            rc = MLART_ECUDA;
             goto fail;
         }
+#endif
         if (e->device < 0) {
             e->d_q = e->h_q, e->d_o = e->h_o, e->d_idx = e->h_idx;
             e->d_req = e->h_req, e->d_lens = e->h_lens, e->d_bt = e->h_bt;
@@ -368,8 +422,10 @@ static int step(serve_engine *e, const serve_request *const *reqs, int n, uint64
             /* the query depends only on the position, so a request's
              * inputs do not depend on what it was batched with (its
              * output may, within the backend's bound: docs/serve.md) */
-            for (int64_t j = 0; j < H * PR; j++)
-                q[j] = val_bf16(((uint64_t)p << 32) ^ (uint64_t)j ^ 0x5eed000000000000ull, 1.0f);
+            if (e->q_table)
+                memcpy(q, e->q_table + (size_t)p * (size_t)(H * PR), (size_t)(H * PR) * 2);
+            else
+                make_query(q, p, H * PR);
             for (int64_t k = 0; k < K; k++)
                 idx[k] = p - k >= 0 ? (int32_t)(p - k) : -1;
             e->h_req[t] = r;
@@ -378,11 +434,13 @@ static int step(serve_engine *e, const serve_request *const *reqs, int n, uint64
         for (int32_t b = 0; b < e->blocks; b++)
             e->h_bt[(size_t)r * (size_t)e->blocks + (size_t)b] = b; /* one shared cache */
     }
-    if ((rc = to_dev(e, e->d_q, e->h_q, (size_t)(T * H * PR) * 2)) ||
-        (rc = to_dev(e, e->d_idx, e->h_idx, (size_t)(T * K) * 4)) ||
-        (rc = to_dev(e, e->d_req, e->h_req, (size_t)T * 4)) ||
-        (rc = to_dev(e, e->d_lens, e->h_lens, (size_t)n * 4)) ||
-        (rc = to_dev(e, e->d_bt, e->h_bt, (size_t)n * (size_t)e->blocks * 4)))
+    /* on CUDA everything below is queued on the engine's stream, from
+     * page-locked staging, and waited for once after the copy back */
+    if ((rc = copy(e, e->d_q, e->h_q, (size_t)(T * H * PR) * 2, 1, e->stream)) ||
+        (rc = copy(e, e->d_idx, e->h_idx, (size_t)(T * K) * 4, 1, e->stream)) ||
+        (rc = copy(e, e->d_req, e->h_req, (size_t)T * 4, 1, e->stream)) ||
+        (rc = copy(e, e->d_lens, e->h_lens, (size_t)n * 4, 1, e->stream)) ||
+        (rc = copy(e, e->d_bt, e->h_bt, (size_t)n * (size_t)e->blocks * 4, 1, e->stream)))
         return rc;
     memset(&io, 0, sizeof io);
     io.T = T;
@@ -397,10 +455,13 @@ static int step(serve_engine *e, const serve_request *const *reqs, int n, uint64
         io.block_table = mlart_tensor_dense(e->d_bt, MLART_DTYPE_I32, e->device, 2, bts);
         io.o = mlart_tensor_dense(e->d_o, MLART_DTYPE_BF16, e->device, 2, os);
     }
-    if ((rc = mlart_layer_decode(e->layer, &io, NULL)))
+    if ((rc = mlart_layer_decode(e->layer, &io, e->stream)) ||
+        (rc = copy(e, e->h_o, e->d_o, (size_t)(T * H * V) * 2, 0, e->stream)))
         return rc;
-    if ((rc = from_dev(e, e->h_o, e->d_o, (size_t)(T * H * V) * 2)))
-        return rc;
+#ifdef MLART_WITH_CUDA
+    if (e->stream && cudaStreamSynchronize((cudaStream_t)e->stream) != cudaSuccess)
+        return MLART_ECUDA;
+#endif
     for (int r = 0, t = 0; r < n; r++) {
         size_t row = (size_t)(H * V) * 2;
         checksums[r] = serve_fnv1a(SERVE_FNV_INIT, (const char *)e->h_o + (size_t)t * row,
