@@ -148,20 +148,15 @@ void serve_engine_destroy(serve_engine *e)
     dev_free(e, e->w_uk_t);
     dev_free(e, e->w_uv);
     dev_free(e, e->kv_b_proj);
-    if (e->device >= 0) {
-        dev_free(e, e->d_q);
-        dev_free(e, e->d_o);
-        dev_free(e, e->d_idx);
-        dev_free(e, e->d_req);
-        dev_free(e, e->d_lens);
-        dev_free(e, e->d_bt);
+    {
+        void *d[] = {e->d_q, e->d_o, e->d_idx, e->d_req, e->d_lens, e->d_bt};
+        void *h[] = {e->h_q, e->h_o, e->h_idx, e->h_req, e->h_lens, e->h_bt};
+        for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) {
+            if (e->device >= 0) /* on the CPU the step runs in the host buffers */
+                dev_free(e, d[i]);
+            host_free(e, h[i]);
+        }
     }
-    host_free(e, e->h_q);
-    host_free(e, e->h_o);
-    host_free(e, e->h_idx);
-    host_free(e, e->h_req);
-    host_free(e, e->h_lens);
-    host_free(e, e->h_bt);
     free(e->q_table);
 #ifdef MLART_WITH_CUDA
     if (e->stream)
