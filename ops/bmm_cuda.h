@@ -58,7 +58,9 @@ typedef struct mlart_bmm_config {
      * slice (128 or 256, 0 = 256) */
     /* RING: `cols` columns per slice (64 or 128, 0 = 128); `mt` stages of
      * the ring (1, 2, 3, 4 or 6; 0 = as many as fit); `groups` blocks an
-     * SM (1 to 4, 0 = 1) */
+     * SM (1 to 4, 0 = 1); `warps` 1: one item a block, its K blocks in
+     * copy groups of their own (`mt` and `groups` then unused), 0: the
+     * ring */
     /* SWAP: `cols` columns a block (64, 128, 256 or 512, 0 = 256); `mt`
      * token rows a tile (8, 16 or 64, not 64 with 512 columns; 0 = 8 up to
      * T = 8, else 16) */
@@ -90,10 +92,11 @@ int mlart_bmm_wgmma_ok(const mlart_bmm_desc *d, int nwg, int bn);
 int mlart_bmm_wgmma_run(const mlart_bmm_desc *d, int splits, int nwg, int bn, void *stream);
 
 /* RING path (same file): whether it serves d with bn-column slices, that
- * many stages and blocks an SM (0 = defaults), and the launch (pdl as in
+ * many stages and blocks an SM (0 = defaults), and the launch (`one` 1:
+ * the one-item form, stages and blocks an SM ignored; pdl as in
  * mlart_bmm_config; returns a cudaError_t). */
 int mlart_bmm_ring_ok(const mlart_bmm_desc *d, int bn, int stages, int per_sm);
-int mlart_bmm_ring_run(const mlart_bmm_desc *d, int bn, int stages, int per_sm, int pdl, void *stream);
+int mlart_bmm_ring_run(const mlart_bmm_desc *d, int bn, int stages, int per_sm, int one, int pdl, void *stream);
 
 /* SWAP path (same file): whether it serves d with bm columns a block and nt
  * token rows a tile (0 = defaults), and the launch (returns a cudaError_t). */

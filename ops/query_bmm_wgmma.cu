@@ -560,6 +560,83 @@ __global__ void __launch_bounds__(128, ring_min_blocks(KB, BN, NST)) bmm_ring_ke
 #endif
 }
 
+/* The ring's one-item form (config `warps` = 1): a block per item, and the
+ * item's K blocks in copy groups of their own (the weight rows of the block
+ * and the same K columns of the activation tile), so the wgmma of block b
+ * start as soon as it has landed while the later blocks still fly, as the
+ * first tile of bmm_wgmma_kernel does.  Launched with programmatic
+ * dependent launch (EARLY) the weight rows are copied before the wait, in
+ * groups of their own, as the direct kernel and the swap path do (the
+ * weights must not be written by the previous kernel); else nothing is
+ * read before it. */
+template <int KB, int BN, bool EARLY>
+__global__ void __launch_bounds__(128, 4) bmm_ring1_kernel(const __grid_constant__ WParams p)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int K = 64 * KB, CPR = BN / 8;
+    constexpr uint32_t W_BYTES = (uint32_t)K * BN * 2;
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t ws = (smem_u32(smem_raw) + 1023u) & ~1023u, as = ws + W_BYTES;
+    const int tid = threadIdx.x, it = blockIdx.x;
+    const int nh = it % p.nslice, rest = it / p.nslice;
+    const int64_t h = rest / p.rt, t0 = (int64_t)(rest % p.rt) * WG_BM;
+    const __nv_bfloat16 *wh = p.w + h * p.w_sh + (int64_t)nh * BN;
+    float acc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++)
+        acc[i] = 0.f;
+    /* Copy groups: without EARLY one per K block b (its weight rows and
+     * the tile's same K columns), waited for down to KB - 1 - b pending;
+     * with EARLY the KB weight groups first, then the KB tile groups,
+     * which the same count waits for (and every weight group with them). */
+#pragma unroll
+    for (int b = 0; b < KB; b++) {
+        if (!EARLY && b == 0) {
+            asm volatile("griddepcontrol.wait;" ::: "memory");
+            asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+        }
+#pragma unroll
+        for (int u = 0; u < 64 * CPR / 128; u++) {
+            const int i = tid + 128 * u, k = 64 * b + i / CPR, cc = i % CPR;
+            const uint32_t dst = ws + (cc >> 3) * (uint32_t)(K * 128) + k * 128 + (((cc & 7) ^ (k & 7)) << 4);
+            cp_async16(dst, wh + (int64_t)k * p.w_sk + cc * 8, 16);
+        }
+        if (!EARLY)
+            load_a_tile<1>(p, h, t0, as, tid, b);
+        cp_async_commit();
+    }
+    if (EARLY) {
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#pragma unroll
+        for (int b = 0; b < KB; b++) {
+            load_a_tile<1>(p, h, t0, as, tid, b);
+            cp_async_commit();
+        }
+    }
+    reg_fence(acc);
+#pragma unroll
+    for (int b = 0; b < KB; b++) {
+        cp_async_wait_upto(KB - 1 - b); /* block b landed, later ones may fly */
+        fence_proxy_async();
+        __syncthreads(); /* every thread's copies of block b visible */
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int kk = 4 * b; kk < 4 * b + 4; kk++) {
+            const uint64_t da = smem_desc(as + (kk >> 2) * (WG_BM * 128) + (kk & 3) * 32, 16, 1024);
+            const uint64_t db = smem_desc(ws + kk * 2048, K * 128, 1024);
+            wgmma_bn(acc, da, db, kk > 0);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    reg_fence(acc);
+    store_tile<BN>(p, acc, h, t0, (int64_t)nh * BN, nh, tid);
+#else
+    __trap(); /* built without sm_90a: mlart_bmm_ring_ok refuses the path */
+#endif
+}
+
 /* Decode with few token rows (T <= 16 and 33 <= T <= 64 by the automatic
  * choice, at many heads or P = 192): the weight stream of the product, fed
  * by the tensor memory accelerator (TMA).
@@ -935,6 +1012,16 @@ cudaError_t launch_ring(WParams &p, int per_sm_want, int pdl, int sms, cudaStrea
 template <int KB, int BN>
 cudaError_t launch_ring_n(WParams &p, int nst, int per_sm, int pdl, int sms, cudaStream_t st)
 {
+    if (nst < 0) { /* the one-item form: a block per item */
+        const size_t smem = (size_t)64 * KB * (BN * 2 + WG_BM * 2) + 1024;
+        void (*const kern)(WParams) = pdl ? bmm_ring1_kernel<KB, BN, true> : bmm_ring1_kernel<KB, BN, false>;
+        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess)
+            return e;
+        cudaLaunchAttribute at[1];
+        const cudaLaunchConfig_t lc = mlart_launch_cfg(dim3((unsigned)p.items), dim3(128), smem, st, pdl, at);
+        return cudaLaunchKernelEx(&lc, kern, p);
+    }
     switch (nst) {
     case 1: return launch_ring<KB, BN, 1>(p, per_sm, pdl, sms, st);
     case 2: return launch_ring<KB, BN, 2>(p, per_sm, pdl, sms, st);
@@ -1119,7 +1206,8 @@ extern "C" int mlart_bmm_ring_ok(const mlart_bmm_desc *d, int bn, int stages, in
     return major == 9;
 }
 
-extern "C" int mlart_bmm_ring_run(const mlart_bmm_desc *d, int bn, int stages, int per_sm, int pdl, void *stream)
+extern "C" int mlart_bmm_ring_run(const mlart_bmm_desc *d, int bn, int stages, int per_sm, int one, int pdl,
+                                  void *stream)
 {
     WParams p;
     int major = 0, sms = 0;
@@ -1130,7 +1218,9 @@ extern "C" int mlart_bmm_ring_run(const mlart_bmm_desc *d, int bn, int stages, i
     if (sms < 1)
         return (int)cudaErrorInvalidDevice;
     const int kb = (int)(d->K / 64);
-    if (!stages)
+    if (one)
+        stages = -1;
+    else if (!stages)
         stages = ring_stages_fit(kb, bn, per_sm);
     make_params(d, bn, p);
     p.items *= p.rt;

@@ -556,7 +556,7 @@ int bench_variants(const mlart_bench_opts *o)
     static const mlart_bench_col cols[] = {{"time", "us", 9, 2}, {"GB/s", "unique", 8, 0}};
     const mlart_bench_table t = {"variants: floors, direct [staged a] (cols, split, groups, mt), ring (cols, stages, blocks/SM), stream (mt, warps), tiled (bm)",
                                  "shape variant", 40, cols, 2};
-    static const int64_t Ts[] = {1, 4, 16, 32, 64, 256, 1024, 8192};
+    static const int64_t Ts[] = {1, 4, 16, 32, 64, 128, 192, 256, 1024, 8192};
     static const int64_t Hs[] = {16, 32, 64, 128};
     mlart_bench_table_head(o, &t);
     for (int vup = 0; vup < 2; vup++)
@@ -613,6 +613,14 @@ int bench_variants(const mlart_bench_opts *o)
                                                     {64, 2, 3}, {64, 1, 3}};
                         for (unsigned k = 0; k < sizeof rv / sizeof rv[0]; k++)
                             cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_RING, rv[k][1], 0, 0, rv[k][0], rv[k][2]};
+                        /* the one-item form, 64- and 128-column slices; and
+                         * launched with PDL, against the automatic choice so */
+                        cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_RING, 0, 1, 0, 64, 0};
+                        cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_RING, 0, 1, 0, 128, 0};
+                        if (c.T > 16 && c.T <= 128) {
+                            cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_RING, 0, 1, 0, 64, 0, 1};
+                            cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_AUTO, 0, 0, 0, 0, 0, 1};
+                        }
                     }
                     if (c.T <= 64) { /* swap: {columns a block, token rows a tile} */
                         static const int sv[][2] = {{256, 0},  {128, 0},  {512, 0}, {256, 16},
@@ -661,12 +669,16 @@ int bench_variants(const mlart_bench_opts *o)
                             continue;
                         }
                         const mlart_bmm_config *f = &cfgs[i];
-                        if (f->path == MLART_BMM_AUTO)
+                        if (f->path == MLART_BMM_AUTO && f->pdl)
+                            snprintf(name, sizeof name, "%s auto pdl", base);
+                        else if (f->path == MLART_BMM_AUTO)
                             snprintf(name, sizeof name, "%s auto%s", base, i ? " (again, last)" : "");
                         else if (f->path == MLART_BMM_TILED)
                             snprintf(name, sizeof name, "%s tiled bm%d", base, f->bm);
                         else if (f->path == MLART_BMM_WGMMA)
                             snprintf(name, sizeof name, "%s wgmma n%d wg%d chunks %d", base, f->cols, f->warps, f->mt);
+                        else if (f->path == MLART_BMM_RING && f->warps)
+                            snprintf(name, sizeof name, "%s ring one-item n%d%s", base, f->cols, f->pdl ? " pdl" : "");
                         else if (f->path == MLART_BMM_RING)
                             snprintf(name, sizeof name, "%s ring n%d st%d b%d", base, f->cols, f->mt, f->groups);
                         else if (f->path == MLART_BMM_SWAP)
@@ -676,7 +688,7 @@ int bench_variants(const mlart_bench_opts *o)
                         else
                             snprintf(name, sizeof name, "%s direct%s c%d s%d g%d mt%d", base, f->bm ? " staged" : "",
                                      f->cols, f->warps, f->groups, f->mt);
-                        c.cfg = f->path == MLART_BMM_AUTO ? NULL : f;
+                        c.cfg = f->path == MLART_BMM_AUTO && !f->pdl ? NULL : f;
                         v[0] = time_method(c, o, M_OURS, CUBLAS_COMPUTE_32F, 0);
                         v[1] = bytes / (v[0] * 1e3);
                         c.cfg = NULL;

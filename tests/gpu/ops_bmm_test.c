@@ -334,8 +334,11 @@ END_TEST
  * configuration (128-column slices, as many stages as fit, one block an
  * SM), then 64-column slices with two blocks an SM (two or three stages)
  * unfused and 64-column slices with 3 stages fused, then one stage with
- * three blocks an SM.  At H = 128 a block takes several items, so the ring
- * wraps around. */
+ * three blocks an SM, then the one-item form (a block per item, its K
+ * blocks in copy groups of their own) with 64-column slices, and with
+ * 128-column slices launched with PDL (the weights copied before the
+ * wait).  At H = 128 a block takes several items, so the ring wraps
+ * around. */
 static const int64_t k_rT[] = {1, 4, 16, 64, 75};
 
 static int ring_cfgs(const ops_case *c, mlart_bmm_config cfgs[6])
@@ -343,7 +346,9 @@ static int ring_cfgs(const ops_case *c, mlart_bmm_config cfgs[6])
     cfgs[0] = (mlart_bmm_config){MLART_BMM_RING, 0, 0, 0, 0, 0, 0};
     cfgs[1] = (mlart_bmm_config){MLART_BMM_RING, c->pe ? 3 : 0, 0, 0, 64, c->pe ? 1 : 2, 0};
     cfgs[2] = (mlart_bmm_config){MLART_BMM_RING, 1, 0, 0, 128, 3, 0};
-    return 3;
+    cfgs[3] = (mlart_bmm_config){MLART_BMM_RING, 0, 1, 0, 64, 0, 0};
+    cfgs[4] = (mlart_bmm_config){MLART_BMM_RING, 0, 1, 0, 128, 0, 1};
+    return 5;
 }
 
 START_TEST(ring_matrix)
@@ -517,6 +522,11 @@ START_TEST(paths)
             rg.groups = 4;
             d.K = 192; /* one 72 KB stage does not fit four times */
             ck_assert_int_eq(mlart_bmm_cuda_run(&d, &rg, 0), MLART_ENOTSUP);
+            rg.warps = 1; /* the one-item form: stages and blocks an SM unused */
+            ck_assert_int_eq(mlart_bmm_cuda_path(&d, &rg), MLART_BMM_RING);
+            rg.warps = 2; /* 0 (the ring) or 1 (one item a block) */
+            ck_assert_int_eq(mlart_bmm_cuda_run(&d, &rg, 0), MLART_ENOTSUP);
+            rg.warps = 0;
             rg.groups = 0;
             d.K = 64; /* K = 128 or 192 */
             ck_assert_int_eq(mlart_bmm_cuda_run(&d, &rg, 0), MLART_ENOTSUP);
@@ -655,9 +665,10 @@ END_TEST
  * previous kernel of the stream still runs, and must wait for it before
  * they read the query (or the V up-projection's input); with PDL the
  * direct kernel and the swap path copy weights before that wait.  Cases:
- * the query at 16 heads on the automatic path (direct at T <= 16, ring at
- * T = 64), the query forced onto the swap path, and the V up-projection
- * (the swap path at these T; what the layer step launches with PDL).  The
+ * the query at 16 heads on the automatic path (direct at T <= 16, the
+ * ring's one-item form at T = 64), the query forced onto the swap path,
+ * and the V up-projection (the swap path at these T; what the layer step
+ * launches with PDL).  The
  * previous kernel here (pdl_late_copy) lets dependents start at once and
  * writes the new input only after 200 us; the op, eager and replayed from
  * a graph, must give exactly the output of the new input, with the op
@@ -763,7 +774,7 @@ START_TEST(pdl_order)
             }
     cudaStreamDestroy(st);
     printf("pdl order: %d cases (H16, T in {1,4,16,64}, plain and PDL launch: the query with q_pe fused, both P, "
-           "direct kernel at T <= 16, ring at 64, and on the swap path; the V up-projection, both V, swap path): "
+           "direct kernel at T <= 16, ring (one item a block) at 64, and on the swap path; the V up-projection, both V, swap path): "
            "the op's output is that of an input written late by the previous kernel, eager and in a graph; "
            "control: a dependent that "
            "does not wait read old bytes in a graph %s, eagerly %s\n",
