@@ -26,14 +26,17 @@
  *   wgmma   the query at T >= 256: a persistent grid that keeps each head's
  *           weight slice in shared memory and streams 64-row activation
  *           tiles through wgmma;
- *   ring    the query at 33 <= T <= 64 below 128 heads at P = 128 or
- *           fused: (head, tile, slice) items through a ring of
- *           shared-memory stages, wgmma, results from registers;
- *   swap    the query at T <= 16 with many heads, at 17 <= T <= 32 and at
- *           33 <= T <= 64 at P = 192, the V up-projection at T <= 64
- *           (auto_config says exactly where): the TMA streams the weights
- *           through a ring of stages as wgmma's A operand, the token rows
- *           are its N.
+ *   ring    (head, tile, slice) items, wgmma, results from registers; in
+ *           its one-item form (a block per item, the item's K blocks in
+ *           copy groups of their own) the query at 17 <= T <= 255 but
+ *           where auto_config keeps the swap path; the ring of
+ *           shared-memory stages itself where that form and the swap path
+ *           are not taken;
+ *   swap    the query at T <= 16 with many heads and at 17 <= T <= 64 at
+ *           128 heads fused at P = 192 or launched with PDL, the V
+ *           up-projection at T <= 64 (auto_config says exactly where): the
+ *           TMA streams the weights through a ring of stages as wgmma's A
+ *           operand, the token rows are its N.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -1100,7 +1103,9 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c, 
         }
     }
     if (!wide_k && d.T > 32 && d.T <= 64) {
-        /* ring variants table (docs/ops.md): 64-column slices; one stage
+        /* Where neither the one-item form nor the swap path was taken
+         * above (the swap path refused the view): the ring proper, from
+         * its variants table (docs/ops.md): 64-column slices; one stage
          * and four blocks an SM once there are three items an SM (H64 T64
          * 6.9/8.4 us against 7.2/8.7 for the kernels below, P128/P192;
          * H128 10.8/13.1 against 12.6/14.7), else two stages and two
