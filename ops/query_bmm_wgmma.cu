@@ -251,6 +251,27 @@ template <int KB, int BN> __device__ __forceinline__ void mma_tile(float (&acc)[
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     reg_fence(acc);
 }
+
+/* K block b (64 rows of K) of a 64-row activation stage at `as` times the
+ * weights at `ws`, once its copy group has landed: wait until at most
+ * `pending` later groups are in flight, make every thread's copies visible
+ * to the tensor cores, then issue its four wgmma (neither committed nor
+ * waited for). */
+template <int KB, int BN>
+__device__ __forceinline__ void mma_kblock(float (&acc)[BN / 2], uint32_t as, uint32_t ws, int b, int pending)
+{
+    constexpr int K = 64 * KB;
+    cp_async_wait_upto(pending);
+    fence_proxy_async();
+    __syncthreads();
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int kk = 4 * b; kk < 4 * b + 4; kk++) {
+        const uint64_t da = smem_desc(as + (kk >> 2) * (WG_BM * 128) + (kk & 3) * 32, 16, 1024);
+        const uint64_t db = smem_desc(ws + kk * 2048, K * 128, 1024);
+        wgmma_bn(acc, da, db, kk > 0);
+    }
+}
 #endif
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
@@ -415,19 +436,11 @@ __global__ void __launch_bounds__(128 * NWG, 1) bmm_wgmma_kernel(const __grid_co
          * nothing), so no wgmma sits in a branch the compiler must treat as
          * divergent. */
         reg_fence(acc);
+        /* blocks after b and the second tiles may still fly; the barrier
+         * covers weight block b, copied by every warpgroup */
 #pragma unroll
-        for (int b = 0; b < KB; b++) {
-            cp_async_wait_upto(KB - b); /* blocks after b and the second tiles may still fly */
-            fence_proxy_async();
-            __syncthreads(); /* weight block b (copied by every warpgroup) and the tiles' block b visible */
-            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-            for (int kk = 4 * b; kk < 4 * b + 4; kk++) {
-                const uint64_t da = smem_desc(as0 + (kk >> 2) * (WG_BM * 128) + (kk & 3) * 32, 16, 1024);
-                const uint64_t db = smem_desc(ws + kk * 2048, K * 128, 1024);
-                wgmma_bn(acc, da, db, kk > 0);
-            }
-        }
+        for (int b = 0; b < KB; b++)
+            mma_kblock<KB, BN>(acc, as0, ws, b, KB - b);
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
         reg_fence(acc);
@@ -616,17 +629,8 @@ __global__ void __launch_bounds__(128, 4) bmm_ring1_kernel(const __grid_constant
     }
     reg_fence(acc);
 #pragma unroll
-    for (int b = 0; b < KB; b++) {
-        cp_async_wait_upto(KB - 1 - b); /* block b landed, later ones may fly */
-        fence_proxy_async();
-        __syncthreads(); /* every thread's copies of block b visible */
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-        for (int kk = 4 * b; kk < 4 * b + 4; kk++) {
-            const uint64_t da = smem_desc(as + (kk >> 2) * (WG_BM * 128) + (kk & 3) * 32, 16, 1024);
-            const uint64_t db = smem_desc(ws + kk * 2048, K * 128, 1024);
-            wgmma_bn(acc, da, db, kk > 0);
-        }
+    for (int b = 0; b < KB; b++) { /* block b landed, later ones may fly */
+        mma_kblock<KB, BN>(acc, as, ws, b, KB - 1 - b);
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
