@@ -1026,9 +1026,27 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c, 
      * 9.3, T64 P128 13.0 against 13.3; fused H16-H64 T64 P192 and H64 T16
      * P192, H128 T4 P192 were 0.2-0.4 us slower than before */
     const bool pe_ok = !d.pe_in || (d.H >= 128 && d.T > 8);
+    /* The ring's one-item form at 17 <= T <= 255 (variants of 2026-12-02
+     * 09:08-09:27 UTC, docs/ops.md): 64-column slices, 128 past T = 64
+     * once the 64-column items are over four an SM.  Not where it lost at
+     * T <= 64: the fused q_pe copy at 128 heads and P = 192 (H128 T64 14.5
+     * against 13.9 us on the swap path); with PDL at 128 heads, and at 64
+     * heads, P = 192 past T = 32, where the swap path copies its first
+     * weights before its wait (H128 T64 P128 10.8 against 9.0 us, H128 T32
+     * P192 10.3 against 9.4, H64 T64 P192 7.0 against 6.5). */
+    const bool pdl_swap = pdl && d.T <= 64 && (d.H >= 128 || (d.H >= 64 && d.K == 192 && d.T > 32));
+    if (!wide_k && d.T > 16 && d.T < 256 && !(d.pe_in && d.H >= 128 && d.K == 192 && d.T <= 64) && !pdl_swap) {
+        const int64_t items64 = d.H * (d.N / 64) * ((d.T + 63) / 64);
+        const mlart_bmm_config oc = {MLART_BMM_RING, 0, 1, 0, d.T > 64 && items64 > 4 * sms ? 128 : 64, 0, 0};
+        if (mlart_bmm_ring_ok(pub, oc.cols, 0, 0)) {
+            *c = oc;
+            return;
+        }
+    }
     /* The swap path: the weights streamed by the TMA (variants tables,
-     * docs/ops.md).  One 64-row token tile past T = 16, else 8- or 16-row
-     * tiles.
+     * docs/ops.md; past T = 16 the query takes it only where the one-item
+     * form above is not taken).  One 64-row token tile past T = 16, else
+     * 8- or 16-row tiles.
      *   The query: T <= 16 256 columns a block (H128 T16 P192 9.9 us
      *   against 11.0 for the direct kernel, P128 8.0 against 8.1; H64 P192
      *   6.6 against 6.7-6.9; H128 T4 P192 9.34-9.41 against 9.43-9.64,
@@ -1048,23 +1066,6 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c, 
      *   else 64 (H64 T64 V128 6.4 against 10.9, H128 V256 14.4 against
      *   16.1; at T = 32, 19:48 UTC, H64 V128 5.8 against 8.9, H32 V256 5.6
      *   against 8.7). */
-    /* The ring's one-item form at 17 <= T <= 255 (variants of 2026-12-02
-     * 09:08-09:27 UTC, docs/ops.md): 64-column slices, 128 past T = 64
-     * once the 64-column items are over four an SM.  Not where it lost at
-     * T <= 64: the fused q_pe copy at 128 heads and P = 192 (H128 T64 14.5
-     * against 13.9 us on the swap path); with PDL at 128 heads, and at 64
-     * heads, P = 192 past T = 32, where the swap path copies its first
-     * weights before its wait (H128 T64 P128 10.8 against 9.0 us, H128 T32
-     * P192 10.3 against 9.4, H64 T64 P192 7.0 against 6.5). */
-    const bool pdl_swap = pdl && d.T <= 64 && (d.H >= 128 || (d.H >= 64 && d.K == 192 && d.T > 32));
-    if (!wide_k && d.T > 16 && d.T < 256 && !(d.pe_in && d.H >= 128 && d.K == 192 && d.T <= 64) && !pdl_swap) {
-        const int64_t items64 = d.H * (d.N / 64) * ((d.T + 63) / 64);
-        const mlart_bmm_config oc = {MLART_BMM_RING, 0, 1, 0, d.T > 64 && items64 > 4 * sms ? 128 : 64, 0, 0};
-        if (mlart_bmm_ring_ok(pub, oc.cols, 0, 0)) {
-            *c = oc;
-            return;
-        }
-    }
     int swap_bm = 0;
     if (!wide_k && (few || wide) && pe_ok)
         swap_bm = !wide ? 256 : d.H <= 16 ? 64 : d.H <= 64 || d.K == 128 ? 128 : 256;
