@@ -613,12 +613,15 @@ int bench_variants(const mlart_bench_opts *o)
                                                     {64, 2, 3}, {64, 1, 3}};
                         for (unsigned k = 0; k < sizeof rv / sizeof rv[0]; k++)
                             cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_RING, rv[k][1], 0, 0, rv[k][0], rv[k][2]};
-                        /* the one-item form, 64- and 128-column slices; and
-                         * launched with PDL, against the automatic choice so */
+                    }
+                    if (!vup) { /* the one-item form, 64- and 128-column slices, at
+                                 * every T; and launched with PDL, against the
+                                 * automatic choice so */
                         cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_RING, 0, 1, 0, 64, 0};
                         cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_RING, 0, 1, 0, 128, 0};
-                        if (c.T > 16 && c.T <= 128) {
+                        if (c.T <= 128) {
                             cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_RING, 0, 1, 0, 64, 0, 1};
+                            cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_RING, 0, 1, 0, 128, 0, 1};
                             cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_AUTO, 0, 0, 0, 0, 0, 1};
                         }
                     }
