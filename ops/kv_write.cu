@@ -63,11 +63,6 @@ __device__ float kvw_tile_scale(float amax)
  * is the warp's own maximum.  TW tiles and RM rope rounds a warp at most:
  * <1, 1> takes L <= 512 and R <= 128, <3, 12> L and R up to 1536. */
 constexpr int KVW_ROWS = 2;
-/* Up to this many rows the scan kernel, above it the claim kernel
- * (mlart-bench --filter kv_write, 2026-12-02 06:51 UTC: at 2048 rows the
- * claim kernel 11.1 us against 12.7 for bf16, 14.7 against 12.2 for
- * fp8). */
-constexpr int64_t KVW_SCAN_MAX_BF16 = 1024, KVW_SCAN_MAX_FP8 = 2048;
 
 /* Warp w's values of row `row` into v and r (zeros past the row). */
 template <int TW, int RM>
@@ -144,7 +139,7 @@ __device__ __forceinline__ void kvw_store(uint8_t *__restrict__ rec, int L, int 
 /* Few rows (the decode step's): a row is written only if no later row
  * names its slot, which each row finds by scanning the slots after it,
  * so the kernel's work grows as N^2 (mlart_kv_write_cuda takes it up to
- * KVW_SCAN_MAX_* rows). */
+ * MLART_KVW_SCAN_MAX_* rows). */
 template <int TW, int RM>
 __global__ void kvw_kernel(uint8_t *__restrict__ cache, int64_t cache_row, int64_t num_slots,
                            const uint16_t *__restrict__ latent, int64_t lat_row,
@@ -270,15 +265,29 @@ extern "C" int mlart_kv_write_cuda_path(const mlart_geometry *g, const mlart_ten
     if (g->kv_lora > 1536 || g->rope > 1536)
         return mlart_set_error(MLART_ENOTSUP, "kv_write_cuda: L = %d, R = %d (each at most 1536 "
                                "on CUDA)", g->kv_lora, g->rope);
-    /* The claim words are the records' first 4 bytes. */
+    /* The claim words are the records' first 4 bytes; the claim kernel is
+     * a cooperative launch, which some devices and some sharing setups do
+     * not allow (the attribute says so). */
     const bool claimable = !(((uintptr_t)cache->data | cache->stride[0]) & 3);
     if (path == MLART_KVW_CLAIM && !claimable)
         return mlart_set_error(MLART_ELAYOUT, "kv_write_cuda: the claim path needs 4-byte "
                                "aligned cache rows");
     const int fp8 = g->kv_format == MLART_KV_FP8_DS_MLA;
-    if (path == MLART_KVW_AUTO)
-        path = N > (fp8 ? KVW_SCAN_MAX_FP8 : KVW_SCAN_MAX_BF16) && claimable ? MLART_KVW_CLAIM
-                                                                           : MLART_KVW_SCAN;
+    int coop = 0;
+    if (mlart_kvw_pick(path, N, fp8, claimable, 1) == MLART_KVW_CLAIM) { /* asked only then */
+        int dev = 0;
+        cudaError_t e = cudaGetDevice(&dev);
+        if (e == cudaSuccess)
+            e = cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev);
+        if (e != cudaSuccess)
+            return mlart_set_error(MLART_ECUDA, "kv_write_cuda: device attributes: %s",
+                                   cudaGetErrorString(e));
+    }
+    const int asked = path;
+    path = mlart_kvw_pick(path, N, fp8, claimable, coop);
+    if (path < 0)
+        return mlart_set_error(MLART_ENOTSUP, "kv_write_cuda: the claim path needs cooperative "
+                               "launch, which this device does not offer");
     const bool small = g->kv_lora <= 512 && g->rope <= 128;
     void *args[] = {(void *)&cache->data, (void *)&cache->stride[0], (void *)&cache->shape[0],
                     (void *)&latent->data, (void *)&latent->stride[0], (void *)&slots->data,
@@ -318,6 +327,18 @@ extern "C" int mlart_kv_write_cuda_path(const mlart_geometry *g, const mlart_ten
     cudaError_t e = cudaLaunchKernelExC(&lc, fn, args);
     if (e == cudaSuccess)
         e = cudaGetLastError();
+    if (e == cudaErrorCooperativeLaunchTooLarge && asked == MLART_KVW_AUTO) {
+        /* The device holds fewer blocks than its attributes said (a share
+         * of it, as under MPS): the scan kernel is right for any row count.
+         * Not while the stream is captured, where the failed launch may
+         * have invalidated the capture: there the error goes to the
+         * caller. */
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        (void)cudaGetLastError(); /* the failed launch's error, not sticky */
+        if (cudaStreamIsCapturing((cudaStream_t)stream, &cs) == cudaSuccess &&
+            cs == cudaStreamCaptureStatusNone)
+            return mlart_kv_write_cuda_path(g, cache, latent, slots, stream, MLART_KVW_SCAN);
+    }
     if (e != cudaSuccess)
         return mlart_set_error(MLART_ECUDA, "kv_write_cuda: launch: %s", cudaGetErrorString(e));
     return 0;

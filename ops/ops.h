@@ -66,7 +66,9 @@ int mlart_kv_write_cpu(const mlart_geometry *g, const mlart_tensor *cache,
  * memory only after the previous kernel of the stream is complete; more
  * rows on 4-byte aligned cache rows, one cooperative kernel launched
  * plainly, whose work is linear in N (it uses each named record's first
- * word as scratch before it writes the record). */
+ * word as scratch before it writes the record), where the device allows
+ * it (cudaDevAttrCooperativeLaunch, and the launch not refused as too
+ * large outside a graph capture; else the first kernel, N^2 work). */
 int mlart_kv_write_cuda(const mlart_geometry *g, const mlart_tensor *cache,
                         const mlart_tensor *latent, const mlart_tensor *slots, void *stream);
 

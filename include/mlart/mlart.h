@@ -241,8 +241,11 @@ MLART_API int mlart_layer_decode(mlart_layer *layer, const mlart_step_io *io, vo
  * programmatic dependent launch: it may start while the previous kernel
  * on the stream ends, and touches memory only after that kernel and its
  * writes are complete.  More rows (a prefill chunk, a cache fill) take a
- * cooperative kernel, launched plainly, whose time grows linearly with N.
- * Neither allocates or synchronises; both may be captured in a graph. */
+ * cooperative kernel, launched plainly, whose time grows linearly with N;
+ * where the device does not allow a cooperative launch of that size (its
+ * attribute, or a share of it as under MPS, outside a graph capture) they
+ * take the first kernel too, whose time grows with N squared.  Neither
+ * allocates or synchronises; both may be captured in a graph. */
 MLART_API int mlart_layer_write_kv(mlart_layer *layer, const mlart_tensor *latent,
                                    const mlart_tensor *slots, void *stream);
 MLART_API const char *mlart_layer_backend_name(const mlart_layer *layer);

@@ -4,6 +4,7 @@
  * against bad views. */
 #include <check.h>
 
+#include "ops/kv_write_cuda.h"
 #include "ops/ops.h"
 #include "tests/reference/ref_util.h"
 
@@ -282,6 +283,31 @@ START_TEST(kv_write_vs_brute_force)
 }
 END_TEST
 
+/* The CUDA cache write's path by row count, alignment and the device's
+ * cooperative launch (ops/kv_write_cuda.h; the choice is host code, so it
+ * is checked here, without a device). */
+START_TEST(kv_write_cuda_path_choice)
+{
+    /* a decode step's rows: the scan kernel, whatever the device */
+    ck_assert_int_eq(mlart_kvw_pick(MLART_KVW_AUTO, 1, 1, 1, 1), MLART_KVW_SCAN);
+    ck_assert_int_eq(mlart_kvw_pick(MLART_KVW_AUTO, MLART_KVW_SCAN_MAX_FP8, 1, 1, 1), MLART_KVW_SCAN);
+    ck_assert_int_eq(mlart_kvw_pick(MLART_KVW_AUTO, MLART_KVW_SCAN_MAX_BF16, 0, 1, 1), MLART_KVW_SCAN);
+    /* above the limits the claim kernel, with aligned rows and cooperative launch */
+    ck_assert_int_eq(mlart_kvw_pick(MLART_KVW_AUTO, MLART_KVW_SCAN_MAX_FP8 + 1, 1, 1, 1), MLART_KVW_CLAIM);
+    ck_assert_int_eq(mlart_kvw_pick(MLART_KVW_AUTO, MLART_KVW_SCAN_MAX_BF16 + 1, 0, 1, 1), MLART_KVW_CLAIM);
+    ck_assert_int_eq(mlart_kvw_pick(MLART_KVW_AUTO, MLART_KVW_SCAN_MAX_BF16 + 1, 1, 1, 1), MLART_KVW_SCAN);
+    /* else the scan kernel, at any row count */
+    ck_assert_int_eq(mlart_kvw_pick(MLART_KVW_AUTO, 1 << 20, 0, 0, 1), MLART_KVW_SCAN);
+    ck_assert_int_eq(mlart_kvw_pick(MLART_KVW_AUTO, 1 << 20, 0, 1, 0), MLART_KVW_SCAN);
+    ck_assert_int_eq(mlart_kvw_pick(MLART_KVW_AUTO, 1 << 20, 1, 1, 0), MLART_KVW_SCAN);
+    /* asked for by name: taken as asked, or refused where it cannot run */
+    ck_assert_int_eq(mlart_kvw_pick(MLART_KVW_SCAN, 1 << 20, 0, 1, 1), MLART_KVW_SCAN);
+    ck_assert_int_eq(mlart_kvw_pick(MLART_KVW_CLAIM, 1, 0, 1, 1), MLART_KVW_CLAIM);
+    ck_assert_int_eq(mlart_kvw_pick(MLART_KVW_CLAIM, 1 << 20, 0, 1, 0), -1);
+    ck_assert_int_eq(mlart_kvw_pick(MLART_KVW_CLAIM, 1 << 20, 0, 0, 1), -1);
+}
+END_TEST
+
 START_TEST(tile_scale_exact)
 {
     /* exact powers of 448 and their neighbours, subnormal bf16 amax, big amax */
@@ -481,6 +507,7 @@ int main(void)
     tcase_add_test(tc, v_up_vs_naive);
     tcase_add_test(tc, kv_write_vs_brute_force);
     tcase_add_test(tc, tile_scale_exact);
+    tcase_add_test(tc, kv_write_cuda_path_choice);
     tcase_add_test(tc, checks_refuse_bad_views);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
