@@ -336,8 +336,8 @@ END_TEST
  * unfused and 64-column slices with 3 stages fused, then one stage with
  * three blocks an SM, then the one-item form (a block per item, its K
  * blocks in copy groups of their own) with 64-column slices, and with
- * 128-column slices launched with PDL (the weights copied before the
- * wait).  At H = 128 a block takes several items, so the ring wraps
+ * 128- and 64-column slices launched with PDL (the weights copied before
+ * the wait).  At H = 128 a block takes several items, so the ring wraps
  * around. */
 static const int64_t k_rT[] = {1, 4, 16, 64, 75};
 
@@ -348,7 +348,8 @@ static int ring_cfgs(const ops_case *c, mlart_bmm_config cfgs[6])
     cfgs[2] = (mlart_bmm_config){MLART_BMM_RING, 1, 0, 0, 128, 3, 0};
     cfgs[3] = (mlart_bmm_config){MLART_BMM_RING, 0, 1, 0, 64, 0, 0};
     cfgs[4] = (mlart_bmm_config){MLART_BMM_RING, 0, 1, 0, 128, 0, 1};
-    return 5;
+    cfgs[5] = (mlart_bmm_config){MLART_BMM_RING, 0, 1, 0, 64, 0, 1};
+    return 6;
 }
 
 START_TEST(ring_matrix)
@@ -665,8 +666,9 @@ END_TEST
  * previous kernel of the stream still runs, and must wait for it before
  * they read the query (or the V up-projection's input); with PDL the
  * direct kernel and the swap path copy weights before that wait.  Cases:
- * the query at 16 heads on the automatic path (direct at T <= 16, the
- * ring's one-item form at T = 64), the query forced onto the swap path,
+ * the query at 16 heads on the automatic path (direct at T <= 16, but
+ * launched with PDL at P = 128; the ring's one-item form at T = 64 and
+ * there), the query forced onto the swap path,
  * and the V up-projection (the swap path at these T; what the layer step
  * launches with PDL).  The
  * previous kernel here (pdl_late_copy) lets dependents start at once and
@@ -718,7 +720,9 @@ START_TEST(pdl_order)
                 desc_from_views(&c, &v, &d);
                 {
                     const int path = mlart_bmm_cuda_path(&d, &cfg);
-                    const int want = kind ? MLART_BMM_SWAP : c.T > 32 ? MLART_BMM_RING : MLART_BMM_DIRECT;
+                    const int want = kind                          ? MLART_BMM_SWAP
+                                     : c.T > 32 || (pdl && c.K == 128) ? MLART_BMM_RING
+                                                                       : MLART_BMM_DIRECT;
                     ck_assert_msg(path == want,
                                   "kind %d T %lld: the choice is path %d, not the kernel this test expects (%d); "
                                   "update this test",
@@ -774,7 +778,7 @@ START_TEST(pdl_order)
             }
     cudaStreamDestroy(st);
     printf("pdl order: %d cases (H16, T in {1,4,16,64}, plain and PDL launch: the query with q_pe fused, both P, "
-           "direct kernel at T <= 16, ring (one item a block) at 64, and on the swap path; the V up-projection, both V, swap path): "
+           "direct kernel at T <= 16 (launched with PDL only at P = 192), the ring's one-item form at 64 and with PDL at P = 128 at every T, and on the swap path; the V up-projection, both V, swap path): "
            "the op's output is that of an input written late by the previous kernel, eager and in a graph; "
            "control: a dependent that "
            "does not wait read old bytes in a graph %s, eagerly %s\n",

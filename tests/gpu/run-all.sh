@@ -45,7 +45,7 @@ step attn_kv_write_gpu 120 "$build/tests/attn_kv_write_gpu"
 step attn_backend_gpu 240 "$build/tests/attn_backend_gpu"
 step test_runtime_layer_gpu 90 "$build/tests/test_runtime_layer_gpu"
 step serve_gpu 150 ctest --test-dir "$build" --output-on-failure -R test_embed_serve_gpu
-step ops_guard_gpu 300 "$build/tests/ops_guard_gpu"
+step ops_guard_gpu 420 "$build/tests/ops_guard_gpu"
 step ops_guard_cublas 60 "$build/tests/ops_guard_cublas"
 step decode_runs 240 "$src/tests/runtime/gpu-run.sh" "$build" "$out/decode"
 step bench 240 "$build/apps/mlart-bench/mlart-bench" --json "$out/bench.json"

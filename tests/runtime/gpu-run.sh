@@ -93,6 +93,10 @@ run early_eq_glm5_h64 early_checksum --config "$src/configs/glm5-tp4-dcp4.ini" -
   --set heads=256 --batch 4 --context 2048 --steps 4 --set layers=2
 run early_eq_dsv32_h128 early_checksum --config "$src/configs/deepseek-v32-tp8.ini" --device cuda \
   --set heads=1024 --batch 4 --context 2048 --steps 4 --set layers=2
+run early_eq_dsv32_h128_t16 early_checksum --config "$src/configs/deepseek-v32-tp8.ini" --device cuda \
+  --set heads=1024 --batch 16 --context 2048 --steps 2 --set layers=2
+run early_eq_glm5_t16 early_checksum --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda \
+  --set heads=256 --batch 16 --context 2048 --steps 2 --set layers=2
 run decode_glm5_early_verify "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --batch 8 \
   --context 4096 --steps 4 --set layers=2 --set early_weights=1 --verify
 run graph_eq_tiny_ref same_checksum --config "$src/configs/tiny-cpu.ini" --device cuda --backend reference \
