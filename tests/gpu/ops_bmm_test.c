@@ -778,7 +778,7 @@ START_TEST(pdl_order)
             }
     cudaStreamDestroy(st);
     printf("pdl order: %d cases (H16, T in {1,4,16,64}, plain and PDL launch: the query with q_pe fused, both P, "
-           "direct kernel at T <= 16 (launched with PDL only at P = 192), the ring's one-item form at 64 and with PDL at P = 128 at every T, and on the swap path; the V up-projection, both V, swap path): "
+           "direct kernel at T <= 16 plainly and with PDL at P = 192, the ring's one-item form at 64 and with PDL at P = 128 at every T, and on the swap path; the V up-projection, both V, swap path): "
            "the op's output is that of an input written late by the previous kernel, eager and in a graph; "
            "control: a dependent that "
            "does not wait read old bytes in a graph %s, eagerly %s\n",
