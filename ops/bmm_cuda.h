@@ -59,8 +59,10 @@ typedef struct mlart_bmm_config {
     /* RING: `cols` columns per slice (64 or 128, 0 = 128); `mt` stages of
      * the ring (1, 2, 3, 4 or 6; 0 = as many as fit); `groups` blocks an
      * SM (1 to 4, 0 = 1); `warps` 1: one item a block, its K blocks in
-     * copy groups of their own (`mt` and `groups` then unused), 0: the
-     * ring */
+     * copy groups of their own (`mt` and `groups` then unused), 2: the
+     * same with the two halves of K summed apart and added at the end,
+     * as the direct kernel sums with two warps splitting K (`cols` 64
+     * only), 0: the ring */
     /* SWAP: `cols` columns a block (64, 128, 256 or 512, 0 = 256); `mt`
      * token rows a tile (8, 16 or 64, not 64 with 512 columns; 0 = 8 up to
      * T = 8, else 16) */
@@ -93,8 +95,9 @@ int mlart_bmm_wgmma_run(const mlart_bmm_desc *d, int splits, int nwg, int bn, vo
 
 /* RING path (same file): whether it serves d with bn-column slices, that
  * many stages and blocks an SM (0 = defaults), and the launch (`one` 1:
- * the one-item form, stages and blocks an SM ignored; pdl as in
- * mlart_bmm_config; returns a cudaError_t). */
+ * the one-item form, 2: the same with K in two halves (bn 64), stages and
+ * blocks an SM ignored; pdl as in mlart_bmm_config; returns a
+ * cudaError_t). */
 int mlart_bmm_ring_ok(const mlart_bmm_desc *d, int bn, int stages, int per_sm);
 int mlart_bmm_ring_run(const mlart_bmm_desc *d, int bn, int stages, int per_sm, int one, int pdl, void *stream);
 

@@ -1041,22 +1041,25 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c, 
      * T1 3.6 against 4.5 us for the direct kernel; H128 T1 6.1 against 6.3,
      * 128-column slices so that the 512 items are resident at once);
      * launched plainly at 9-16 rows from 64 heads (H128 T16 7.65 against
-     * 7.9 on the swap path, H64 5.3 against 5.4 on the direct kernel).  Not
-     * with PDL at P = 192, though faster there too (H64 T1 4.7 against 5.4
-     * us): the plain launch's direct kernel splits K over two warps, so the
-     * one-item form's sums would round otherwise, and the layer's
-     * early_weights must not change a byte (tests/runtime/gpu-run.sh).  At
+     * 7.9 on the swap path, H64 5.3 against 5.4 on the direct kernel).
+     * With PDL at P = 192 (H64 T1 4.7 against 5.4 us) with K in two halves
+     * summed apart: there the plain launch's direct kernel splits K over
+     * two warps, and the layer's early_weights must not change a byte
+     * (ops_bmm_gpu pdl_same_bytes, tests/runtime/gpu-run.sh); so not at
+     * 9-16 rows from 64 heads, where the plain launch sums K in one warp
+     * and the PDL launch takes the swap path, nor at 128 heads.  At
      * T = 256 at <= 32 heads with P = 128 and at 128 heads with P = 192
      * (two runs: H32 7.2 against 9.4 us, H16 5.3 against 5.7, H128 P192
      * 29.5 against 30.8; slower or level at the other T = 256 shapes and at
      * every shape of T = 1024 and 8192). */
     const bool one_small = d.T <= 16 && d.K == 128 && (pdl ? !(d.H >= 128 && d.T > 8) : d.T > 8 && d.H >= 64);
+    const bool one_halves = pdl && d.T <= 16 && d.K == 192 && d.H < 128 && (d.T <= 8 || d.H < 64);
     const bool one_256 = d.T == 256 && ((d.K == 128 && d.H <= 32) || (d.K == 192 && d.H >= 128));
     const bool one_mid = d.T > 16 && d.T < 256 && !(d.pe_in && d.H >= 128 && d.K == 192 && d.T <= 64) && !pdl_swap;
-    if (!wide_k && (one_small || one_mid || one_256)) {
+    if (!wide_k && (one_small || one_halves || one_mid || one_256)) {
         const int64_t items64 = d.H * (d.N / 64) * ((d.T + 63) / 64);
-        const bool wide_slices = (d.T > 64 || (pdl && d.T <= 16)) && items64 > 4 * sms;
-        const mlart_bmm_config oc = {MLART_BMM_RING, 0, 1, 0, wide_slices ? 128 : 64, 0, 0};
+        const bool wide_slices = (d.T > 64 || (pdl && d.T <= 16)) && items64 > 4 * sms && !one_halves;
+        const mlart_bmm_config oc = {MLART_BMM_RING, 0, one_halves ? 2 : 1, 0, wide_slices ? 128 : 64, 0, 0};
         if (mlart_bmm_ring_ok(pub, oc.cols, 0, 0)) {
             *c = oc;
             return;
@@ -1222,7 +1225,7 @@ int pick_path(const Desc &d, const mlart_bmm_desc *pub, const mlart_bmm_config *
     if (path == MLART_BMM_SWAP && !mlart_bmm_swap_ok(pub, cfg->cols, cfg->mt))
         return -1;
     if (path == MLART_BMM_RING &&
-        ((cfg->warps != 0 && cfg->warps != 1) ||
+        (cfg->warps < 0 || cfg->warps > 2 || (cfg->warps == 2 && cfg->cols != 64) ||
          !mlart_bmm_ring_ok(pub, cfg->cols, cfg->warps ? 0 : cfg->mt, cfg->warps ? 0 : cfg->groups)))
         return -1;
     if (path == MLART_BMM_WGMMA && !wgmma_ok(pub, cfg->warps, cfg->cols))

@@ -256,9 +256,12 @@ template <int KB, int BN> __device__ __forceinline__ void mma_tile(float (&acc)[
  * weights at `ws`, once its copy group has landed: wait until at most
  * `pending` later groups are in flight, make every thread's copies visible
  * to the tensor cores, then issue its four wgmma (neither committed nor
- * waited for). */
-template <int KB, int BN>
-__device__ __forceinline__ void mma_kblock(float (&acc)[BN / 2], uint32_t as, uint32_t ws, int b, int pending)
+ * waited for).  The k-steps from HALF on go to `hi`, which starts at zero
+ * at step HALF (the sum of two warps splitting K, as the direct kernel
+ * splits it; HALF = K/16: everything to `acc`). */
+template <int KB, int BN, int HALF>
+__device__ __forceinline__ void mma_kblock(float (&acc)[BN / 2], float (&hi)[BN / 2], uint32_t as, uint32_t ws, int b,
+                                           int pending)
 {
     constexpr int K = 64 * KB;
     cp_async_wait_upto(pending);
@@ -269,8 +272,16 @@ __device__ __forceinline__ void mma_kblock(float (&acc)[BN / 2], uint32_t as, ui
     for (int kk = 4 * b; kk < 4 * b + 4; kk++) {
         const uint64_t da = smem_desc(as + (kk >> 2) * (WG_BM * 128) + (kk & 3) * 32, 16, 1024);
         const uint64_t db = smem_desc(ws + kk * 2048, K * 128, 1024);
-        wgmma_bn(acc, da, db, kk > 0);
+        if (kk < HALF)
+            wgmma_bn(acc, da, db, kk > 0);
+        else
+            wgmma_bn(hi, da, db, kk > HALF);
     }
+}
+template <int KB, int BN>
+__device__ __forceinline__ void mma_kblock(float (&acc)[BN / 2], uint32_t as, uint32_t ws, int b, int pending)
+{
+    mma_kblock<KB, BN, 4 * KB>(acc, acc, as, ws, b, pending);
 }
 #endif
 
@@ -581,8 +592,32 @@ __global__ void __launch_bounds__(128, ring_min_blocks(KB, BN, NST)) bmm_ring_ke
  * dependent launch (EARLY) the weight rows are copied before the wait, in
  * groups of their own, as the direct kernel and the swap path do (the
  * weights must not be written by the previous kernel); else nothing is
- * read before it. */
-template <int KB, int BN, bool EARLY>
+ * read before it.  HALVES (config `warps` = 2, 64-column slices): the two
+ * halves of K summed apart and added at the end, the sum of the direct
+ * kernel with two warps splitting K, so that the two give the same bytes
+ * (a launch with PDL may take this form where a plain launch takes that
+ * kernel; the layer's early_weights must not change a byte). */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* Every K block of the one-item form as its copy group lands, committed
+ * per block, then waited for: k-steps before HALF into acc, the rest into
+ * hi (the same array where HALF = K/16). */
+template <int KB, int BN, int HALF>
+__device__ __forceinline__ void ring1_mma(float (&acc)[BN / 2], float (&hi)[BN / 2], uint32_t as, uint32_t ws)
+{
+    reg_fence(acc);
+    reg_fence(hi);
+#pragma unroll
+    for (int b = 0; b < KB; b++) { /* block b landed, later ones may fly */
+        mma_kblock<KB, BN, HALF>(acc, hi, as, ws, b, KB - 1 - b);
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    reg_fence(acc);
+    reg_fence(hi);
+}
+#endif
+
+template <int KB, int BN, bool EARLY, bool HALVES>
 __global__ void __launch_bounds__(128, 4) bmm_ring1_kernel(const __grid_constant__ WParams p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -627,14 +662,15 @@ __global__ void __launch_bounds__(128, 4) bmm_ring1_kernel(const __grid_constant
             cp_async_commit();
         }
     }
-    reg_fence(acc);
+    if constexpr (HALVES) {
+        float hi[BN / 2];
+        ring1_mma<KB, BN, 2 * KB>(acc, hi, as, ws);
 #pragma unroll
-    for (int b = 0; b < KB; b++) { /* block b landed, later ones may fly */
-        mma_kblock<KB, BN>(acc, as, ws, b, KB - 1 - b);
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        for (int i = 0; i < BN / 2; i++)
+            acc[i] += hi[i];
+    } else {
+        ring1_mma<KB, BN, 4 * KB>(acc, acc, as, ws);
     }
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-    reg_fence(acc);
     store_tile<BN>(p, acc, h, t0, (int64_t)nh * BN, nh, tid);
 #else
     __trap(); /* built without sm_90a: mlart_bmm_ring_ok refuses the path */
@@ -1016,9 +1052,15 @@ cudaError_t launch_ring(WParams &p, int per_sm_want, int pdl, int sms, cudaStrea
 template <int KB, int BN>
 cudaError_t launch_ring_n(WParams &p, int nst, int per_sm, int pdl, int sms, cudaStream_t st)
 {
-    if (nst < 0) { /* the one-item form: a block per item */
+    if (nst < 0) { /* the one-item form: a block per item; -2 its K in halves (64-column slices) */
         const size_t smem = (size_t)64 * KB * (BN * 2 + WG_BM * 2) + 1024;
-        void (*const kern)(WParams) = pdl ? bmm_ring1_kernel<KB, BN, true> : bmm_ring1_kernel<KB, BN, false>;
+        constexpr bool H2 = BN == 64;
+        void (*const kern)(WParams) = nst == -2 && H2 ? (pdl ? bmm_ring1_kernel<KB, BN, true, H2>
+                                                             : bmm_ring1_kernel<KB, BN, false, H2>)
+                                                      : pdl ? bmm_ring1_kernel<KB, BN, true, false>
+                                                            : bmm_ring1_kernel<KB, BN, false, false>;
+        if (nst == -2 && !H2)
+            return cudaErrorInvalidConfiguration;
         cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess)
             return e;
@@ -1223,7 +1265,7 @@ extern "C" int mlart_bmm_ring_run(const mlart_bmm_desc *d, int bn, int stages, i
         return (int)cudaErrorInvalidDevice;
     const int kb = (int)(d->K / 64);
     if (one)
-        stages = -1;
+        stages = one == 2 ? -2 : -1;
     else if (!stages)
         stages = ring_stages_fit(kb, bn, per_sm);
     make_params(d, bn, p);

@@ -619,9 +619,13 @@ int bench_variants(const mlart_bench_opts *o)
                                  * automatic choice so */
                         cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_RING, 0, 1, 0, 64, 0};
                         cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_RING, 0, 1, 0, 128, 0};
+                        if (c.K == 192 && c.T <= 16) /* K in halves, the direct kernel's sum */
+                            cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_RING, 0, 2, 0, 64, 0};
                         if (c.T <= 128) {
                             cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_RING, 0, 1, 0, 64, 0, 1};
                             cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_RING, 0, 1, 0, 128, 0, 1};
+                            if (c.K == 192 && c.T <= 16)
+                                cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_RING, 0, 2, 0, 64, 0, 1};
                             cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_AUTO, 0, 0, 0, 0, 0, 1};
                         }
                     }
@@ -681,7 +685,8 @@ int bench_variants(const mlart_bench_opts *o)
                         else if (f->path == MLART_BMM_WGMMA)
                             snprintf(name, sizeof name, "%s wgmma n%d wg%d chunks %d", base, f->cols, f->warps, f->mt);
                         else if (f->path == MLART_BMM_RING && f->warps)
-                            snprintf(name, sizeof name, "%s ring one-item n%d%s", base, f->cols, f->pdl ? " pdl" : "");
+                            snprintf(name, sizeof name, "%s ring one-item n%d%s%s", base, f->cols,
+                                     f->warps == 2 ? " halves" : "", f->pdl ? " pdl" : "");
                         else if (f->path == MLART_BMM_RING)
                             snprintf(name, sizeof name, "%s ring n%d st%d b%d", base, f->cols, f->mt, f->groups);
                         else if (f->path == MLART_BMM_SWAP)

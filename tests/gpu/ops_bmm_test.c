@@ -278,9 +278,9 @@ static const int64_t k_wT[] = {64, 75, 256, 8192};
 
 /* One forced path over H in {1, 11, 128} x P in {128, 192} x (q_pe fused
  * or not) at one T, each case in the configurations cfgs_of gives (at
- * most 6); with `first` also output rows that are not 8-byte aligned
+ * most 8); with `first` also output rows that are not 8-byte aligned
  * (element stores, q_pe out of 16-byte step) in the path's defaults. */
-typedef int (*forced_cfgs_fn)(const ops_case *c, mlart_bmm_config cfgs[6]);
+typedef int (*forced_cfgs_fn)(const ops_case *c, mlart_bmm_config cfgs[8]);
 
 static void forced_matrix(const char *name, int path, int64_t T, int first, uint64_t rng, forced_cfgs_fn cfgs_of)
 {
@@ -292,7 +292,7 @@ static void forced_matrix(const char *name, int path, int64_t T, int first, uint
         for (int p = 0; p < 2; p++)
             for (int pe = 0; pe < 2; pe++) {
                 ops_case c = {0, Hs[ih], T, p ? 192 : 128, 512, 64, pe, 0, 0};
-                mlart_bmm_config cfgs[6];
+                mlart_bmm_config cfgs[8];
                 const int n = cfgs_of(&c, cfgs);
                 for (int i = 0; i < n; i++)
                     run_case(&c, &cfgs[i], &rng, 0, &s);
@@ -310,7 +310,7 @@ static void forced_matrix(const char *name, int path, int64_t T, int first, uint
     check_norm(&s);
 }
 
-static int wgmma_cfgs(const ops_case *c, mlart_bmm_config cfgs[6])
+static int wgmma_cfgs(const ops_case *c, mlart_bmm_config cfgs[8])
 {
     const int big = c->T == 8192 && c->H == 128;
     if (big && c->pe != (c->K == 192))
@@ -337,11 +337,12 @@ END_TEST
  * three blocks an SM, then the one-item form (a block per item, its K
  * blocks in copy groups of their own) with 64-column slices, and with
  * 128- and 64-column slices launched with PDL (the weights copied before
- * the wait).  At H = 128 a block takes several items, so the ring wraps
+ * the wait), then with K in two halves summed apart, plainly and with
+ * PDL.  At H = 128 a block takes several items, so the ring wraps
  * around. */
 static const int64_t k_rT[] = {1, 4, 16, 64, 75};
 
-static int ring_cfgs(const ops_case *c, mlart_bmm_config cfgs[6])
+static int ring_cfgs(const ops_case *c, mlart_bmm_config cfgs[8])
 {
     cfgs[0] = (mlart_bmm_config){MLART_BMM_RING, 0, 0, 0, 0, 0, 0};
     cfgs[1] = (mlart_bmm_config){MLART_BMM_RING, c->pe ? 3 : 0, 0, 0, 64, c->pe ? 1 : 2, 0};
@@ -349,7 +350,9 @@ static int ring_cfgs(const ops_case *c, mlart_bmm_config cfgs[6])
     cfgs[3] = (mlart_bmm_config){MLART_BMM_RING, 0, 1, 0, 64, 0, 0};
     cfgs[4] = (mlart_bmm_config){MLART_BMM_RING, 0, 1, 0, 128, 0, 1};
     cfgs[5] = (mlart_bmm_config){MLART_BMM_RING, 0, 1, 0, 64, 0, 1};
-    return 6;
+    cfgs[6] = (mlart_bmm_config){MLART_BMM_RING, 0, 2, 0, 64, 0, 0};
+    cfgs[7] = (mlart_bmm_config){MLART_BMM_RING, 0, 2, 0, 64, 0, 1};
+    return 8;
 }
 
 START_TEST(ring_matrix)
@@ -368,7 +371,7 @@ END_TEST
  * block takes several items, so the ring of stages wraps around. */
 static const int64_t k_sT[] = {1, 4, 8, 9, 16, 64, 75};
 
-static int swap_cfgs(const ops_case *c, mlart_bmm_config cfgs[6])
+static int swap_cfgs(const ops_case *c, mlart_bmm_config cfgs[8])
 {
     (void)c;
     cfgs[0] = (mlart_bmm_config){MLART_BMM_SWAP, 0, 0, 0, 0, 0, 0};
@@ -667,8 +670,8 @@ END_TEST
  * they read the query (or the V up-projection's input); with PDL the
  * direct kernel and the swap path copy weights before that wait.  Cases:
  * the query at 16 heads on the automatic path (direct at T <= 16, but
- * launched with PDL at P = 128; the ring's one-item form at T = 64 and
- * there), the query forced onto the swap path,
+ * launched with PDL; the ring's one-item form at T = 64 and there, with K
+ * in halves at P = 192), the query forced onto the swap path,
  * and the V up-projection (the swap path at these T; what the layer step
  * launches with PDL).  The
  * previous kernel here (pdl_late_copy) lets dependents start at once and
@@ -721,7 +724,7 @@ START_TEST(pdl_order)
                 {
                     const int path = mlart_bmm_cuda_path(&d, &cfg);
                     const int want = kind                          ? MLART_BMM_SWAP
-                                     : c.T > 32 || (pdl && c.K == 128) ? MLART_BMM_RING
+                                     : c.T > 32 || pdl ? MLART_BMM_RING
                                                                        : MLART_BMM_DIRECT;
                     ck_assert_msg(path == want,
                                   "kind %d T %lld: the choice is path %d, not the kernel this test expects (%d); "
@@ -778,11 +781,76 @@ START_TEST(pdl_order)
             }
     cudaStreamDestroy(st);
     printf("pdl order: %d cases (H16, T in {1,4,16,64}, plain and PDL launch: the query with q_pe fused, both P, "
-           "direct kernel at T <= 16 plainly and with PDL at P = 192, the ring's one-item form at 64 and with PDL at P = 128 at every T, and on the swap path; the V up-projection, both V, swap path): "
+           "direct kernel at T <= 16 plainly, the ring's one-item form at 64 and with PDL at every T (K in halves at P = 192, T <= 16), and on the swap path; the V up-projection, both V, swap path): "
            "the op's output is that of an input written late by the previous kernel, eager and in a graph; "
            "control: a dependent that "
            "does not wait read old bytes in a graph %s, eagerly %s\n",
            cases, early[1] ? "yes" : "no", early[0] ? "yes" : "no");
+}
+END_TEST
+
+/* The query absorption launched plainly and with PDL (the layer step with
+ * early_weights) gives the same bytes: where the two launches take other
+ * kernels, those must sum in the same order (the direct kernel with two
+ * warps splitting K and the one-item form with K in halves, the swap path
+ * and the one-item form).  Fresh random inputs, both P, with and without
+ * the fused q_pe copy, H in {1, 16, 48, 64, 100, 128} x T in {1, 4, 8, 9,
+ * 16, 17, 32, 33, 64}: every pair of paths the automatic choice makes. */
+START_TEST(pdl_same_bytes)
+{
+    static const int64_t Hs[] = {1, 16, 48, 64, 100, 128}, Ts[] = {1, 4, 8, 9, 16, 17, 32, 33, 64};
+    uint64_t rng = g_seed ^ 0x5151ull;
+    int cases = 0, other = 0;
+    cudaStream_t st;
+    GPU_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (unsigned ih = 0; ih < sizeof Hs / sizeof Hs[0]; ih++)
+        for (unsigned it = 0; it < sizeof Ts / sizeof Ts[0]; it++)
+            for (int p = 0; p < 2; p++)
+                for (int pe = 0; pe < 2; pe++) {
+                    const ops_case c = {0, Hs[ih], Ts[it], p ? 192 : 128, 512, 64, pe, 0, 0};
+                    const size_t na = ops_a_elems(&c), nw = ops_w_elems(&c), nc = ops_c_elems(&c);
+                    uint16_t *ha = malloc(na * 2), *hw = malloc(nw * 2), *hx = malloc(nc * 2), *hy = malloc(nc * 2);
+                    uint16_t *da, *dw, *dc;
+                    mlart_bmm_desc d;
+                    ck_assert(ha && hw && hx && hy);
+                    ops_fill_bf16(ha, na, &rng);
+                    ops_fill_bf16(hw, nw, &rng);
+                    GPU_CUDA(cudaMalloc((void **)&da, na * 2));
+                    GPU_CUDA(cudaMalloc((void **)&dw, nw * 2));
+                    GPU_CUDA(cudaMalloc((void **)&dc, nc * 2));
+                    GPU_CUDA(cudaMemcpyAsync(da, ha, na * 2, cudaMemcpyHostToDevice, st));
+                    GPU_CUDA(cudaMemcpyAsync(dw, hw, nw * 2, cudaMemcpyHostToDevice, st));
+                    const ops_views v = ops_make_views(&c, 0, da, na * 2, dw, nw * 2, dc, nc * 2);
+                    desc_from_views(&c, &v, &d);
+                    const mlart_bmm_config plain = {MLART_BMM_AUTO, 0, 0, 0, 0, 0, 0};
+                    const mlart_bmm_config early = {MLART_BMM_AUTO, 0, 0, 0, 0, 0, 1};
+                    const int p0 = mlart_bmm_cuda_path(&d, &plain), p1 = mlart_bmm_cuda_path(&d, &early);
+                    for (int pdl = 0; pdl < 2; pdl++) {
+                        GPU_CUDA(cudaMemsetAsync(dc, 0xFF, nc * 2, st));
+                        ck_assert_int_eq((pdl ? mlart_query_bmm_cuda_pdl : mlart_query_bmm_cuda)(
+                                             &v.a, &v.w, &v.c, pe ? &v.pe_in : NULL, pe ? &v.pe_out : NULL, st),
+                                         0);
+                        GPU_CUDA(cudaMemcpyAsync(pdl ? hy : hx, dc, nc * 2, cudaMemcpyDeviceToHost, st));
+                    }
+                    GPU_CUDA(cudaStreamSynchronize(st));
+                    ck_assert_msg(memcmp(hx, hy, nc * 2) == 0,
+                                  "H %lld T %lld P %lld q_pe %d: plain launch (path %d) and PDL launch (path %d) "
+                                  "differ",
+                                  (long long)c.H, (long long)c.T, (long long)c.K, pe, p0, p1);
+                    other += p0 != p1;
+                    cudaFree(da);
+                    cudaFree(dw);
+                    cudaFree(dc);
+                    free(ha);
+                    free(hw);
+                    free(hx);
+                    free(hy);
+                    cases++;
+                }
+    cudaStreamDestroy(st);
+    printf("plain = PDL launch bit for bit: %d cases (the query, H in {1,16,48,64,100,128}, T in "
+           "{1,4,8,9,16,17,32,33,64}, both P, with and without q_pe), %d of them on other paths; seed %#llx\n",
+           cases, other, (unsigned long long)g_seed);
 }
 END_TEST
 
@@ -846,6 +914,7 @@ int main(void)
     tcase_add_test(tc, paths);
     tcase_add_test(tc, graph_replay);
     tcase_add_test(tc, pdl_order);
+    tcase_add_test(tc, pdl_same_bytes);
     tcase_add_test(tc, bad_input);
     tcase_add_loop_test(tc, query_matrix, 0, (int)(sizeof k_T / sizeof k_T[0]));
     tcase_add_loop_test(tc, vup_matrix, 0, (int)(sizeof k_T / sizeof k_T[0]));

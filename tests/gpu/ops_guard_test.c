@@ -102,13 +102,14 @@ static void guard_shape(const ops_case *c0, uint64_t *rng)
                                             /* ring (the query only): as many stages as fit; 64-column
                                              * slices, 2 stages, two blocks an SM; one stage, four;
                                              * the one-item form, plainly and with PDL (64- and
-                                             * 128-column slices) */
+                                             * 128-column slices), with K in halves and PDL */
                                             {MLART_BMM_RING, 0, 0, 0, 0, 0, 0},
                                             {MLART_BMM_RING, 2, 0, 0, 64, 2, 0},
                                             {MLART_BMM_RING, 1, 0, 0, 64, 4, 0},
                                             {MLART_BMM_RING, 0, 1, 0, 64, 0, 0},
                                             {MLART_BMM_RING, 0, 1, 0, 128, 0, 1},
                                             {MLART_BMM_RING, 0, 1, 0, 64, 0, 1},
+                                            {MLART_BMM_RING, 0, 2, 0, 64, 0, 1},
                                             /* swap: default (256-column blocks, not at V = 128);
                                              * 128-column blocks, 8-row token tiles */
                                             {MLART_BMM_SWAP, 0, 0, 0, 0, 0, 0},
@@ -193,7 +194,7 @@ START_TEST(guard_matrix)
             guard_shape(&x, &rng);
         }
     printf("guard pages, T=%lld, H in {1,8,11,16,32,64,128}, P in {128,192}, V in {128,256}: %d guarded runs "
-           "(q_nope view, w, out view, fused q/q_mqa; paths auto/stream/persistent stream/tiled 64 and 128/generic/direct x5 (one PDL launch)/wgmma x3/ring x6 (three one-item, two PDL)/swap x2), 0 faults, "
+           "(q_nope view, w, out view, fused q/q_mqa; paths auto/stream/persistent stream/tiled 64 and 128/generic/direct x5 (one PDL launch)/wgmma x3/ring x7 (four one-item, three PDL, one with K in halves)/swap x2), 0 faults, "
            "bits equal to ordinary allocations (granularity %zu, seed %#llx)\n",
            (long long)k_T[_i], g_runs, mlart_guard_granularity(), (unsigned long long)g_seed);
 }
