@@ -635,6 +635,8 @@ int bench_variants(const mlart_bench_opts *o)
                         for (unsigned k = 0; k < sizeof sv / sizeof sv[0]; k++)
                             if (sv[k][1] == 0 || (sv[k][1] == 16 && c.T < 16) || (sv[k][1] == 64 && c.T > 16))
                                 cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_SWAP, sv[k][1], 0, 0, sv[k][0], 0};
+                        if (!vup && c.T <= 16) /* with PDL, against the one-item form so */
+                            cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_SWAP, 0, 0, 0, 256, 0, 1};
                     }
                     if (c.T <= 16)
                         cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_STREAM, 1, c.H >= 64 ? 2 : 4, 0, 0, 0};
@@ -690,7 +692,7 @@ int bench_variants(const mlart_bench_opts *o)
                         else if (f->path == MLART_BMM_RING)
                             snprintf(name, sizeof name, "%s ring n%d st%d b%d", base, f->cols, f->mt, f->groups);
                         else if (f->path == MLART_BMM_SWAP)
-                            snprintf(name, sizeof name, "%s swap n%d t%d", base, f->cols, f->mt);
+                            snprintf(name, sizeof name, "%s swap n%d t%d%s", base, f->cols, f->mt, f->pdl ? " pdl" : "");
                         else if (f->path == MLART_BMM_STREAM)
                             snprintf(name, sizeof name, "%s stream mt%d w%d", base, f->mt, f->warps);
                         else
