@@ -1017,14 +1017,11 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c, 
     /* with PDL at 64-127 heads and P = 192 the swap path stays: it loads
      * its first weights before its wait, where the direct kernel over
      * more than 4 MiB of weights launches plainly (query_run).  At 128
-     * heads with PDL at every T <= 16 (variants of 2026-12-02 11:36 UTC:
-     * H128 T1 P128 5.60 against 6.05 us for the one-item form, T4 5.82
-     * against 6.30, T1 P192 7.67 against 8.94 for the direct kernel), and
-     * so at T = 1 with P = 192 launched plainly too (9.16 against 9.18),
-     * where the plain launch must sum as the PDL launch does (the swap
-     * path sums as the direct kernel in one warp at P = 128 does). */
+     * heads and P = 192 from T = 1 (variants of 2026-12-02 11:36 UTC: with
+     * PDL 7.67 against 8.94 us for the direct kernel at T = 1, plainly
+     * 9.16 against 9.18), both launches, so that they sum alike. */
     const bool few = (d.T > 8 && d.T <= 16 && (d.K == 192 && pdl ? d.H >= 64 : d.H >= 128)) ||
-                     (d.T <= 8 && d.K == 192 && d.H >= 128) || (pdl && d.T <= 16 && d.H >= 128);
+                     (d.T <= 8 && d.K == 192 && d.H >= 128);
     const bool wide = (d.T > 16 && d.T <= 32) || (d.T > 32 && d.T <= 64 && (d.K == 192 || d.H >= 128));
     /* with the fused q_pe copy (column block 0 copies after its result) only
      * at 128 heads and T >= 9: fused H128 T16 P192 10.9 against 12.0 us
@@ -1042,11 +1039,12 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c, 
      * P192 10.3 against 9.4, H64 T64 P192 7.0 against 6.5). */
     const bool pdl_swap = pdl && d.T <= 64 && (d.H >= 128 || (d.H >= 64 && d.K == 192 && d.T > 32));
     /* At T <= 16 with P = 128 (variants of 2026-12-02 10:08 UTC,
-     * docs/ops.md): launched with PDL below 128 heads, where every item's
-     * weights are copied before the wait (H64
-     * T1 3.6 against 4.5 us for the direct kernel; 128-column slices where
-     * the 64-column items would be over four an SM; at 128 heads the swap
-     * path with PDL is faster still, above);
+     * docs/ops.md): launched with PDL below 128 heads, and at 128 heads up
+     * to T = 8, where every item's weights are copied before the wait (H64
+     * T1 3.6 against 4.5 us for the direct kernel; H128 T1 6.1 against 6.3,
+     * 128-column slices so that the 512 items are resident at once; the
+     * swap path with PDL took 5.6 there alone, but in the layer step after
+     * attend() it was 0.5-1.0 us slower at T <= 8, mlart-bench attn, 11:53);
      * launched plainly at 9-16 rows from 64 heads (H128 T16 7.65 against
      * 7.9 on the swap path, H64 5.3 against 5.4 on the direct kernel).
      * With PDL at P = 192 (H64 T1 4.7 against 5.4 us) with K in two halves
@@ -1059,7 +1057,7 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c, 
      * (two runs: H32 7.2 against 9.4 us, H16 5.3 against 5.7, H128 P192
      * 29.5 against 30.8; slower or level at the other T = 256 shapes and at
      * every shape of T = 1024 and 8192). */
-    const bool one_small = d.T <= 16 && d.K == 128 && (pdl ? d.H < 128 : d.T > 8 && d.H >= 64);
+    const bool one_small = d.T <= 16 && d.K == 128 && (pdl ? !(d.H >= 128 && d.T > 8) : d.T > 8 && d.H >= 64);
     const bool one_halves = pdl && d.T <= 16 && d.K == 192 && d.H < 128 && (d.T <= 8 || d.H < 64);
     const bool one_256 = d.T == 256 && ((d.K == 128 && d.H <= 32) || (d.K == 192 && d.H >= 128));
     const bool one_mid = d.T > 16 && d.T < 256 && !(d.pe_in && d.H >= 128 && d.K == 192 && d.T <= 64) && !pdl_swap;
