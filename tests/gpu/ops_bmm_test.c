@@ -528,8 +528,13 @@ START_TEST(paths)
             ck_assert_int_eq(mlart_bmm_cuda_run(&d, &rg, 0), MLART_ENOTSUP);
             rg.warps = 1; /* the one-item form: stages and blocks an SM unused */
             ck_assert_int_eq(mlart_bmm_cuda_path(&d, &rg), MLART_BMM_RING);
-            rg.warps = 2; /* 0 (the ring) or 1 (one item a block) */
+            rg.warps = 2; /* K in halves: 64-column slices only */
             ck_assert_int_eq(mlart_bmm_cuda_run(&d, &rg, 0), MLART_ENOTSUP);
+            rg.cols = 64;
+            ck_assert_int_eq(mlart_bmm_cuda_path(&d, &rg), MLART_BMM_RING);
+            rg.warps = 3; /* 0 (the ring), 1 (one item a block) or 2 (the same, K in halves) */
+            ck_assert_int_eq(mlart_bmm_cuda_run(&d, &rg, 0), MLART_ENOTSUP);
+            rg.cols = 128;
             rg.warps = 0;
             rg.groups = 0;
             d.K = 64; /* K = 128 or 192 */
