@@ -17,14 +17,16 @@
  *            replays; x_ref = ref / time
  *   err      output NMSE of b12x against the reference (checked <= 1e-4)
  *   qbmm     the query absorption that writes q_mqa in a layer step
- *            (P = 128, q_pe copied, weights rotating with the sets)
+ *            (the model's P: 192 for GLM-5, else 128; q_pe copied,
+ *            weights rotating with the sets)
  *   in_layer attend() right after it, as in a layer step: time(qbmm +
  *            attend) - time(qbmm).  The time column follows another
  *            attend() instead, whose combine lets it start early (at 16
  *            heads before the combine's own wait); here the predecessor
  *            is the absorption, which lets it start once past its own
  *            wait
- *   v_up     the V up-projection (V = 128, weights rotating with the sets)
+ *   v_up     the V up-projection (the model's V: 256 for GLM-5, else 128;
+ *            weights rotating with the sets)
  *            after them, launched plainly: time(qbmm + attend + v_up) -
  *            time(qbmm + attend)
  *   v_up_pdl the same launched as the layer step launches it, with
@@ -94,9 +96,10 @@ void bench_log(int level, const char *fmt, ...)
 }
 
 /* One input set: its own query, indices and pages; outputs per backend;
- * for the "in layer" columns the query absorption's inputs (qin [T,H,192]:
- * q_nope P = 128 and q_pe, wuk [H,128,512]) that write q, and the V
- * up-projection's weights (wuv [H,512,128]) and output (o [T,H*128]). */
+ * for the "in layer" columns the query absorption's inputs (qin [T,H,P+64]:
+ * q_nope and q_pe, wuk [H,P,512]) that write q, and the V up-projection's
+ * weights (wuv [H,512,V]) and output (o [T,H*V]); P and V are the
+ * model's (Ctx). */
 struct Set {
     void *q, *idx, *req, *seq, *bt, *out, *lse, *ref_out, *ref_lse;
     void *qin, *wuk, *wuv, *o;
@@ -105,6 +108,7 @@ struct Set {
 struct Ctx {
     mlart_geometry g;
     int T, nsets;
+    int64_t P, V; /* the absorption's P and the V up-projection's V (the model's) */
     void *kv;
     Set sets[128];
     void *ws;
@@ -143,8 +147,6 @@ mlart_step make_step(const Ctx &c, int set, bool ref)
     return st;
 }
 
-constexpr int64_t kP = 128, kQin = kP + 64; /* the absorption's P and q row (q_nope, q_pe) */
-constexpr int64_t kV = 128;                  /* the V up-projection's V */
 
 
 /* The query absorption of a layer step writing set `set`'s q_mqa: q_nope
@@ -154,13 +156,13 @@ static int qbmm_run(void *ctx, int set, int pdl, cudaStream_t stream)
 {
     Ctx *c = (Ctx *)ctx;
     const Set &s = c->sets[set];
-    const int64_t T = c->T, H = c->g.heads;
-    const size_t qin_b = (size_t)(T * H * kQin) * 2, w_b = (size_t)(H * kP * 512) * 2, q_b = (size_t)(T * H * 576) * 2;
+    const int64_t T = c->T, H = c->g.heads, P = c->P, qrow = P + 64; /* q row: q_nope, q_pe */
+    const size_t qin_b = (size_t)(T * H * qrow) * 2, w_b = (size_t)(H * P * 512) * 2, q_b = (size_t)(T * H * 576) * 2;
     uint16_t *qin = (uint16_t *)s.qin, *q = (uint16_t *)s.q;
-    mlart_tensor a = mlart_bench_view3(qin, qin, qin_b, H, T, kP, kQin, H * kQin);
-    mlart_tensor w = mlart_bench_view3(s.wuk, s.wuk, w_b, H, kP, 512, kP * 512, 512);
+    mlart_tensor a = mlart_bench_view3(qin, qin, qin_b, H, T, P, qrow, H * qrow);
+    mlart_tensor w = mlart_bench_view3(s.wuk, s.wuk, w_b, H, P, 512, P * 512, 512);
     mlart_tensor o = mlart_bench_view3(q, q, q_b, H, T, 512, 576, H * 576);
-    mlart_tensor pi = mlart_bench_view3(qin + kP, qin, qin_b, T, H, 64, H * kQin, kQin);
+    mlart_tensor pi = mlart_bench_view3(qin + P, qin, qin_b, T, H, 64, H * qrow, qrow);
     mlart_tensor po = mlart_bench_view3(q + 512, q, q_b, T, H, 64, H * 576, 576);
     if ((pdl ? mlart_query_bmm_cuda_pdl : mlart_query_bmm_cuda)(&a, &w, &o, &pi, &po, stream) != 0) {
         fprintf(stderr, "mlart-bench attn: query absorption: %s\n", mlart_last_error());
@@ -187,11 +189,11 @@ int enqueue_layer(void *ctx, int set, cudaStream_t stream)
 int enqueue_v_up(const Ctx &c, int set, int pdl, cudaStream_t stream)
 {
     const Set &s = c.sets[set];
-    const int64_t T = c.T, H = c.g.heads;
-    const size_t x_b = (size_t)(H * T * 512) * 2, w_b = (size_t)(H * 512 * kV) * 2, o_b = (size_t)(T * H * kV) * 2;
+    const int64_t T = c.T, H = c.g.heads, V = c.V;
+    const size_t x_b = (size_t)(H * T * 512) * 2, w_b = (size_t)(H * 512 * V) * 2, o_b = (size_t)(T * H * V) * 2;
     mlart_tensor x = mlart_bench_view3(s.out, s.out, x_b, H, T, 512, T * 512, 512);
-    mlart_tensor w = mlart_bench_view3(s.wuv, s.wuv, w_b, H, 512, kV, 512 * kV, kV);
-    mlart_tensor o = mlart_bench_view3(s.o, s.o, o_b, H, T, kV, kV, H * kV);
+    mlart_tensor w = mlart_bench_view3(s.wuv, s.wuv, w_b, H, 512, V, 512 * V, V);
+    mlart_tensor o = mlart_bench_view3(s.o, s.o, o_b, H, T, V, V, H * V);
     if ((pdl ? mlart_v_up_bmm_cuda_pdl : mlart_v_up_bmm_cuda)(&x, &w, &o, stream) != 0) {
         fprintf(stderr, "mlart-bench attn: V up-projection: %s\n", mlart_last_error());
         return 1;
@@ -300,7 +302,7 @@ void free_sets(Ctx &c)
 int alloc_sets(Ctx &c, int nsets, uint64_t seed)
 {
     const int T = c.T, H = c.g.heads;
-    const int64_t pages = kSlots / kPage;
+    const int64_t pages = kSlots / kPage, P = c.P, qrow = P + 64, V = c.V;
     int32_t *idx = (int32_t *)malloc(sizeof(int32_t) * T * kTopk);
     int32_t *bt = (int32_t *)malloc(sizeof(int32_t) * T * kPagesPerReq);
     int32_t *req = (int32_t *)malloc(sizeof(int32_t) * T);
@@ -319,14 +321,14 @@ int alloc_sets(Ctx &c, int nsets, uint64_t seed)
         ATT_CUDA(cudaMalloc(&x.lse, (size_t)H * T * 4));
         ATT_CUDA(cudaMalloc(&x.ref_out, (size_t)H * T * 512 * 2));
         ATT_CUDA(cudaMalloc(&x.ref_lse, (size_t)H * T * 4));
-        ATT_CUDA(cudaMalloc(&x.qin, (size_t)T * H * kQin * 2));
-        ATT_CUDA(cudaMalloc(&x.wuk, (size_t)H * kP * 512 * 2));
-        ATT_CUDA(cudaMalloc(&x.wuv, (size_t)H * 512 * kV * 2));
-        ATT_CUDA(cudaMalloc(&x.o, (size_t)T * H * kV * 2));
+        ATT_CUDA(cudaMalloc(&x.qin, (size_t)T * H * qrow * 2));
+        ATT_CUDA(cudaMalloc(&x.wuk, (size_t)H * P * 512 * 2));
+        ATT_CUDA(cudaMalloc(&x.wuv, (size_t)H * 512 * V * 2));
+        ATT_CUDA(cudaMalloc(&x.o, (size_t)T * H * V * 2));
         if (mlart_bench_fill_bf16(x.q, (size_t)T * H * 576, seed * 977 + s, 0) ||
-            mlart_bench_fill_bf16(x.qin, (size_t)T * H * kQin, seed * 977 + s + 500, 0) ||
-            mlart_bench_fill_bf16(x.wuk, (size_t)H * kP * 512, seed * 977 + s + 900, 0) ||
-            mlart_bench_fill_bf16(x.wuv, (size_t)H * 512 * kV, seed * 977 + s + 1300, 0))
+            mlart_bench_fill_bf16(x.qin, (size_t)T * H * qrow, seed * 977 + s + 500, 0) ||
+            mlart_bench_fill_bf16(x.wuk, (size_t)H * P * 512, seed * 977 + s + 900, 0) ||
+            mlart_bench_fill_bf16(x.wuv, (size_t)H * 512 * V, seed * 977 + s + 1300, 0))
             goto fail;
         for (int t = 0; t < T; t++) {
             req[t] = t;
@@ -440,6 +442,7 @@ fail:
 struct Model {
     const char *name;
     int heads;
+    int64_t P, V; /* qk_nope and v_head: the layer step's absorption and V up-projection */
 };
 
 #ifdef B12X_PROFILE
@@ -583,6 +586,7 @@ int bench_attn_variants(const mlart_bench_opts *o)
             mlart_backend_init init;
             c->g = g0;
             c->g.heads = Hs[m];
+            c->P = c->V = 128;
             c->kv = kv;
             c->vt = mlart_backend_b12x_mla_sparse_vtable();
             backend_init(o, c, &init);
@@ -672,7 +676,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     const mlart_bench_table t = {"attn decode: b12x_mla_sparse, topk 2048, each token its own request, "
                                  "q_mqa[T,H,576] x paged cache -> out[H,T,512] + lse",
                                  "shape", 34, cols, (int)(sizeof cols / sizeof cols[0])};
-    static const Model models[] = {{"DSv3.2-TP8", 16}, {"GLM5-TP4DCP4", 64}, {"H128", 128}};
+    static const Model models[] = {{"DSv3.2-TP8", 16, 128, 128}, {"GLM5-TP4DCP4", 64, 192, 256}, {"H128", 128, 128, 128}};
     static const int Ts[] = {1, 2, 4, 8, 16, 32, 64};
     static const mlart_kv_format fmts[] = {MLART_KV_BF16, MLART_KV_FP8_DS_MLA};
     int wrong = 0, any = 0;
@@ -725,6 +729,8 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
             mlart_plan plan;
             c->g = g0;
             c->g.heads = models[m].heads;
+            c->P = models[m].P;
+            c->V = models[m].V;
             c->kv = kv;
             c->vt = mlart_backend_b12x_mla_sparse_vtable();
             backend_init(o, c, &init);
@@ -816,7 +822,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
                 } else {
                     v[9] = pair_us - v[8];
                     /* and the V up-projection after them, both launches */
-                    const size_t o_b = (size_t)c->T * c->g.heads * kV * 2;
+                    const size_t o_b = (size_t)c->T * c->g.heads * c->V * 2;
                     void *o_plain = malloc(o_b), *o_pdl = malloc(o_b), *o_early = malloc(o_b);
                     /* the three launches must give the same bytes (set 0's o after each) */
                     const bool timed = o_plain && o_pdl && o_early &&
