@@ -584,19 +584,6 @@ __global__ void __launch_bounds__(128, ring_min_blocks(KB, BN, NST)) bmm_ring_ke
 #endif
 }
 
-/* The ring's one-item form (config `warps` = 1): a block per item, and the
- * item's K blocks in copy groups of their own (the weight rows of the block
- * and the same K columns of the activation tile), so the wgmma of block b
- * start as soon as it has landed while the later blocks still fly, as the
- * first tile of bmm_wgmma_kernel does.  Launched with programmatic
- * dependent launch (EARLY) the weight rows are copied before the wait, in
- * groups of their own, as the direct kernel and the swap path do (the
- * weights must not be written by the previous kernel); else nothing is
- * read before it.  HALVES (config `warps` = 2, 64-column slices): the two
- * halves of K summed apart and added at the end, the sum of the direct
- * kernel with two warps splitting K, so that the two give the same bytes
- * (a launch with PDL may take this form where a plain launch takes that
- * kernel; the layer's early_weights must not change a byte). */
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* Every K block of the one-item form as its copy group lands, committed
  * per block, then waited for: k-steps before HALF into acc, the rest into
@@ -617,6 +604,19 @@ __device__ __forceinline__ void ring1_mma(float (&acc)[BN / 2], float (&hi)[BN /
 }
 #endif
 
+/* The ring's one-item form (config `warps` = 1): a block per item, and the
+ * item's K blocks in copy groups of their own (the weight rows of the block
+ * and the same K columns of the activation tile), so the wgmma of block b
+ * start as soon as it has landed while the later blocks still fly, as the
+ * first tile of bmm_wgmma_kernel does.  Launched with programmatic
+ * dependent launch (EARLY) the weight rows are copied before the wait, in
+ * groups of their own, as the direct kernel and the swap path do (the
+ * weights must not be written by the previous kernel); else nothing is
+ * read before it.  HALVES (config `warps` = 2, 64-column slices): the two
+ * halves of K summed apart and added at the end, the sum of the direct
+ * kernel with two warps splitting K, so that the two give the same bytes
+ * (a launch with PDL may take this form where a plain launch takes that
+ * kernel; the layer's early_weights must not change a byte). */
 template <int KB, int BN, bool EARLY, bool HALVES>
 __global__ void __launch_bounds__(128, 4) bmm_ring1_kernel(const __grid_constant__ WParams p)
 {
@@ -664,6 +664,9 @@ __global__ void __launch_bounds__(128, 4) bmm_ring1_kernel(const __grid_constant
     }
     if constexpr (HALVES) {
         float hi[BN / 2];
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++)
+            hi[i] = 0.f;
         ring1_mma<KB, BN, 2 * KB>(acc, hi, as, ws);
 #pragma unroll
         for (int i = 0; i < BN / 2; i++)

@@ -147,8 +147,6 @@ mlart_step make_step(const Ctx &c, int set, bool ref)
     return st;
 }
 
-
-
 /* The query absorption of a layer step writing set `set`'s q_mqa: q_nope
  * view x W_UK_T into columns 0..511, q_pe copied into 512..575 (the op
  * the runtime runs right before attend()). */
