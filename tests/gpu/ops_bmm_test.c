@@ -728,9 +728,7 @@ START_TEST(pdl_order)
                 desc_from_views(&c, &v, &d);
                 {
                     const int path = mlart_bmm_cuda_path(&d, &cfg);
-                    const int want = kind                          ? MLART_BMM_SWAP
-                                     : c.T > 32 || pdl ? MLART_BMM_RING
-                                                                       : MLART_BMM_DIRECT;
+                    const int want = kind ? MLART_BMM_SWAP : c.T > 32 || pdl ? MLART_BMM_RING : MLART_BMM_DIRECT;
                     ck_assert_msg(path == want,
                                   "kind %d T %lld: the choice is path %d, not the kernel this test expects (%d); "
                                   "update this test",
@@ -842,6 +840,12 @@ START_TEST(pdl_same_bytes)
                                   "H %lld T %lld P %lld q_pe %d: plain launch (path %d) and PDL launch (path %d) "
                                   "differ",
                                   (long long)c.H, (long long)c.T, (long long)c.K, pe, p0, p1);
+                    for (size_t i = 0; i < nc; i++) { /* equal because written, not because both left poisoned */
+                        const int64_t n = (int64_t)(i % (size_t)ops_cs(&c));
+                        if (n < c.N || (pe && n < c.N + c.R))
+                            OPS_REQUIRE(hx[i] != 0xFFFFu, "H %lld T %lld P %lld q_pe %d: element %zu unwritten",
+                                        (long long)c.H, (long long)c.T, (long long)c.K, pe, i);
+                    }
                     other += p0 != p1;
                     cudaFree(da);
                     cudaFree(dw);
