@@ -32,8 +32,9 @@ int mlart_query_bmm_cuda(const mlart_tensor *a, const mlart_tensor *w, const mla
  * then; it reads a and pe_in and writes out and pe_out only once that
  * kernel and its writes are complete.  For a caller whose previous kernel
  * never writes w (the layer step with mlart_layer_desc.early_weights).
- * Where the automatic choice is the direct kernel and w is over 4 MiB it
- * launches plainly (measured slower with PDL after the attention). */
+ * It launches plainly where the automatic choice is the direct kernel and w
+ * is over 4 MiB, and at 64-127 heads with P = 192 and 33-64 token rows
+ * (both measured slower with PDL in the layer step). */
 int mlart_query_bmm_cuda_pdl(const mlart_tensor *a, const mlart_tensor *w, const mlart_tensor *out,
                              const mlart_tensor *pe_in, const mlart_tensor *pe_out, void *stream);
 

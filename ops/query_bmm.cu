@@ -1502,6 +1502,14 @@ static int query_run(const mlart_tensor *a, const mlart_tensor *w, const mlart_t
      * 2026-12-02): above 4 MiB the direct kernel launches plainly. */
     if (pdl && s.H * s.K * s.N * 2 > ((int64_t)4 << 20) && mlart_bmm_cuda_path(&s, &cfg) == MLART_BMM_DIRECT)
         cfg.pdl = 0;
+    /* And at 64-127 heads with P = 192 past 32 token rows, where the PDL
+     * choice is the swap path with its first stages before the wait: in
+     * the layer step it cost GLM-5's 64-head step at T = 64 1.1-3.3 us
+     * against the plain launch (mlart-bench attn, `step` and `early`,
+     * three runs, 2026-12-02 12:57-13:09 UTC; docs/PERF.md).  At 128 heads
+     * the bench and mlart-decode disagreed there, so the choice stays. */
+    if (pdl && s.K == 192 && s.H >= 64 && s.H < 128 && s.T > 32 && s.T <= 64)
+        cfg.pdl = 0;
     return mlart_bmm_cuda_run(&s, &cfg, stream);
 }
 
