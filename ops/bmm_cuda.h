@@ -86,6 +86,23 @@ int mlart_bmm_cuda_run(const mlart_bmm_desc *d, const mlart_bmm_config *cfg, voi
 /* The path AUTO (or cfg) would take for d, without launching; < 0 if none. */
 int mlart_bmm_cuda_path(const mlart_bmm_desc *d, const mlart_bmm_config *cfg);
 
+/* Whether mlart_query_bmm_cuda_pdl launches the query absorption of H heads,
+ * T token rows, K = P and N = L with programmatic dependent launch, given
+ * the path the automatic choice takes (mlart_bmm_cuda_path): not where the
+ * direct kernel would load more than 4 MiB of weights before its wait, nor
+ * at 64-127 heads with P = 192 and 33-64 rows (both measured slower than
+ * the plain launch in the layer step; docs/ops.md, "PDL entry for the
+ * query absorption").  Host code, checked without a device by
+ * test_ref_ops. */
+static inline int mlart_query_pdl_launch(int64_t H, int64_t T, int64_t K, int64_t N, int path)
+{
+    if (path == MLART_BMM_DIRECT && H * K * N * 2 > ((int64_t)4 << 20))
+        return 0;
+    if (K == 192 && H >= 64 && H < 128 && T > 32 && T <= 64)
+        return 0;
+    return 1;
+}
+
 /* WGMMA path (ops/query_bmm_wgmma.cu), used by the launcher above: whether
  * it serves d with nwg warpgroups a block and bn-column slices (0 = the
  * defaults, 2 and 256), and the launch (splits 0 = auto; returns a

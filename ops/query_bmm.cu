@@ -1494,21 +1494,19 @@ static int query_run(const mlart_tensor *a, const mlart_tensor *w, const mlart_t
     }
     cfg.path = MLART_BMM_AUTO;
     cfg.pdl = pdl;
-    /* The direct kernel loads all its weights before the wait.  After
-     * attend(), in a layer step, that paid where the weights are at most 4
-     * MiB (16 heads: 0.4-0.9 us less a step) and cost up to 1.7 us at 128
-     * heads (16.8 MiB), where those loads meet the previous kernel's
-     * traffic (mlart-bench attn, `step` and `early` columns; docs/PERF.md,
-     * 2026-12-02): above 4 MiB the direct kernel launches plainly. */
-    if (pdl && s.H * s.K * s.N * 2 > ((int64_t)4 << 20) && mlart_bmm_cuda_path(&s, &cfg) == MLART_BMM_DIRECT)
-        cfg.pdl = 0;
-    /* And at 64-127 heads with P = 192 past 32 token rows, where the PDL
-     * choice is the swap path with its first stages before the wait: in
-     * the layer step it cost GLM-5's 64-head step at T = 64 1.1-3.3 us
-     * against the plain launch (mlart-bench attn, `step` and `early`,
-     * three runs, 2026-12-02 12:57-13:09 UTC; docs/PERF.md).  At 128 heads
-     * the bench and mlart-decode disagreed there, so the choice stays. */
-    if (pdl && s.K == 192 && s.H >= 64 && s.H < 128 && s.T > 32 && s.T <= 64)
+    /* Where the PDL launch was measured slower than the plain one in the
+     * layer step (mlart-bench attn, `step` and `early` columns; docs/PERF.md,
+     * 2026-12-02), it launches plainly (mlart_query_pdl_launch):
+     *  - the direct kernel over 4 MiB of weights, which loads them all
+     *    before its wait: 16 heads 0.4-0.9 us less a step with PDL, 128
+     *    heads (16.8 MiB) up to 1.7 us more, where those loads meet the
+     *    previous kernel's traffic;
+     *  - 64-127 heads with P = 192 past 32 token rows, where the PDL choice
+     *    is the swap path with its first stages before the wait: GLM-5's
+     *    64-head step at T = 64 1.1-3.3 us more (three runs, 12:57-13:09
+     *    UTC).  At 128 heads there the bench and mlart-decode disagreed, so
+     *    the early launch stays. */
+    if (pdl && !mlart_query_pdl_launch(s.H, s.T, s.K, s.N, mlart_bmm_cuda_path(&s, &cfg)))
         cfg.pdl = 0;
     return mlart_bmm_cuda_run(&s, &cfg, stream);
 }

@@ -4,6 +4,7 @@
  * against bad views. */
 #include <check.h>
 
+#include "ops/bmm_cuda.h"
 #include "ops/kv_write_cuda.h"
 #include "ops/ops.h"
 #include "tests/reference/ref_util.h"
@@ -308,6 +309,33 @@ START_TEST(kv_write_cuda_path_choice)
 }
 END_TEST
 
+START_TEST(query_pdl_launch_choice)
+{
+    /* N = L = 512; the direct kernel up to 4 MiB of weights: with PDL */
+    ck_assert_int_eq(mlart_query_pdl_launch(16, 1, 128, 512, MLART_BMM_DIRECT), 1);
+    ck_assert_int_eq(mlart_query_pdl_launch(16, 16, 192, 512, MLART_BMM_DIRECT), 1);
+    ck_assert_int_eq(mlart_query_pdl_launch(32, 1, 128, 512, MLART_BMM_DIRECT), 1); /* exactly 4 MiB */
+    /* above: plainly */
+    ck_assert_int_eq(mlart_query_pdl_launch(33, 1, 128, 512, MLART_BMM_DIRECT), 0);
+    ck_assert_int_eq(mlart_query_pdl_launch(128, 4, 128, 512, MLART_BMM_DIRECT), 0);
+    /* other paths over 4 MiB: with PDL */
+    ck_assert_int_eq(mlart_query_pdl_launch(128, 4, 128, 512, MLART_BMM_RING), 1);
+    ck_assert_int_eq(mlart_query_pdl_launch(128, 1, 192, 512, MLART_BMM_SWAP), 1);
+    /* 64-127 heads, P = 192, 33-64 rows: plainly, whatever the path */
+    for (int64_t h = 64; h < 128; h += 21)
+        for (int64_t t = 33; t <= 64; t += 31) {
+            ck_assert_int_eq(mlart_query_pdl_launch(h, t, 192, 512, MLART_BMM_SWAP), 0);
+            ck_assert_int_eq(mlart_query_pdl_launch(h, t, 192, 512, MLART_BMM_RING), 0);
+        }
+    /* just outside that box: with PDL */
+    ck_assert_int_eq(mlart_query_pdl_launch(64, 32, 192, 512, MLART_BMM_RING), 1);
+    ck_assert_int_eq(mlart_query_pdl_launch(64, 65, 192, 512, MLART_BMM_RING), 1);
+    ck_assert_int_eq(mlart_query_pdl_launch(63, 64, 192, 512, MLART_BMM_RING), 1);
+    ck_assert_int_eq(mlart_query_pdl_launch(128, 64, 192, 512, MLART_BMM_SWAP), 1);
+    ck_assert_int_eq(mlart_query_pdl_launch(64, 64, 128, 512, MLART_BMM_SWAP), 1);
+}
+END_TEST
+
 START_TEST(tile_scale_exact)
 {
     /* exact powers of 448 and their neighbours, subnormal bf16 amax, big amax */
@@ -508,6 +536,7 @@ int main(void)
     tcase_add_test(tc, kv_write_vs_brute_force);
     tcase_add_test(tc, tile_scale_exact);
     tcase_add_test(tc, kv_write_cuda_path_choice);
+    tcase_add_test(tc, query_pdl_launch_choice);
     tcase_add_test(tc, checks_refuse_bad_views);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
