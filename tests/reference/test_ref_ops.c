@@ -1,7 +1,8 @@
 /* CPU twins of ops/ against naive double loops, on awkward shapes and strided
  * views, with every byte outside the output elements checked untouched; the
- * cache writer against a brute-force e4m3 encoder; and the operand checks
- * against bad views. */
+ * cache writer against a brute-force e4m3 encoder; the CUDA ops' host-side
+ * choices (the KV write's path, the query absorption's PDL launch); and the
+ * operand checks against bad views. */
 #include <check.h>
 
 #include "ops/bmm_cuda.h"
