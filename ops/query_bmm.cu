@@ -1036,7 +1036,10 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c, 
      * against 13.9 us on the swap path); with PDL at 128 heads, and at 64
      * heads, P = 192 past T = 32, where the swap path copies its first
      * weights before its wait (H128 T64 P128 10.8 against 9.0 us, H128 T32
-     * P192 10.3 against 9.4, H64 T64 P192 7.0 against 6.5). */
+     * P192 10.3 against 9.4, H64 T64 P192 7.0 against 6.5): measured in a
+     * rotation of our own launches.  In the layer step the 64-head case
+     * was slower than the plain launch, so mlart_query_bmm_cuda_pdl
+     * launches that one plainly (mlart_query_pdl_launch). */
     const bool pdl_swap = pdl && d.T <= 64 && (d.H >= 128 || (d.H >= 64 && d.K == 192 && d.T > 32));
     /* At T <= 16 with P = 128 (variants of 2026-12-02 10:08 UTC,
      * docs/ops.md): launched with PDL below 128 heads, and at 128 heads up
