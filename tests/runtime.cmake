@@ -76,6 +76,12 @@ if(TARGET mlart-decode)
   set_tests_properties(decode_graph_flag_host decode_no_graph_flag_host PROPERTIES
                        WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
                        PASS_REGULAR_EXPRESSION "over steps 2\\.\\.16; step 1 took.*checksum 0xd80b2f10fca7e9fd")
+  # the synthetic data of a larger run is drawn in pieces on several threads: the bytes (so the
+  # checksum) are those of the one serial loop that drew them before
+  add_test(NAME decode_fill_pieces
+           COMMAND ${_dec} --config ${PROJECT_SOURCE_DIR}/configs/glm5-tp4-dcp4.ini --device cpu
+                   --set heads=256 --set topk=64 --batch 5 --context 3000 --set layers=2 --steps 3)
+  set_tests_properties(decode_fill_pieces PROPERTIES PASS_REGULAR_EXPRESSION "checksum 0x39bd7d15c95602c6")
   add_test(NAME decode_fp8_verify
            COMMAND ${_dec} --config ${_tiny} --device cpu --steps 2 --verify)
   set_tests_properties(decode_fp8_verify PROPERTIES ENVIRONMENT "MLART_KV_FORMAT=fp8_ds_mla"

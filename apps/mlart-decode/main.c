@@ -4,6 +4,7 @@
  * output against a float64 oracle and the reference backend. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,9 +61,13 @@ static void usage(FILE *f)
 
 /* ---- small helpers ------------------------------------------------------ */
 
+/* splitmix64: the k-th draw after state s is mix(s + k * RNG_GAMMA), so a
+ * long fill can be cut into pieces that start anywhere in the sequence. */
+#define RNG_GAMMA 0x9e3779b97f4a7c15ull
+
 static uint64_t rng_next(uint64_t *s)
 {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull); /* splitmix64 */
+    uint64_t z = (*s += RNG_GAMMA);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
@@ -71,6 +76,57 @@ static uint64_t rng_next(uint64_t *s)
 static float rng_uniform(uint64_t *s) /* [-1, 1) */
 {
     return (float)((double)(rng_next(s) >> 11) * 0x1.0p-52 - 1.0);
+}
+
+typedef struct fill_piece {
+    uint16_t *dst;
+    int64_t n;
+    uint64_t s; /* the state before the piece's first draw */
+    float a;
+} fill_piece;
+
+static void *fill_piece_run(void *arg)
+{
+    fill_piece *f = arg;
+    uint64_t s = f->s;
+    for (int64_t i = 0; i < f->n; i++)
+        f->dst[i] = mlart_f32_to_bf16(f->a * rng_uniform(&s));
+    return NULL;
+}
+
+/* dst[i] = bf16(a * uniform) for n draws from *s, which it advances by n
+ * draws: the bytes of one loop over rng_uniform, cut into pieces on up to
+ * one thread per online CPU (the synthetic cache of a large run is billions
+ * of draws).  A piece whose thread cannot be started runs here. */
+static void fill_uniform_bf16(uint16_t *dst, int64_t n, float a, uint64_t *s)
+{
+    enum { MAX_THREADS = 64, MIN_PIECE = 1 << 18 };
+    fill_piece piece[MAX_THREADS];
+    pthread_t tid[MAX_THREADS];
+    int started[MAX_THREADS];
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int64_t nt = n / MIN_PIECE;
+    if (nt > ncpu)
+        nt = ncpu;
+    if (nt > MAX_THREADS)
+        nt = MAX_THREADS;
+    if (nt < 1)
+        nt = 1;
+    for (int64_t t = 0, at = 0; t < nt; t++) {
+        const int64_t len = n / nt + (t < n % nt);
+        piece[t] = (fill_piece){dst + at, len, *s + (uint64_t)at * RNG_GAMMA, a};
+        at += len;
+    }
+    for (int64_t t = 1; t < nt; t++)
+        started[t] = pthread_create(&tid[t], NULL, fill_piece_run, &piece[t]) == 0;
+    fill_piece_run(&piece[0]);
+    for (int64_t t = 1; t < nt; t++) {
+        if (started[t])
+            pthread_join(tid[t], NULL);
+        else
+            fill_piece_run(&piece[t]);
+    }
+    *s += (uint64_t)n * RNG_GAMMA;
 }
 
 static double now_s(void)
@@ -201,9 +257,7 @@ static int make_weights(run *r, int li, uint16_t *dst)
     }
     {
         uint64_t s = r->cfg.seed * 1000003u + (uint64_t)li * 7919u + 1;
-        const float a = 4.0f / sqrtf((float)g->qk_nope);
-        for (size_t i = 0; i < n; i++)
-            dst[i] = mlart_f32_to_bf16(a * rng_uniform(&s));
+        fill_uniform_bf16(dst, (int64_t)n, 4.0f / sqrtf((float)g->qk_nope), &s);
     }
     return 0;
 }
@@ -268,8 +322,7 @@ static int32_t slot_of(const run *r, int32_t req, int32_t pos)
 /* Fresh synthetic latent+rope rows. */
 static void fill_rows(uint16_t *rows, int64_t n, int width, uint64_t *s)
 {
-    for (int64_t i = 0; i < n * width; i++)
-        rows[i] = mlart_f32_to_bf16(rng_uniform(s));
+    fill_uniform_bf16(rows, n * width, 1.0f, s);
 }
 
 static int setup_layer(run *r, int li)
@@ -384,8 +437,7 @@ static void make_step_inputs(run *r, int step)
     const mlart_geometry *g = &r->cfg.geom;
     const int64_t H = g->heads, P = g->qk_nope, R = g->rope, K = g->topk;
     uint64_t s = r->cfg.seed * 0x9e3779b1u + (uint64_t)step * 131u + 5;
-    for (int64_t i = 0; i < (int64_t)r->B * H * (P + R); i++)
-        r->h_q[i] = mlart_f32_to_bf16(rng_uniform(&s));
+    fill_uniform_bf16(r->h_q, (int64_t)r->B * H * (P + R), 1.0f, &s);
     for (int32_t b = 0; b < r->B; b++) {
         const int32_t len = r->h_lens[b];
         int32_t *out = r->h_idx + (int64_t)b * K;
