@@ -42,6 +42,10 @@
  *   inplace  the same step with the in-place combine forced (b12x_tune
  *            inplace = 1), where b12x_attend_inplace_ok takes it; checked
  *            like err.  The time column is the backend's default launch.
+ * With MLART_BENCH_ATTN_KVW=1 in the environment `step` and `early` put the
+ * layer's KV write of T rows in front of the absorption, as mlart-decode's
+ * step does (the rows are slots 0..8191's own, rewritten with the same
+ * bytes, so no input of any set changes); the v_up columns stay without it.
  * With MLART_BENCH_ATTN_VARIANTS=1 in the environment a tuning table
  * follows (bench_attn_variants). */
 #include <cublas_v2.h>
@@ -66,6 +70,7 @@ constexpr int kPage = 64;
 constexpr int kPagesPerReq = kSeq / kPage;
 constexpr int64_t kSlots = 1 << 19;     /* cache rows (604 MB bf16, 344 MB fp8) */
 constexpr int kMaxT = 64;
+constexpr int kKvwRows = 8192;          /* MLART_BENCH_ATTN_KVW: the KV write's slots 0..kKvwRows-1 */
 constexpr double kNmseMax = 1e-4;
 
 #define ATT_CUDA(stmt) MLART_BENCH_CHECK("mlart-bench attn", stmt)
@@ -110,6 +115,7 @@ struct Ctx {
     int T, nsets;
     int64_t P, V; /* the absorption's P and the V up-projection's V (the model's) */
     void *kv;
+    void *kvw_src, *kvw_slots; /* MLART_BENCH_ATTN_KVW: slots 0..kKvwRows-1's bf16 rows, and 0..kKvwRows-1 */
     Set sets[128];
     void *ws;
     size_t ws_bytes;
@@ -215,6 +221,56 @@ int enqueue_step_early(void *ctx, int set, cudaStream_t stream)
 {
     return qbmm_run(ctx, set, 1, stream) || enqueue_b12x(ctx, set, stream) ||
            enqueue_v_up(*(Ctx *)ctx, set, 1, stream);
+}
+
+/* The layer's KV write of T rows (MLART_BENCH_ATTN_KVW): rows base..base+T-1
+ * of slots 0..kKvwRows-1 rewritten with their own bytes (the cache's rows
+ * are mlart_bench_fill_bf16(seed 0xCAC4E) element for element, written by
+ * the same op for fp8), so the cache, and every set's result, stay as
+ * they are.  Launched as the op launches it (with PDL). */
+int enqueue_kvw(const Ctx &c, int set, cudaStream_t stream)
+{
+    int64_t base = (int64_t)set * c.T % kKvwRows;
+    if (base + c.T > kKvwRows)
+        base = 0;
+    mlart_tensor cache = dense(c.kv, MLART_DTYPE_U8, 2, kSlots, (int64_t)mlart_kv_bytes_per_token(&c.g), 0);
+    mlart_tensor lat = dense((uint16_t *)c.kvw_src + base * 576, MLART_DTYPE_BF16, 2, c.T, 576, 0);
+    mlart_tensor sl = dense((int32_t *)c.kvw_slots + base, MLART_DTYPE_I32, 1, c.T, 0, 0);
+    if (mlart_kv_write_cuda(&c.g, &cache, &lat, &sl, stream) != 0) {
+        fprintf(stderr, "mlart-bench attn: kv_write: %s\n", mlart_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+int enqueue_kvw_step(void *ctx, int set, cudaStream_t stream)
+{
+    return enqueue_kvw(*(Ctx *)ctx, set, stream) || enqueue_step_pdl(ctx, set, stream);
+}
+
+int enqueue_kvw_early(void *ctx, int set, cudaStream_t stream)
+{
+    return enqueue_kvw(*(Ctx *)ctx, set, stream) || enqueue_step_early(ctx, set, stream);
+}
+
+/* The KV write's sources: slots 0..kKvwRows-1's bf16 rows and their slot
+ * numbers, on the device. */
+int kvw_setup(void **src, void **slots)
+{
+    int32_t *hs = (int32_t *)malloc(sizeof(int32_t) * kKvwRows);
+    int rc = -1;
+    *src = *slots = NULL;
+    if (!hs)
+        return -1;
+    for (int i = 0; i < kKvwRows; i++)
+        hs[i] = i;
+    if (cudaMalloc(src, (size_t)kKvwRows * 576 * 2) == cudaSuccess &&
+        cudaMalloc(slots, sizeof(int32_t) * kKvwRows) == cudaSuccess &&
+        cudaMemcpy(*slots, hs, sizeof(int32_t) * kKvwRows, cudaMemcpyHostToDevice) == cudaSuccess &&
+        !mlart_bench_fill_bf16(*src, (size_t)kKvwRows * 576, 0xCAC4E, 0) && cudaDeviceSynchronize() == cudaSuccess)
+        rc = 0;
+    free(hs);
+    return rc;
 }
 
 int enqueue_b12x(void *ctx, int set, cudaStream_t stream)
@@ -708,6 +764,8 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
             }
     const char *ev = getenv("MLART_BENCH_ATTN_VARIANTS");
     const int variants = ev && *ev && strcmp(ev, "0");
+    const char *kv_env = getenv("MLART_BENCH_ATTN_KVW");
+    const int kvw = kv_env && *kv_env && strcmp(kv_env, "0");
     if (!any && !(variants && bench_attn_variants_match(o)))
         return 0;
 
@@ -718,6 +776,8 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     }
     printf("\n# bf16 tensor-core rate, cuBLAS 8192^3 (median of 5): %.0f TFLOP/s; copy roofline %.0f GB/s\n",
            tc_peak, o->copy_gbs);
+    if (kvw)
+        printf("# MLART_BENCH_ATTN_KVW=1: step and early have the KV write of T rows in front of the absorption\n");
     /* For the `inplace` column: the launch with the in-place combine forced
      * (b12x_tune.inplace = 1), wherever the step can take it. */
     b12x_dev dev;
@@ -726,8 +786,13 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     mlart_bench_table_head(o, &t);
     for (int f = 0; f < 2; f++) {
         mlart_geometry g0;
-        void *kv = open_cache(fmts[f], &g0);
-        if (!kv) {
+        void *kv = open_cache(fmts[f], &g0), *kvw_src = NULL, *kvw_slots = NULL;
+        if (!kv || (kvw && kvw_setup(&kvw_src, &kvw_slots))) {
+            if (kv)
+                fprintf(stderr, "mlart-bench attn: the KV write's rows could not be set up\n");
+            cudaFree(kv);
+            cudaFree(kvw_src);
+            cudaFree(kvw_slots);
             b12x_attend_teardown(&dev);
             return -1;
         }
@@ -741,6 +806,8 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
             c->P = models[m].P;
             c->V = models[m].V;
             c->kv = kv;
+            c->kvw_src = kvw_src;
+            c->kvw_slots = kvw_slots;
             c->vt = mlart_backend_b12x_mla_sparse_vtable();
             backend_init(o, c, &init);
             memset(&plan, 0, sizeof plan);
@@ -843,17 +910,30 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
                                        cudaMemset(c->sets[0].o, 0xff, o_b) == cudaSuccess &&
                                        !mlart_bench_time(o, enqueue_step_early, c, nsets, &v[14]) &&
                                        cudaMemcpy(o_early, c->sets[0].o, o_b, cudaMemcpyDeviceToHost) == cudaSuccess;
-                    const bool same = timed && memcmp(o_plain, o_pdl, o_b) == 0 && memcmp(o_plain, o_early, o_b) == 0;
+                    bool same = timed && memcmp(o_plain, o_pdl, o_b) == 0 && memcmp(o_plain, o_early, o_b) == 0;
+                    double kvw_step = NAN, kvw_early = NAN;
+                    /* with the KV write in front: the same bytes again (o_pdl reused) */
+                    if (same && kvw)
+                        same = cudaMemset(c->sets[0].o, 0xff, o_b) == cudaSuccess &&
+                               !mlart_bench_time(o, enqueue_kvw_step, c, nsets, &kvw_step) &&
+                               cudaMemcpy(o_pdl, c->sets[0].o, o_b, cudaMemcpyDeviceToHost) == cudaSuccess &&
+                               memcmp(o_plain, o_pdl, o_b) == 0 &&
+                               cudaMemset(c->sets[0].o, 0xff, o_b) == cudaSuccess &&
+                               !mlart_bench_time(o, enqueue_kvw_early, c, nsets, &kvw_early) &&
+                               cudaMemcpy(o_pdl, c->sets[0].o, o_b, cudaMemcpyDeviceToHost) == cudaSuccess &&
+                               memcmp(o_plain, o_pdl, o_b) == 0;
                     free(o_plain);
                     free(o_pdl);
                     free(o_early);
                     if (!same) {
-                        fprintf(stderr, "mlart-bench attn: %s: step timing failed or the three launches of the "
-                                        "step differ\n", name);
+                        fprintf(stderr, "mlart-bench attn: %s: step timing failed or the launches of the step "
+                                        "differ\n", name);
                         v[12] = v[14] = NAN;
                         wrong++;
                     } else {
-                        v[13] = v[12];
+                        v[13] = kvw ? kvw_step : v[12];
+                        if (kvw)
+                            v[14] = kvw_early;
                         v[11] = step_us - pair_us;
                         v[12] -= pair_us;
                         if (models[m].apart) {
@@ -885,6 +965,8 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
             free(c);
         }
         cudaFree(kv);
+        cudaFree(kvw_src);
+        cudaFree(kvw_slots);
     }
     b12x_attend_teardown(&dev);
     if (variants) {
