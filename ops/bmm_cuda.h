@@ -92,11 +92,14 @@ int mlart_bmm_cuda_path(const mlart_bmm_desc *d, const mlart_bmm_config *cfg);
  * direct kernel would load more than 4 MiB of weights before its wait, nor
  * at 64-127 heads with P = 192 and 33-64 rows (both measured slower than
  * the plain launch in the layer step; docs/ops.md, "PDL entry for the
- * query absorption").  Host code, checked without a device by
- * test_ref_ops. */
+ * query absorption").  The path matters only above
+ * MLART_QUERY_PDL_DIRECT_MAX bytes of weights, so a caller may pass
+ * MLART_BMM_AUTO below that and skip working it out.  Host code, checked
+ * without a device by test_ref_ops. */
+#define MLART_QUERY_PDL_DIRECT_MAX ((int64_t)4 << 20)
 static inline int mlart_query_pdl_launch(int64_t H, int64_t T, int64_t K, int64_t N, int path)
 {
-    if (path == MLART_BMM_DIRECT && H * K * N * 2 > ((int64_t)4 << 20))
+    if (path == MLART_BMM_DIRECT && H * K * N * 2 > MLART_QUERY_PDL_DIRECT_MAX)
         return 0;
     if (K == 192 && H >= 64 && H < 128 && T > 32 && T <= 64)
         return 0;

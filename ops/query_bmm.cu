@@ -1509,8 +1509,13 @@ static int query_run(const mlart_tensor *a, const mlart_tensor *w, const mlart_t
      *    64-head step at T = 64 1.1-3.3 us more (three runs, 12:57-13:09
      *    UTC).  At 128 heads there the bench and mlart-decode disagreed, so
      *    the early launch stays. */
-    if (pdl && !mlart_query_pdl_launch(s.H, s.T, s.K, s.N, mlart_bmm_cuda_path(&s, &cfg)))
-        cfg.pdl = 0;
+    if (pdl) {
+        /* the path (a second pass of the choice) only where it matters */
+        const int path =
+            s.H * s.K * s.N * 2 > MLART_QUERY_PDL_DIRECT_MAX ? mlart_bmm_cuda_path(&s, &cfg) : MLART_BMM_AUTO;
+        if (!mlart_query_pdl_launch(s.H, s.T, s.K, s.N, path))
+            cfg.pdl = 0;
+    }
     return mlart_bmm_cuda_run(&s, &cfg, stream);
 }
 

@@ -316,6 +316,7 @@ START_TEST(query_pdl_launch_choice)
     ck_assert_int_eq(mlart_query_pdl_launch(16, 1, 128, 512, MLART_BMM_DIRECT), 1);
     ck_assert_int_eq(mlart_query_pdl_launch(16, 16, 192, 512, MLART_BMM_DIRECT), 1);
     ck_assert_int_eq(mlart_query_pdl_launch(32, 1, 128, 512, MLART_BMM_DIRECT), 1); /* exactly 4 MiB */
+    ck_assert_int_eq(mlart_query_pdl_launch(16, 1, 128, 512, MLART_BMM_AUTO), 1);   /* path not worked out */
     /* above: plainly */
     ck_assert_int_eq(mlart_query_pdl_launch(33, 1, 128, 512, MLART_BMM_DIRECT), 0);
     ck_assert_int_eq(mlart_query_pdl_launch(128, 4, 128, 512, MLART_BMM_DIRECT), 0);
