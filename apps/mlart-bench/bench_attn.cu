@@ -45,7 +45,8 @@
  * With MLART_BENCH_ATTN_KVW=1 in the environment `step` and `early` put the
  * layer's KV write of T rows in front of the absorption, as mlart-decode's
  * step does (the rows are slots 0..8191's own, rewritten with the same
- * bytes, so no input of any set changes); the v_up columns stay without it.
+ * bytes, so no input of any set changes); the v_up columns stay without it,
+ * and a line after each row gives its step and early without the write.
  * With MLART_BENCH_ATTN_VARIANTS=1 in the environment a tuning table
  * follows (bench_attn_variants). */
 #include <cublas_v2.h>
@@ -831,6 +832,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
             for (int it = 0; it < 7; it++) {
                 char name[64];
                 double v[15], ref_us = NAN, pair_us = NAN, step_us = NAN;
+                char kvw_line[256] = ""; /* MLART_BENCH_ATTN_KVW: the row's step and early without the write */
                 c->T = Ts[it];
                 snprintf(name, sizeof name, "attn %s H%d %s T%d", models[m].name, models[m].heads,
                          fmts[f] == MLART_KV_BF16 ? "bf16" : "fp8", c->T);
@@ -932,8 +934,14 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
                         wrong++;
                     } else {
                         v[13] = kvw ? kvw_step : v[12];
-                        if (kvw)
+                        if (kvw) {
+                            /* the columns without the write, for the same run's comparison */
+                            snprintf(kvw_line, sizeof kvw_line,
+                                     "#   %s without -> with the KV write: step %.2f -> %.2f, "
+                                     "early %.2f -> %.2f us\n",
+                                     name, v[12], kvw_step, v[14], kvw_early);
                             v[14] = kvw_early;
+                        }
                         v[11] = step_us - pair_us;
                         v[12] -= pair_us;
                         if (models[m].apart) {
@@ -948,6 +956,8 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
                     }
                 }
                 mlart_bench_table_row(o, &t, name, v);
+                if (kvw_line[0])
+                    fputs(kvw_line, stdout);
                 if (c->g.heads <= 16 && c->T >= 8) {
                     worst_mem_ratio = fmax(worst_mem_ratio, v[0] / (bytes / (o->copy_gbs * 1e3)));
                     worst_layer_mem = fmax(worst_layer_mem, v[9] / (bytes / (o->copy_gbs * 1e3)));
