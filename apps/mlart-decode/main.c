@@ -244,6 +244,7 @@ typedef struct run {
     int32_t *h_idx, *h_req, *h_lens, *h_bt, *h_slots, *pool;
     void *d_q, *d_new, *d_idx, *d_req, *d_lens, *d_bt, *d_slots, *d_lse;
     double *oracle_o, *oracle_lse;
+    double setup_s; /* wall time of setup(): weights, every layer's context rows, backends */
 } run;
 
 /* kv_b_proj of layer `li`: from the checkpoint, or uniform in +-4/sqrt(P). */
@@ -750,6 +751,8 @@ static int run_decode(run *r)
         printf("# heads are per rank (total %d / tp_size %d); ms/step covers the KV write of the "
                "new tokens and the decode step of every layer\n",
                r->cfg.heads_total, r->cfg.tp_size);
+        printf("# setup took %.3f s (weights, the context's rows written into every layer's cache, "
+               "backends), outside the timing\n", r->setup_s);
         if (r->cfg.steps > 1)
             printf("# ms/step and tokens/s over steps 2..%d%s; step 1 took %.3f ms (one-time "
                    "setup falls in it: on CUDA each kernel's first launch loads its module)\n",
@@ -1002,7 +1005,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "mlart-decode: running one rank's share in this process: %d of %d heads, "
                         "whole KV cache (tp_size %d, dcp_size %d)\n",
                 r.cfg.geom.heads, r.cfg.heads_total, r.cfg.tp_size, r.cfg.dcp_size);
+    r.setup_s = now_s();
     rc = setup(&r);
+    r.setup_s = now_s() - r.setup_s;
     if (rc == 0)
         rc = run_decode(&r);
     destroy_run(&r);
