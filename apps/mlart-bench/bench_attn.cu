@@ -33,20 +33,21 @@
  *            programmatic dependent launch (mlart_v_up_bmm_cuda_pdl: its
  *            first weight copies start while attend() ends)
  *   step     the whole layer step as the runtime launches it by default
- *            (absorption, attend(), V up-projection with PDL), us a step
- *            in the rotation: qbmm + in_layer + v_up_pdl, measured at once
+ *            (KV write of T rows, absorption, attend(), V up-projection
+ *            with PDL), us a step in the rotation, measured at once
  *   early    the same with mlart_layer_desc.early_weights: the absorption
  *            launched with PDL too (mlart_query_bmm_cuda_pdl), so it
- *            starts while the previous step's V up-projection ends; the
+ *            starts while the KV write before it ends; the
  *            bench compares its output with the step's byte for byte
  *   inplace  the same step with the in-place combine forced (b12x_tune
  *            inplace = 1), where b12x_attend_inplace_ok takes it; checked
  *            like err.  The time column is the backend's default launch.
- * With MLART_BENCH_ATTN_KVW=1 in the environment `step` and `early` put the
- * layer's KV write of T rows in front of the absorption, as mlart-decode's
- * step does (the rows are slots 0..8191's own, rewritten with the same
- * bytes, so no input of any set changes); the v_up columns stay without it,
- * and a line after each row gives its step and early without the write.
+ * `step` and `early` put the layer's KV write of T rows in front of the
+ * absorption, as the layer's step (mlart-decode's) does: the rows are slots
+ * 0..8191's own, rewritten with the same bytes, so no input of any set
+ * changes.  The v_up columns stay without it, and a line after each row
+ * gives its step and early without the write (MLART_BENCH_ATTN_KVW=0 in the
+ * environment: no write, the columns as before 2026-12-02 14:30).
  * With MLART_BENCH_ATTN_VARIANTS=1 in the environment a tuning table
  * follows (bench_attn_variants). */
 #include <cublas_v2.h>
@@ -750,7 +751,8 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     double step_plain_sum = 0, step_pdl_sum = 0; /* the v_up columns, summed over the rows */
     double whole_sum = 0, early_sum = 0;         /* the step and early columns, summed */
     double apart_whole = 0, apart_early = 0;     /* the same for the rows summed apart */
-    char line[1024];
+    double bare_sum[4] = {0, 0, 0, 0};           /* with the KV write: the same four sums without it */
+    char line[1536];
     mlart_bench_opts ref_opts = *o;
     ref_opts.reps = o->reps < 3 ? o->reps : 3;
     ref_opts.warmup = 1;
@@ -766,7 +768,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     const char *ev = getenv("MLART_BENCH_ATTN_VARIANTS");
     const int variants = ev && *ev && strcmp(ev, "0");
     const char *kv_env = getenv("MLART_BENCH_ATTN_KVW");
-    const int kvw = kv_env && *kv_env && strcmp(kv_env, "0");
+    const int kvw = !(kv_env && !strcmp(kv_env, "0"));
     if (!any && !(variants && bench_attn_variants_match(o)))
         return 0;
 
@@ -777,8 +779,8 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     }
     printf("\n# bf16 tensor-core rate, cuBLAS 8192^3 (median of 5): %.0f TFLOP/s; copy roofline %.0f GB/s\n",
            tc_peak, o->copy_gbs);
-    if (kvw)
-        printf("# MLART_BENCH_ATTN_KVW=1: step and early have the KV write of T rows in front of the absorption\n");
+    if (!kvw)
+        printf("# MLART_BENCH_ATTN_KVW=0: step and early without the KV write in front of the absorption\n");
     /* For the `inplace` column: the launch with the in-place combine forced
      * (b12x_tune.inplace = 1), wherever the step can take it. */
     b12x_dev dev;
@@ -940,6 +942,8 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
                                      "#   %s without -> with the KV write: step %.2f -> %.2f, "
                                      "early %.2f -> %.2f us\n",
                                      name, v[12], kvw_step, v[14], kvw_early);
+                            bare_sum[2 * models[m].apart] += v[12];
+                            bare_sum[2 * models[m].apart + 1] += v[14];
                             v[14] = kvw_early;
                         }
                         v[11] = step_us - pair_us;
@@ -983,19 +987,24 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
         const int rc = bench_attn_variants(o);
         wrong += rc < 0 ? 1 : rc;
     }
+    char bare[160] = "";
+    if (kvw)
+        snprintf(bare, sizeof bare, "; without the KV write %.1f / %.1f us (apart: %.1f / %.1f us)", bare_sum[0],
+                 bare_sum[1], bare_sum[2], bare_sum[3]);
     snprintf(line, sizeof line,
              "attn targets: 16 heads T>=8 worst time/bandwidth-floor %.2fx (target <= 2: %s); 16 heads T<8 "
              "worst %.2f us (target < 5: %s); 128 heads fp8 T=64 %.1f TFLOP/s (target >= 250: %s); in a layer "
              "step (after the absorption): 16 heads T>=8 worst %.2fx, T<8 worst %.2f us; with the in-place "
              "combine (opt-in, where it runs; 0 = no such row): 16 heads T>=8 worst %.2fx, T<8 worst %.2f us; "
              "V up-projection after attend(), summed over the rows: plain %.1f us, as the layer launches it %.1f us; "
-             "whole layer step summed over the rows: %.1f us, with early_weights %.1f us (GLM5-TP2DCP4 rows "
-             "summed apart: %.1f / %.1f us)",
+             "whole layer step%s summed over the rows: %.1f us, with early_weights %.1f us (GLM5-TP2DCP4 rows "
+             "summed apart: %.1f / %.1f us)%s",
              worst_mem_ratio, worst_mem_ratio == 0 ? "n/a" : worst_mem_ratio <= 2 ? "met" : "MISSED",
              worst_small_us, worst_small_us == 0 ? "n/a" : worst_small_us < 5 ? "met" : "MISSED", h128_fp8_t64,
              isnan(h128_fp8_t64) ? "n/a" : h128_fp8_t64 >= 250 ? "met" : "MISSED", worst_layer_mem,
-             worst_layer_small, ip_mem_ratio, ip_small_us, step_plain_sum, step_pdl_sum, whole_sum, early_sum,
-             apart_whole, apart_early);
+             worst_layer_small, ip_mem_ratio, ip_small_us, step_plain_sum, step_pdl_sum,
+             kvw ? " (KV write of T rows, absorption, attend, V up-projection)" : " without the KV write", whole_sum,
+             early_sum, apart_whole, apart_early, bare);
     mlart_bench_summary(o, t.title, line);
     return wrong;
 }

@@ -310,7 +310,7 @@ void decode_summary(const mlart_bench_opts *o, const char *table, const char *wh
     const double g_cb = geomean(x_cb, n), g_ped = geomean(x_ped, n), g_cc = geomean(x_cc, n);
     snprintf(line, sizeof line,
              "%s, %d shapes: geomean speedup vs cublas %.2fx (target >= 1.3: %s), vs pedantic %.2fx "
-             "(>= 2: %s), vs copy+cublas %.2fx; min vs cublas %.2fx (>= 1: %s), min vs copy+cublas %.2fx (>= 1.5: %s); "
+             "(>= 2: %s), vs copy+cublas %.2fx; min vs cublas %.3fx (>= 1: %s), min vs copy+cublas %.2fx (>= 1.5: %s); "
              "H=128 T<=16 min %.0f GB/s (>= 3000: %s)%s",
              what, n, g_cb, g_cb >= 1.3 ? "met" : "MISSED", g_ped, g_ped >= 2 ? "met" : "MISSED", g_cc, min_cb,
              min_cb >= 1 ? "met" : "MISSED", min_cc, min_cc >= 1.5 ? "met" : "MISSED", min_bw128,
