@@ -755,7 +755,7 @@ static int run_decode(run *r)
                "backends), outside the timing\n", r->setup_s);
         if (r->cfg.steps > 1)
             printf("# ms/step and tokens/s over steps 2..%d%s; step 1 took %.3f ms (one-time "
-                   "setup falls in it: on CUDA each kernel's first launch loads its module)\n",
+                   "work falls in it: on CUDA each kernel's first launch loads its module)\n",
                    r->cfg.steps,
                    use_graph ? ", each the replay of one CUDA graph of the step"
                    : r->dev >= 0 ? ", kernels launched directly" : "",
