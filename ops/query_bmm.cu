@@ -1048,8 +1048,8 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c, 
      * 128-column slices so that the 512 items are resident at once; the
      * swap path with PDL took 5.6 there alone, but in the layer step after
      * attend() it was 0.5-1.0 us slower at T <= 8, mlart-bench attn, 11:53,
-     * and with the layer's KV write in front level or slower at T = 2-8,
-     * in the bench and in mlart-decode, 14:32);
+     * and with the layer's KV write in front slower at T = 2-8 in
+     * mlart-decode and at T = 8 in the bench, 14:32);
      * launched plainly at 9-16 rows from 64 heads (H128 T16 7.65 against
      * 7.9 on the swap path, H64 5.3 against 5.4 on the direct kernel).
      * With PDL at P = 192 (H64 T1 4.7 against 5.4 us) with K in two halves
