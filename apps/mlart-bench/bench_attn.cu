@@ -42,6 +42,14 @@
  *   inplace  the same step with the in-place combine forced (b12x_tune
  *            inplace = 1), where b12x_attend_inplace_ok takes it; checked
  *            like err.  The time column is the backend's default launch.
+ *   chain    at <= 16 heads, the memory work of a call with nothing else:
+ *            the indices, the block-table entries, the rows' bytes and the
+ *            output rows written (chain_floor_kernel), in the same
+ *            rotation as `time`; what no design that reads the rows it
+ *            needs can go under
+ *   chain_pdl the same launched with programmatic dependent launch, every
+ *            load before its wait (the most of it a design can hide behind
+ *            the previous kernel)
  * `step` and `early` put the layer's KV write of T rows in front of the
  * absorption, as the layer's step (mlart-decode's) does: the rows are slots
  * 0..8191's own, rewritten with the same bytes, so no input of any set
@@ -63,6 +71,7 @@
 #include "bench_common.h"
 #include "ops/numerics.h"
 #include "ops/ops.h"
+#include "runtime/cuda_launch.h"
 
 namespace {
 
@@ -291,6 +300,121 @@ int enqueue_ref(void *ctx, int set, cudaStream_t stream)
         return 1;
     }
     return 0;
+}
+
+/* The memory work every sparse decode call has to do, with nothing else
+ * (columns `chain` and `chain_pdl`, rows of <= 16 heads): per token the
+ * request and the top-k indices, then the sequence length and the
+ * block-table entries, then every selected row's bytes (16-byte loads, TPR
+ * threads a row, all of a thread's pieces in flight at once); no math, no
+ * partials, no combine.  The first chunk of each token writes its output
+ * rows [H,512] and LSEs once its own loads have landed.  Launched plainly,
+ * or with programmatic dependent launch: then all the loads come before
+ * griddepcontrol.wait (they read nothing the previous kernel writes: the
+ * stream contract, docs/attention.md) and only the writes after it, the
+ * most any design can hide behind the previous kernel.  The column is the
+ * fastest of kFloorShapes (slots a block x threads a row). */
+struct FloorArgs {
+    const int32_t *idx, *req, *seq, *bt;
+    const uint4 *kv;
+    uint4 *out;
+    float *lse;
+    int T, H, topk, page, max_blocks;
+};
+
+__device__ unsigned g_floor_sink;
+
+template <int SLOTS, int TPR, bool FP8, bool PDL>
+__global__ void __launch_bounds__(SLOTS *TPR) chain_floor_kernel(const FloorArgs a)
+{
+    constexpr int PIECES = FP8 ? 656 / 16 : 1152 / 16, PER = (PIECES + TPR - 1) / TPR;
+    if (PDL)
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    const int t = blockIdx.y, k = blockIdx.x * SLOTS + threadIdx.x / TPR, l = threadIdx.x % TPR;
+    const int req = a.req[t], pos = a.idx[(size_t)t * a.topk + k];
+    const bool in_table = pos >= 0 && pos < a.max_blocks * a.page;
+    const int seq = a.seq[req];
+    const int blk = in_table ? a.bt[(size_t)req * a.max_blocks + pos / a.page] : 0;
+    const bool ok = in_table && pos < seq;
+    const uint4 *row = a.kv + ((size_t)blk * a.page + (in_table ? pos % a.page : 0)) * PIECES;
+    uint4 v[PER];
+#pragma unroll
+    for (int j = 0; j < PER; j++)
+        v[j] = ok && l + TPR * j < PIECES ? __ldg(row + l + TPR * j) : make_uint4(0, 0, 0, 0);
+    unsigned x = 0;
+#pragma unroll
+    for (int j = 0; j < PER; j++)
+        x ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+    if (PDL)
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (blockIdx.x == 0) { /* out [H,T,512] bf16: 64 pieces a row */
+        for (int i = threadIdx.x; i < a.H * 64; i += blockDim.x)
+            a.out[((size_t)(i / 64) * a.T + t) * 64 + i % 64] = make_uint4(x, x, x, x);
+        for (int h = threadIdx.x; h < a.H; h += blockDim.x)
+            a.lse[(size_t)h * a.T + t] = __uint_as_float(x & 0x3fffffffu);
+    } else if (x == 0x9E3779B9u) { /* data-dependent: the loads stay */
+        g_floor_sink = x;
+    }
+}
+
+/* {slots a block, threads a row} */
+constexpr int kFloorShapes[][2] = {{8, 8}, {32, 8}, {4, 16}, {2, 32}};
+constexpr int kNumFloorShapes = (int)(sizeof kFloorShapes / sizeof kFloorShapes[0]);
+
+typedef void (*FloorKernel)(FloorArgs);
+
+template <bool FP8, bool PDL> FloorKernel floor_kernel(int shape)
+{
+    switch (shape) {
+    case 0:
+        return chain_floor_kernel<kFloorShapes[0][0], kFloorShapes[0][1], FP8, PDL>;
+    case 1:
+        return chain_floor_kernel<kFloorShapes[1][0], kFloorShapes[1][1], FP8, PDL>;
+    case 2:
+        return chain_floor_kernel<kFloorShapes[2][0], kFloorShapes[2][1], FP8, PDL>;
+    default:
+        return chain_floor_kernel<kFloorShapes[3][0], kFloorShapes[3][1], FP8, PDL>;
+    }
+}
+
+struct FloorCtx {
+    Ctx *c;
+    int fp8, pdl, shape;
+};
+
+int enqueue_floor(void *ctx, int set, cudaStream_t stream)
+{
+    const FloorCtx *f = (const FloorCtx *)ctx;
+    const Ctx &c = *f->c;
+    const Set &s = c.sets[set];
+    const FloorArgs a = {(const int32_t *)s.idx, (const int32_t *)s.req, (const int32_t *)s.seq,
+                         (const int32_t *)s.bt,  (const uint4 *)c.kv,    (uint4 *)s.out,
+                         (float *)s.lse,         c.T,                    c.g.heads,
+                         kTopk,                  kPage,                  kPagesPerReq};
+    const int slots = kFloorShapes[f->shape][0], tpr = kFloorShapes[f->shape][1];
+    const FloorKernel k = f->fp8 ? (f->pdl ? floor_kernel<true, true>(f->shape) : floor_kernel<true, false>(f->shape))
+                                 : (f->pdl ? floor_kernel<false, true>(f->shape) : floor_kernel<false, false>(f->shape));
+    cudaLaunchAttribute at[1];
+    const cudaLaunchConfig_t lc = mlart_launch_cfg(dim3(kTopk / slots, c.T), dim3(slots * tpr), 0, stream, f->pdl, at);
+    return cudaLaunchKernelEx(&lc, k, a) != cudaSuccess;
+}
+
+/* The chain floor of a row: the fastest of kFloorShapes, plainly (pdl 0)
+ * or with PDL; NAN if a timing failed.  *best_shape: its index. */
+double chain_floor_us(const mlart_bench_opts *o, Ctx *c, bool fp8, int pdl, int *best_shape)
+{
+    double best = NAN;
+    for (int shape = 0; shape < kNumFloorShapes; shape++) {
+        FloorCtx f = {c, fp8, pdl, shape};
+        double us;
+        if (mlart_bench_time(o, enqueue_floor, &f, c->nsets, &us))
+            return NAN;
+        if (isnan(best) || us < best) {
+            best = us;
+            *best_shape = shape;
+        }
+    }
+    return best;
 }
 
 /* Random cache rows; fp8 records written through mlart_kv_write_cuda. */
@@ -729,7 +853,8 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
         {"time", "us", 8, 2},    {"GB/s", "unique", 7, 0}, {"TFLOP/s", "", 8, 1}, {"floor", "us", 7, 2},
         {"%roof", "%", 6, 1},    {"ref", "us", 9, 1},      {"x_ref", "x", 7, 1},  {"err", "nmse", 9, 7},
         {"qbmm", "us", 7, 2},    {"in_layer", "+us", 8, 2}, {"inplace", "us", 8, 2}, {"v_up", "+us", 7, 2},
-        {"v_up_pdl", "+us", 8, 2}, {"step", "us", 7, 2},      {"early", "us", 7, 2}};
+        {"v_up_pdl", "+us", 8, 2}, {"step", "us", 7, 2},      {"early", "us", 7, 2},  {"chain", "us", 7, 2},
+        {"chain_pdl", "us", 9, 2}};
     const mlart_bench_table t = {"attn decode: b12x_mla_sparse, topk 2048, each token its own request, "
                                  "q_mqa[T,H,576] x paged cache -> out[H,T,512] + lse",
                                  "shape", 34, cols, (int)(sizeof cols / sizeof cols[0])};
@@ -752,7 +877,8 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     double whole_sum = 0, early_sum = 0;         /* the step and early columns, summed */
     double apart_whole = 0, apart_early = 0;     /* the same for the rows summed apart */
     double bare_sum[4] = {0, 0, 0, 0};           /* with the KV write: the same four sums without it */
-    char line[1536];
+    double chain_mem_ratio[2] = {0, 0}, chain_small_us[2] = {0, 0}; /* the chain floor, plain and PDL */
+    char line[2048];
     mlart_bench_opts ref_opts = *o;
     ref_opts.reps = o->reps < 3 ? o->reps : 3;
     ref_opts.warmup = 1;
@@ -833,8 +959,9 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
             }
             for (int it = 0; it < 7; it++) {
                 char name[64];
-                double v[15], ref_us = NAN, pair_us = NAN, step_us = NAN;
+                double v[17], ref_us = NAN, pair_us = NAN, step_us = NAN;
                 char kvw_line[256] = ""; /* MLART_BENCH_ATTN_KVW: the row's step and early without the write */
+                char floor_line[192] = "";
                 c->T = Ts[it];
                 snprintf(name, sizeof name, "attn %s H%d %s T%d", models[m].name, models[m].heads,
                          fmts[f] == MLART_KV_BF16 ? "bf16" : "fp8", c->T);
@@ -959,9 +1086,33 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
                         }
                     }
                 }
+                /* the chain floor (chain_floor_kernel), at <= 16 heads */
+                v[15] = v[16] = NAN;
+                if (c->g.heads <= 16) {
+                    int sh[2] = {0, 0};
+                    v[15] = chain_floor_us(o, c, fmts[f] == MLART_KV_FP8_DS_MLA, 0, &sh[0]);
+                    v[16] = chain_floor_us(o, c, fmts[f] == MLART_KV_FP8_DS_MLA, 1, &sh[1]);
+                    snprintf(floor_line, sizeof floor_line,
+                             "#   %s chain floor's fastest shape (slots a block x threads a row): plain %dx%d, "
+                             "with PDL %dx%d\n",
+                             name, kFloorShapes[sh[0]][0], kFloorShapes[sh[0]][1], kFloorShapes[sh[1]][0],
+                             kFloorShapes[sh[1]][1]);
+                    if (isnan(v[15]) || isnan(v[16])) {
+                        fprintf(stderr, "mlart-bench attn: %s: chain floor timing failed\n", name);
+                        wrong++;
+                    } else if (c->T >= 8) {
+                        chain_mem_ratio[0] = fmax(chain_mem_ratio[0], v[15] / (bytes / (o->copy_gbs * 1e3)));
+                        chain_mem_ratio[1] = fmax(chain_mem_ratio[1], v[16] / (bytes / (o->copy_gbs * 1e3)));
+                    } else {
+                        chain_small_us[0] = fmax(chain_small_us[0], v[15]);
+                        chain_small_us[1] = fmax(chain_small_us[1], v[16]);
+                    }
+                }
                 mlart_bench_table_row(o, &t, name, v);
                 if (kvw_line[0])
                     fputs(kvw_line, stdout);
+                if (floor_line[0])
+                    fputs(floor_line, stdout);
                 if (c->g.heads <= 16 && c->T >= 8) {
                     worst_mem_ratio = fmax(worst_mem_ratio, v[0] / (bytes / (o->copy_gbs * 1e3)));
                     worst_layer_mem = fmax(worst_layer_mem, v[9] / (bytes / (o->copy_gbs * 1e3)));
@@ -1005,6 +1156,13 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
              worst_layer_small, ip_mem_ratio, ip_small_us, step_plain_sum, step_pdl_sum,
              kvw ? " (KV write of T rows, absorption, attend, V up-projection)" : " without the KV write", whole_sum,
              early_sum, apart_whole, apart_early, bare);
+    if (chain_small_us[0] > 0 || chain_mem_ratio[0] > 0) {
+        const size_t used = strlen(line);
+        snprintf(line + used, sizeof line - used,
+                 "; chain floor (the loads alone: indices, block table, rows; plain / with PDL): 16 heads T>=8 "
+                 "worst %.2fx / %.2fx the bandwidth floor, T<8 worst %.2f / %.2f us",
+                 chain_mem_ratio[0], chain_mem_ratio[1], chain_small_us[0], chain_small_us[1]);
+    }
     mlart_bench_summary(o, t.title, line);
     return wrong;
 }
