@@ -45,8 +45,8 @@
  *   chain    at <= 16 heads, the memory work of a call with nothing else:
  *            the indices, the block-table entries, the rows' bytes and the
  *            output rows written (chain_floor_kernel), in the same
- *            rotation as `time`; what no design that reads the rows it
- *            needs can go under
+ *            rotation as `time`, launched plainly: the least a plainly
+ *            launched call can take if it moves its bytes no faster
  *   chain_pdl the same launched with programmatic dependent launch, every
  *            load before its wait (the most of it a design can hide behind
  *            the previous kernel)

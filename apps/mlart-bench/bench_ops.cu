@@ -10,11 +10,12 @@
  *             waits for the previous kernel, and in a rotation of our own
  *             launches (each lets the next start once past its wait) it
  *             overlaps its predecessor
- *   floor     a kernel that only moves the op's unique bytes (move_kernel):
- *             no shape can run faster than this in the same rotation, so
- *             cb/floor (cublas / floor) bounds the speedup over cuBLAS
- *             that any kernel reading its weights from HBM can show; the
- *             summary gives the bounds of the targets that follow from it
+ *   floor     the fastest of five kernels that only move the op's unique
+ *             bytes (move_kernel, bulk_move_kernel), in the same rotation;
+ *             cb/floor (cublas / floor) bounds the speedup over cuBLAS that
+ *             a plainly launched kernel can show if it moves the bytes no
+ *             faster than they do; the summary gives the bounds that
+ *             follow for the targets
  * The "after a producer" table measures what a decode step sees instead:
  * each launch follows a kernel that rewrites the query (as the projection
  * producing it would; it does not let dependents start early), and an op's
