@@ -43,13 +43,14 @@
  *            inplace = 1), where b12x_attend_inplace_ok takes it; checked
  *            like err.  The time column is the backend's default launch.
  *   chain    at <= 16 heads, the memory work of a call with nothing else:
- *            the indices, the block-table entries, the rows' bytes and the
- *            output rows written (chain_floor_kernel), in the same
+ *            the indices, the block-table entries, the rows' bytes, a load
+ *            of the query and the output rows written
+ *            (chain_floor_kernel), in the same
  *            rotation as `time`, launched plainly: the least a plainly
  *            launched call can take if it moves its bytes no faster
  *   chain_pdl the same launched with programmatic dependent launch, every
- *            load before its wait (the most of it a design can hide behind
- *            the previous kernel)
+ *            gather before its wait and the query's load after it (the most
+ *            of it a design can hide behind the previous kernel)
  * `step` and `early` put the layer's KV write of T rows in front of the
  * absorption, as the layer's step (mlart-decode's) does: the rows are slots
  * 0..8191's own, rewritten with the same bytes, so no input of any set
@@ -307,16 +308,18 @@ int enqueue_ref(void *ctx, int set, cudaStream_t stream)
  * request and the top-k indices, then the sequence length and the
  * block-table entries, then every selected row's bytes (16-byte loads, TPR
  * threads a row, all of a thread's pieces in flight at once); no math, no
- * partials, no combine.  The first chunk of each token writes its output
- * rows [H,512] and LSEs once its own loads have landed.  Launched plainly,
- * or with programmatic dependent launch: then all the loads come before
- * griddepcontrol.wait (they read nothing the previous kernel writes: the
- * stream contract, docs/attention.md) and only the writes after it, the
- * most any design can hide behind the previous kernel.  The column is the
+ * partials, no combine.  Each thread also reads 16 bytes of its token's
+ * query, which the previous kernel may write, and the first chunk of each
+ * token writes its output rows [H,512] and LSEs once its own loads have
+ * landed.  Launched plainly, or with programmatic dependent launch: then
+ * the gathers come before griddepcontrol.wait (they read nothing the
+ * previous kernel writes: the stream contract, docs/attention.md) and
+ * only the query's load and the writes after it, the most any design can
+ * hide behind the previous kernel.  The column is the
  * fastest of kFloorShapes (slots a block x threads a row). */
 struct FloorArgs {
     const int32_t *idx, *req, *seq, *bt;
-    const uint4 *kv;
+    const uint4 *kv, *q;
     uint4 *out;
     float *lse;
     int T, H, topk, page, max_blocks;
@@ -347,6 +350,10 @@ __global__ void __launch_bounds__(SLOTS *TPR) chain_floor_kernel(const FloorArgs
         x ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
     if (PDL)
         asm volatile("griddepcontrol.wait;" ::: "memory");
+    { /* one piece of the token's query [H,576] (72 pieces a head), through L2 */
+        const uint4 qv = __ldcg(a.q + (size_t)t * a.H * 72 + (blockIdx.x * blockDim.x + threadIdx.x) % (a.H * 72));
+        x ^= qv.x ^ qv.y ^ qv.z ^ qv.w;
+    }
     if (blockIdx.x == 0) { /* out [H,T,512] bf16: 64 pieces a row */
         for (int i = threadIdx.x; i < a.H * 64; i += blockDim.x)
             a.out[((size_t)(i / 64) * a.T + t) * 64 + i % 64] = make_uint4(x, x, x, x);
@@ -388,9 +395,10 @@ int enqueue_floor(void *ctx, int set, cudaStream_t stream)
     const Ctx &c = *f->c;
     const Set &s = c.sets[set];
     const FloorArgs a = {(const int32_t *)s.idx, (const int32_t *)s.req, (const int32_t *)s.seq,
-                         (const int32_t *)s.bt,  (const uint4 *)c.kv,    (uint4 *)s.out,
-                         (float *)s.lse,         c.T,                    c.g.heads,
-                         kTopk,                  kPage,                  kPagesPerReq};
+                         (const int32_t *)s.bt,  (const uint4 *)c.kv,    (const uint4 *)s.q,
+                         (uint4 *)s.out,         (float *)s.lse,         c.T,
+                         c.g.heads,              kTopk,                  kPage,
+                         kPagesPerReq};
     const int slots = kFloorShapes[f->shape][0], tpr = kFloorShapes[f->shape][1];
     const FloorKernel k = f->fp8 ? (f->pdl ? floor_kernel<true, true>(f->shape) : floor_kernel<true, false>(f->shape))
                                  : (f->pdl ? floor_kernel<false, true>(f->shape) : floor_kernel<false, false>(f->shape));
