@@ -1100,11 +1100,12 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
                     int sh[2] = {0, 0};
                     v[15] = chain_floor_us(o, c, fmts[f] == MLART_KV_FP8_DS_MLA, 0, &sh[0]);
                     v[16] = chain_floor_us(o, c, fmts[f] == MLART_KV_FP8_DS_MLA, 1, &sh[1]);
-                    snprintf(floor_line, sizeof floor_line,
-                             "#   %s chain floor's fastest shape (slots a block x threads a row): plain %dx%d, "
-                             "with PDL %dx%d\n",
-                             name, kFloorShapes[sh[0]][0], kFloorShapes[sh[0]][1], kFloorShapes[sh[1]][0],
-                             kFloorShapes[sh[1]][1]);
+                    if (!isnan(v[15]) && !isnan(v[16]))
+                        snprintf(floor_line, sizeof floor_line,
+                                 "#   %s chain floor's fastest shape (slots a block x threads a row): plain %dx%d, "
+                                 "with PDL %dx%d\n",
+                                 name, kFloorShapes[sh[0]][0], kFloorShapes[sh[0]][1], kFloorShapes[sh[1]][0],
+                                 kFloorShapes[sh[1]][1]);
                     if (isnan(v[15]) || isnan(v[16])) {
                         fprintf(stderr, "mlart-bench attn: %s: chain floor timing failed\n", name);
                         wrong++;

@@ -525,9 +525,10 @@ int bench_query_decode(const mlart_bench_opts *o, cublasHandle_t hb)
                         best = m - M_MOVE2;
                     }
                 }
-                floor_of[best]++;
                 if (isinf(v[15]))
                     v[15] = NAN; /* no move kernel could be timed */
+                else
+                    floor_of[best]++;
                 v[16] = v[3] / v[15];
                 fx_cb[n] = v[16];
                 fx_cc[n] = v[5] / v[15];
