@@ -39,7 +39,8 @@ enum {
     MLART_BMM_DIRECT = 5,  /* decode: W and a straight into registers, no shared-memory staging */
     MLART_BMM_WGMMA = 6,   /* prefill (sm_90a): persistent wgmma, weight slice resident in shared memory */
     MLART_BMM_RING = 7,    /* decode (sm_90a): wgmma per (head, row tile, slice) item through a ring of stages */
-    MLART_BMM_SWAP = 8     /* decode (sm_90a): weights streamed by the TMA as wgmma's A operand, tokens as N */
+    MLART_BMM_SWAP = 8,    /* decode (sm_90a): weights streamed by the TMA as wgmma's A operand, tokens as N */
+    MLART_BMM_SLICE = 9    /* decode, T <= 8, K 128 or 192: a block per (head, 64 columns), weights by cp.async */
 };
 
 typedef struct mlart_bmm_config {
@@ -66,14 +67,17 @@ typedef struct mlart_bmm_config {
     /* SWAP: `cols` columns a block (64, 128, 256 or 512, 0 = 256); `mt`
      * token rows a tile (8, 16 or 64, not 64 with 512 columns; 0 = 8 up to
      * T = 8, else 16) */
-    /* DIRECT, RING and SWAP: 1 launches with programmatic dependent launch (the
-     * direct kernel issues its weight loads and the swap kernel the
-     * weights of its first stages, then wait for the previous kernel of
+    /* SLICE: `warps` chains of K summed at the end (1 or 2; 0 = as the
+     * kernel the other launch of the shape takes, so the bytes agree) */
+    /* DIRECT, RING, SWAP and SLICE: 1 launches with programmatic dependent
+     * launch (the direct kernel issues its weight loads, the slice kernel
+     * its weight copies and the swap kernel the weights of its first
+     * stages, then wait for the previous kernel of
      * the stream before they read `a` or write, so the weights must not be
      * written by that kernel; the ring waits before any load); 0 (default)
      * a plain launch.  Either way the kernel lets the next kernel of the
      * stream start once it is past that wait.  Also honoured with path
-     * AUTO when it picks DIRECT, RING or SWAP. */
+     * AUTO when it picks DIRECT, RING, SWAP or SLICE. */
     int pdl;
 } mlart_bmm_config;
 
@@ -89,7 +93,9 @@ int mlart_bmm_cuda_path(const mlart_bmm_desc *d, const mlart_bmm_config *cfg);
 /* Whether mlart_query_bmm_cuda_pdl launches the query absorption of H heads,
  * T token rows, K = P and N = L with programmatic dependent launch, given
  * the path the automatic choice takes (mlart_bmm_cuda_path): not where the
- * direct kernel would load more than 4 MiB of weights before its wait, nor
+ * direct or the slice kernel would load more than 4 MiB of weights before
+ * its wait (the automatic choice takes the slice kernel with PDL only
+ * below that), nor
  * at 64-127 heads with P = 192 and 33-64 rows (both measured slower than
  * the plain launch in the layer step; docs/ops.md, "PDL entry for the
  * query absorption").  The path matters only above
@@ -99,7 +105,7 @@ int mlart_bmm_cuda_path(const mlart_bmm_desc *d, const mlart_bmm_config *cfg);
 #define MLART_QUERY_PDL_DIRECT_MAX ((int64_t)4 << 20)
 static inline int mlart_query_pdl_launch(int64_t H, int64_t T, int64_t K, int64_t N, int path)
 {
-    if (path == MLART_BMM_DIRECT && H * K * N * 2 > MLART_QUERY_PDL_DIRECT_MAX)
+    if ((path == MLART_BMM_DIRECT || path == MLART_BMM_SLICE) && H * K * N * 2 > MLART_QUERY_PDL_DIRECT_MAX)
         return 0;
     if (K == 192 && H >= 64 && H < 128 && T > 32 && T <= 64)
         return 0;

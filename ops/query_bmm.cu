@@ -606,6 +606,132 @@ __global__ void __launch_bounds__(256) bmm_direct_kernel(Desc d, int split, int 
     }
 }
 
+/* ---- slice kernel ----------------------------------------------------------
+ * Decode at T <= 8: a block of four warps per (head, 64-column slice).
+ * Every thread first copies K / 16 16-byte pieces of the slice's weights
+ * (K rows of 128 bytes) into shared memory with cp.async, the whole slice
+ * in flight at once and no registers held for it, so that at 128 heads
+ * all 1024 slices are resident together (24 KB each at K = 192, eight
+ * blocks an SM) and the weights stream in one wave.  Rows are stored with
+ * the 16-byte piece c of row k at c ^ (k & 7), so the ldmatrix.trans reads
+ * of the B fragments are conflict-free.  Then griddepcontrol.wait, the
+ * token rows copied behind them (the A fragments' rows g; rows >= T and
+ * g + 8 are zeros, never read), and mma.sync.  SPLIT chains of K / SPLIT rows each, summed once at the end
+ * (p0 + p1), as the kernel the other launch of the same shape takes sums
+ * (so that the plain and the PDL launch give the same bytes): warp w takes
+ * k-steps of chain w / (4 / SPLIT) over 2 SPLIT 8-column tiles.  The
+ * partial 8 x 64 tiles meet in the same shared memory (rows padded to 72
+ * floats: conflict-free 8-byte stores); a thread sums one (token row, 8
+ * columns) piece and stores it (16 bytes when aligned). */
+constexpr int SLICE_RP = 72; /* partial row pitch, floats */
+template <int KS, int SPLIT>
+__global__ void __launch_bounds__(128, 8) bmm_slice_kernel(Desc d)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    constexpr int K = KS * 16, PIECES = K / 16; /* 16-byte pieces a thread */
+    constexpr int NG = 4 / SPLIT, TPW = 8 / NG, KPW = KS / SPLIT;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, q = lane & 3, sp = warp / NG, grp = warp % NG;
+    const int64_t h = blockIdx.y, n0 = (int64_t)blockIdx.x * 64;
+    const uint32_t sb = (uint32_t)__cvta_generic_to_shared(smem);
+    {
+        const __nv_bfloat16 *wh = d.w + h * d.w_sh + n0;
+#pragma unroll
+        for (int i = 0; i < PIECES; i++) {
+            const int p = tid + 128 * i, k = p >> 3, c = p & 7;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sb + k * 128 + ((c ^ (k & 7)) << 4)),
+                         "l"(wh + k * d.w_sk + c * 8)
+                         : "memory");
+        }
+        cp_async_commit();
+    }
+    /* as the direct kernel: the weights (written by no kernel of a step)
+     * are in flight before the wait; a and the outputs only after it */
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    /* the token rows (T <= 8) behind the weights, row pitch K + 8
+     * elements: conflict-free 4-byte fragment reads */
+    constexpr int LDA = K + 8;
+    __nv_bfloat16 *As = (__nv_bfloat16 *)(smem + K * 128);
+    {
+        const __nv_bfloat16 *ah = d.a + h * d.a_sh;
+        const int T = (int)d.T;
+        for (int i = tid; i < T * (K / 8); i += 128) {
+            const int t = i / (K / 8), k = (i % (K / 8)) * 8;
+            if (d.a_vec) {
+                cp_async16(As + t * LDA + k, ah + t * d.a_st + k, 16);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    As[t * LDA + k + e] = ah[t * d.a_st + k + e];
+            }
+        }
+        cp_async_commit();
+    }
+    if (d.pe_in && blockIdx.x == 0)
+        pe_copy_rows(d, h, 0, d.T);
+    float acc[TPW][4];
+#pragma unroll
+    for (int j = 0; j < TPW; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[j][e] = 0.f;
+    cp_async_wait<0>();
+    __syncthreads();
+    {
+        const int m = lane >> 3, r = lane & 7, kw = sp * KPW * 16;
+        const bool r0 = g < d.T; /* rows >= T and g + 8 are zeros */
+        const __nv_bfloat16 *ar = As + g * LDA + kw + 2 * q;
+#pragma unroll
+        for (int s = 0; s < KPW; s++) {
+            const int k = kw + 16 * s + (m & 1) * 8 + r;
+            const uint32_t a[4] = {r0 ? *(const uint32_t *)(ar + 16 * s) : 0u, 0u,
+                                   r0 ? *(const uint32_t *)(ar + 16 * s + 8) : 0u, 0u};
+#pragma unroll
+            for (int jp = 0; jp < TPW / 2; jp++) {
+                uint32_t b[4];
+                const int c = grp * TPW + 2 * jp + (m >> 1);
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                             : "r"(sb + k * 128 + ((c ^ (k & 7)) << 4)));
+                mma_bf16(acc[2 * jp], a, b[0], b[1]);
+                mma_bf16(acc[2 * jp + 1], a, b[2], b[3]);
+            }
+        }
+    }
+    __syncthreads(); /* the weights are read: the partials take their place */
+    const int T = (int)d.T;
+    {
+        float *red = (float *)smem + sp * 8 * SLICE_RP + g * SLICE_RP + grp * TPW * 8 + 2 * q;
+        if (g < T)
+#pragma unroll
+            for (int j = 0; j < TPW; j++)
+                *(float2 *)(red + 8 * j) = make_float2(acc[j][0], acc[j][1]);
+    }
+    __syncthreads();
+    if (tid < 8 * T) {
+        const int t = tid >> 3, c8 = tid & 7;
+        const float4 *p0 = (const float4 *)((const float *)smem + t * SLICE_RP + 8 * c8);
+        float4 x = p0[0], y = p0[1];
+        if (SPLIT == 2) { /* one addition, as the direct kernel's */
+            const float4 *p1 = (const float4 *)((const float *)p0 + 8 * SLICE_RP);
+            const float4 x1 = p1[0], y1 = p1[1];
+            x.x += x1.x, x.y += x1.y, x.z += x1.z, x.w += x1.w;
+            y.x += y1.x, y.y += y1.y, y.z += y1.z, y.w += y1.w;
+        }
+        __nv_bfloat16 *dst = d.c + h * d.c_sh + t * d.c_st + n0 + 8 * c8;
+        const uint4 o = make_uint4(pack_bf16(x.x, x.y), pack_bf16(x.z, x.w), pack_bf16(y.x, y.y), pack_bf16(y.z, y.w));
+        if (d.c_vec) {
+            *(uint4 *)dst = o;
+        } else {
+            const __nv_bfloat16 *e = (const __nv_bfloat16 *)&o;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                dst[i] = e[i];
+        }
+    }
+}
+
 /* ---- persistent stream kernel --------------------------------------------
  * The stream kernel's tile (64 columns x 16*MT rows of one head, K split
  * over the warps), but each block walks items it, it + gridDim.x, ... and
@@ -904,6 +1030,45 @@ bool tiled_ok(const Desc &d)
            d.H <= 65535 && (d.T + 63) / 64 <= 65535;
 }
 
+bool slice_ok(const Desc &d)
+{
+    return (d.K == 128 || d.K == 192) && d.N % 64 == 0 && d.T <= 8 && aligned(d.w, d.w_sh, d.w_sk, 16) &&
+           d.H <= 65535 && d.N / 64 <= 65535;
+}
+
+/* The slice kernel's chains of K: two at K = 192 below 128 heads, as the
+ * direct kernel (its plain partner there) splits K over two warps; one
+ * elsewhere, as the swap path and the ring's one-item form sum K (its
+ * partners at 128 heads and at K = 128).  mlart_bmm_config.warps forces
+ * it (1 or 2). */
+int slice_split(const Desc &d, const mlart_bmm_config *cfg)
+{
+    if (cfg && (cfg->warps == 1 || cfg->warps == 2))
+        return cfg->warps;
+    return d.K == 192 && d.H < 128 ? 2 : 1;
+}
+
+template <int KS, int SPLIT> cudaError_t launch_slice_k(const Desc &d, int pdl, cudaStream_t st)
+{
+    /* eight 24 KB blocks an SM need the largest shared-memory carveout */
+    static const cudaError_t set = cudaFuncSetAttribute(
+        bmm_slice_kernel<KS, SPLIT>, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    if (set != cudaSuccess)
+        return set;
+    cudaLaunchAttribute at[1];
+    const cudaLaunchConfig_t lc =
+        mlart_launch_cfg(dim3((unsigned)(d.N / 64), (unsigned)d.H), dim3(128),
+                         (size_t)KS * 16 * 128 + (size_t)8 * (KS * 16 + 8) * 2, st, pdl, at);
+    return cudaLaunchKernelEx(&lc, bmm_slice_kernel<KS, SPLIT>, d);
+}
+
+cudaError_t launch_slice(const Desc &d, int split, int pdl, cudaStream_t st)
+{
+    if (d.K == 128)
+        return split == 2 ? launch_slice_k<8, 2>(d, pdl, st) : launch_slice_k<8, 1>(d, pdl, st);
+    return split == 2 ? launch_slice_k<12, 2>(d, pdl, st) : launch_slice_k<12, 1>(d, pdl, st);
+}
+
 /* The wgmma path (ops/query_bmm_wgmma.cu) takes the caller's descriptor
  * `pub`, which d was made from. */
 bool wgmma_ok(const mlart_bmm_desc *pub, int nwg, int bn)
@@ -1066,6 +1231,21 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c, 
     const bool one_halves = pdl && d.T <= 16 && d.K == 192 && d.H < 128 && (d.T <= 8 || d.H < 64);
     const bool one_256 = d.T == 256 && ((d.K == 128 && d.H <= 32) || (d.K == 192 && d.H >= 128));
     const bool one_mid = d.T > 16 && d.T < 256 && !(d.pe_in && d.H >= 128 && d.K == 192 && d.T <= 64) && !pdl_swap;
+    /* The slice kernel (variants of 2026-12-02 17:15 UTC, docs/ops.md):
+     * launched plainly at 128 heads and T <= 4 (H128 T1 P192 8.66 against
+     * 9.13 us on the swap path, T4 9.19 against 9.34; P128 T1 6.58 against
+     * 6.78 for the direct kernel, T4 6.96 against 7.07; level or slower
+     * below 128 heads and from T = 16); with PDL at T <= 4 where the weights
+     * are at most 4 MiB (H16 T1 P128 1.77 against 2.0 us for the one-item
+     * form, H32 T1 P128 2.28 against 2.6, H16 T1 P192 1.97 against 2.3),
+     * the size up to which mlart_query_pdl_launch lets a kernel copy all
+     * its weights before its wait. */
+    const bool slice = d.T <= 4 && (pdl ? d.H * d.K * d.N * 2 <= MLART_QUERY_PDL_DIRECT_MAX : d.H >= 128);
+    if (!wide_k && slice && slice_ok(d)) {
+        const mlart_bmm_config lc = {MLART_BMM_SLICE, 0, 0, 0, 0, 0, 0};
+        *c = lc;
+        return;
+    }
     if (!wide_k && (one_small || one_halves || one_mid || one_256)) {
         const int64_t items64 = d.H * (d.N / 64) * ((d.T + 63) / 64);
         const bool wide_slices = (d.T > 64 || (pdl && d.T <= 16)) && items64 > 4 * sms && !one_halves;
@@ -1230,7 +1410,9 @@ int pick_path(const Desc &d, const mlart_bmm_desc *pub, const mlart_bmm_config *
         auto_config(d, pub, &ac, cfg && cfg->pdl);
         return ac.path;
     }
-    if (path < MLART_BMM_GENERIC || path > MLART_BMM_SWAP)
+    if (path < MLART_BMM_GENERIC || path > MLART_BMM_SLICE)
+        return -1;
+    if (path == MLART_BMM_SLICE && !slice_ok(d))
         return -1;
     if (path == MLART_BMM_SWAP && !mlart_bmm_swap_ok(pub, cfg->cols, cfg->mt))
         return -1;
@@ -1433,6 +1615,8 @@ int run(const Desc &d, const mlart_bmm_desc *pub, const mlart_bmm_config *cfg, c
         e = (cudaError_t)mlart_bmm_ring_run(pub, cfg->cols, cfg->mt, cfg->groups, cfg->warps, pdl, st);
     } else if (path == MLART_BMM_SWAP) {
         e = (cudaError_t)mlart_bmm_swap_run(pub, cfg->cols, cfg->mt, pdl, st);
+    } else if (path == MLART_BMM_SLICE) {
+        e = launch_slice(d, slice_split(d, cfg), pdl, st);
     } else if (path == MLART_BMM_TILED) {
         const int bm = cfg && cfg->bm ? cfg->bm : (d.T <= 64 ? 64 : 128);
         if (bm != 64 && bm != 128)

@@ -58,6 +58,7 @@ struct Ctx {
     int pdl;      /* ours: launched with programmatic dependent launch */
     int producer; /* each launch follows producer_kernel on its set */
     int sms;      /* multiprocessors: bulk_move_kernel's grid */
+    int item;     /* M_ITEM: index into kItems */
 };
 
 enum {
@@ -72,7 +73,8 @@ enum {
     M_MOVE4,
     M_MOVE8,
     M_MOVE16,
-    M_MOVE_BULK
+    M_MOVE_BULK,
+    M_ITEM /* item_read_kernel: Ctx.item picks the pattern */
 };
 
 /* The producer of the "after a producer" table: rewrites the set's query
@@ -184,6 +186,90 @@ __global__ void __launch_bounds__(256) bulk_move_kernel(const char *w, size_t wb
 
 unsigned *g_sink;
 
+/* Weights-only floors in the access pattern of an item decomposition
+ * (variants table): one block of 256 threads per item of `rows` weight
+ * rows x `cols` columns of one head, every 16-byte piece of it issued at
+ * once, into shared memory (cp.async) or into registers (PER pieces a
+ * thread).  Items run column slice fastest, then row slice, then head.
+ * Against `floor read W` (the weights in address order, several waves)
+ * they show what the pattern alone costs. */
+struct ItemPattern {
+    const char *name;
+    int rows; /* 0: all K rows; < 0: K / -rows */
+    int cols;
+    int ldg;
+};
+const ItemPattern kItems[] = {{"cols64 smem", 0, 64, 0},    {"cols64 regs", 0, 64, 1},   {"cols256 smem", 0, 256, 0},
+                              {"rows K/8 smem", -8, 512, 0}, {"rows K/8 regs", -8, 512, 1}, {"rows64 smem", 64, 512, 0}};
+
+template <int PER, bool LDG>
+__global__ void __launch_bounds__(256) item_read_kernel(const uint4 *__restrict__ w, int K, int N, int rows, int cols,
+                                                        unsigned *sink)
+{
+    extern __shared__ __align__(16) uint4 item_smem[];
+    const int nb = N / cols, kb = K / rows;
+    const int h = blockIdx.x / (nb * kb), r = blockIdx.x % (nb * kb), k0 = r / nb * rows, n0 = r % nb * cols;
+    const int pr = cols / 8; /* pieces a row */
+    const uint4 *base = w + ((size_t)h * K * N + (size_t)k0 * N + n0) / 8;
+    unsigned x = 0;
+    if (LDG) {
+        uint4 v[PER];
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            const int p = threadIdx.x + 256 * u;
+            v[u] = __ldg(base + (size_t)(p / pr) * (N / 8) + p % pr);
+        }
+#pragma unroll
+        for (int u = 0; u < PER; u++)
+            x ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    } else {
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            const int p = threadIdx.x + 256 * u;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                             (uint32_t)__cvta_generic_to_shared(item_smem + p)),
+                         "l"(base + (size_t)(p / pr) * (N / 8) + p % pr)
+                         : "memory");
+        }
+        asm volatile("cp.async.wait_all;" ::: "memory");
+        __syncthreads();
+        const uint4 q = item_smem[(threadIdx.x * 7) % (256 * PER)];
+        x = q.x ^ q.w;
+    }
+    if (x == 0x9E3779B9u) /* data-dependent: the loads stay */
+        *sink = x;
+}
+
+template <int PER>
+int launch_item(const uint4 *w, int K, int N, int rows, int cols, int ldg, unsigned blocks, cudaStream_t st)
+{
+    const size_t smem = ldg ? 0 : (size_t)rows * cols * 2;
+    if (ldg)
+        item_read_kernel<PER, true><<<blocks, 256, 0, st>>>(w, K, N, rows, cols, g_sink);
+    else
+        item_read_kernel<PER, false><<<blocks, 256, smem, st>>>(w, K, N, rows, cols, g_sink);
+    return cudaGetLastError() != cudaSuccess;
+}
+
+int run_item(const Ctx &c, const Set &s, cudaStream_t st)
+{
+    const ItemPattern &ip = kItems[c.item];
+    const int K = (int)c.K, N = (int)c.N, rows = ip.rows > 0 ? ip.rows : ip.rows < 0 ? K / -ip.rows : K;
+    const int per = rows * ip.cols / 8 / 256;
+    const unsigned blocks = (unsigned)(c.H * (K / rows) * (N / ip.cols));
+    const uint4 *w = (const uint4 *)s.w;
+    if (K % rows || N % ip.cols || per * 256 * 8 != rows * ip.cols)
+        return 1;
+    switch (per) {
+    case 4: return launch_item<4>(w, K, N, rows, ip.cols, ip.ldg, blocks, st);
+    case 6: return launch_item<6>(w, K, N, rows, ip.cols, ip.ldg, blocks, st);
+    case 16: return launch_item<16>(w, K, N, rows, ip.cols, ip.ldg, blocks, st);
+    case 24: return launch_item<24>(w, K, N, rows, ip.cols, ip.ldg, blocks, st);
+    }
+    return 1;
+}
+
+
 int64_t as_of(const Ctx &c) { return c.vup ? c.K : c.K + kR; }
 size_t a_elems(const Ctx &c) { return (size_t)(c.T * c.H * as_of(c)); }
 size_t w_elems(const Ctx &c) { return (size_t)(c.H * c.K * c.N); }
@@ -280,6 +366,8 @@ int enqueue(void *vctx, int set, cudaStream_t st)
         read_w_kernel<<<blocks, 256, 0, st>>>((const uint4 *)s.w, n, g_sink);
         return cudaGetLastError() != cudaSuccess;
     }
+    case M_ITEM:
+        return run_item(c, s, st);
     case M_EMPTY:
         empty_kernel<<<1, 32, 0, st>>>();
         return cudaGetLastError() != cudaSuccess;
@@ -716,14 +804,18 @@ int bench_vup(const mlart_bench_opts *o, cublasHandle_t hb)
  * the older stream and tiled kernels, and two
  * floors measured the same way (a kernel that only reads the weights, an
  * empty kernel); then the V up-projection's stream/tiled variants. */
-int bench_variants(const mlart_bench_opts *o)
+int bench_variants(const mlart_bench_opts *o, cublasHandle_t hb)
 {
-    static const mlart_bench_col cols[] = {{"time", "us", 9, 2}, {"GB/s", "unique", 8, 0}};
+    static const mlart_bench_col cols[] = {{"time", "us", 9, 2}, {"GB/s", "unique", 8, 0}, {"err", "rel", 8, 5}};
+    int wrong = 0;
     const mlart_bench_table t = {"variants: floors, direct [staged a] (cols, split, groups, mt), ring (cols, stages, blocks/SM), stream (mt, warps), tiled (bm)",
-                                 "shape variant", 40, cols, 2};
+                                 "shape variant", 40, cols, 3};
     static const int64_t Ts[] = {1, 4, 16, 32, 64, 128, 192, 256, 1024, 8192};
     static const int64_t Hs[] = {16, 32, 64, 128};
     mlart_bench_table_head(o, &t);
+    if (cudaFuncSetAttribute(item_read_kernel<16, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536) ||
+        cudaFuncSetAttribute(item_read_kernel<24, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, 98304))
+        fprintf(stderr, "mlart-bench: item_read_kernel: shared memory attribute refused\n");
     for (int vup = 0; vup < 2; vup++)
         for (int p = 0; p < 2; p++)
             for (int ih = 0; ih < 4; ih++)
@@ -733,6 +825,7 @@ int bench_variants(const mlart_bench_opts *o)
                     if (vup && Ts[it] > 64)
                         continue;
                     c.vup = vup;
+                    c.hb = hb;
                     c.H = Hs[ih];
                     c.T = Ts[it];
                     c.K = vup ? kL : (p ? 192 : 128);
@@ -803,6 +896,10 @@ int bench_variants(const mlart_bench_opts *o)
                         if (!vup && c.T <= 16) /* with PDL, against the one-item form so */
                             cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_SWAP, 0, 0, 0, 256, 0, 1};
                     }
+                    if (!vup && c.T <= 8) { /* slice: one and two chains of K, plainly and with PDL */
+                        for (int k = 0; k < 4; k++)
+                            cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_SLICE, 0, 1 + (k & 1), 0, 0, 0, k >> 1};
+                    }
                     if (c.T <= 16)
                         cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_STREAM, 1, c.H >= 64 ? 2 : 4, 0, 0, 0};
                     /* direct: {cols, split, groups, stage}; split 8 for K = 512 */
@@ -831,7 +928,7 @@ int bench_variants(const mlart_bench_opts *o)
                     cfgs[ncfg++].path = MLART_BMM_AUTO;
                     for (int i = -2; i < ncfg; i++) {
                         char name[96];
-                        double v[2];
+                        double v[3] = {NAN, NAN, NAN};
                         if (i < 0) {
                             if (c.T != 1) /* floors depend on the weights only */
                                 continue;
@@ -840,6 +937,14 @@ int bench_variants(const mlart_bench_opts *o)
                             v[1] = (double)(c.H * c.K * c.N) * 2 / (v[0] * 1e3);
                             if (!isnan(v[0]))
                                 mlart_bench_table_row(o, &t, name, v);
+                            for (int k = 0; i == -1 && !vup && k < (int)(sizeof kItems / sizeof kItems[0]); k++) {
+                                c.item = k;
+                                snprintf(name, sizeof name, "%s floor item %s", base, kItems[k].name);
+                                v[0] = time_method(c, o, M_ITEM, CUBLAS_COMPUTE_32F, 0);
+                                v[1] = (double)(c.H * c.K * c.N) * 2 / (v[0] * 1e3);
+                                if (!isnan(v[0]))
+                                    mlart_bench_table_row(o, &t, name, v);
+                            }
                             continue;
                         }
                         const mlart_bmm_config *f = &cfgs[i];
@@ -858,6 +963,8 @@ int bench_variants(const mlart_bench_opts *o)
                             snprintf(name, sizeof name, "%s ring n%d st%d b%d", base, f->cols, f->mt, f->groups);
                         else if (f->path == MLART_BMM_SWAP)
                             snprintf(name, sizeof name, "%s swap n%d t%d%s", base, f->cols, f->mt, f->pdl ? " pdl" : "");
+                        else if (f->path == MLART_BMM_SLICE)
+                            snprintf(name, sizeof name, "%s slice k%d%s", base, f->warps, f->pdl ? " pdl" : "");
                         else if (f->path == MLART_BMM_STREAM)
                             snprintf(name, sizeof name, "%s stream mt%d w%d", base, f->mt, f->warps);
                         else
@@ -866,13 +973,17 @@ int bench_variants(const mlart_bench_opts *o)
                         c.cfg = f->path == MLART_BMM_AUTO && !f->pdl ? NULL : f;
                         v[0] = time_method(c, o, M_OURS, CUBLAS_COMPUTE_32F, 0);
                         v[1] = bytes / (v[0] * 1e3);
+                        if (!isnan(v[0])) { /* against cuBLAS on set 0, as the decode table */
+                            v[2] = check_vs_cublas(c, o);
+                            wrong += !(v[2] <= kTolerance);
+                        }
                         c.cfg = NULL;
                         if (!isnan(v[0]))
                             mlart_bench_table_row(o, &t, name, v);
                     }
                     free_sets(c);
                 }
-    return 0;
+    return wrong;
 }
 
 } // namespace
@@ -898,8 +1009,8 @@ extern "C" int mlart_bench_ops(const mlart_bench_opts *o)
     rc = bench_vup(o, hb);
     wrong += rc < 0 ? 1 : rc;
     if (o->variants) {
-        rc = bench_variants(o);
-        wrong += rc < 0 ? 1 : 0;
+        rc = bench_variants(o, hb);
+        wrong += rc < 0 ? 1 : rc;
     }
     cublasDestroy(hb);
     cudaFree(ws);

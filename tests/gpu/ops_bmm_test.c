@@ -390,6 +390,40 @@ START_TEST(swap_matrix)
 }
 END_TEST
 
+/* The slice path forced on T in {1, 2, 3, 4, 5, 8} x H in {1, 11, 128} x
+ * P in {128, 192}, with and without the fused q_pe copy: plainly with its
+ * default chains of K, with one and with two chains, and with PDL; at
+ * T = 1 also rows of a and c that are not 16-byte aligned (the token rows
+ * copied element by element, element stores) at T = 5 and 7. */
+static const int64_t k_slT[] = {1, 2, 3, 4, 5, 8};
+
+static int slice_cfgs(const ops_case *c, mlart_bmm_config cfgs[8])
+{
+    (void)c;
+    cfgs[0] = (mlart_bmm_config){MLART_BMM_SLICE, 0, 0, 0, 0, 0, 0};
+    cfgs[1] = (mlart_bmm_config){MLART_BMM_SLICE, 0, 1, 0, 0, 0, 0};
+    cfgs[2] = (mlart_bmm_config){MLART_BMM_SLICE, 0, 2, 0, 0, 0, 0};
+    cfgs[3] = (mlart_bmm_config){MLART_BMM_SLICE, 0, 0, 0, 0, 0, 1};
+    return 4;
+}
+
+START_TEST(slice_matrix)
+{
+    forced_matrix("slice", MLART_BMM_SLICE, k_slT[_i], 0, g_seed ^ (uint64_t)(_i + 601) * 0x9E3779B97F4A7C15ull,
+                  slice_cfgs);
+    if (_i == 0) {
+        uint64_t rng = g_seed ^ 0x601ull;
+        ops_stats s = {0};
+        const mlart_bmm_config cfg = {MLART_BMM_SLICE, 0, 0, 0, 0, 0, 0};
+        const ops_case odd[] = {{0, 5, 7, 192, 512, 64, 1, 1, 3}, {0, 3, 5, 128, 512, 64, 0, 3, 1}};
+        for (unsigned i = 0; i < sizeof odd / sizeof odd[0]; i++)
+            run_case(&odd[i], &cfg, &rng, 0, &s);
+        print_stats("slice path, rows of a and c not 16-byte aligned, T in {5, 7}", &s);
+        check_norm(&s);
+    }
+}
+END_TEST
+
 /* The swap path on the V up-projection (K = 512, a head-major activation
  * view {K, T, H}): T in {1, 4, 8, 9, 16, 64, 75} x H in {1, 11, 128} x V in
  * {128, 256}: 128-column blocks with the default token tiles and with
@@ -675,8 +709,9 @@ END_TEST
  * they read the query (or the V up-projection's input); with PDL the
  * direct kernel and the swap path copy weights before that wait.  Cases:
  * the query at 16 heads on the automatic path (direct at T <= 16, but
- * launched with PDL; the ring's one-item form at T = 64 and there, with K
- * in halves at P = 192), the query forced onto the swap path,
+ * launched with PDL the slice kernel at T <= 4 and the ring's one-item
+ * form at T = 16, with K in halves at P = 192; the one-item form at
+ * T = 64), the query forced onto the swap path,
  * and the V up-projection (the swap path at these T; what the layer step
  * launches with PDL).  The
  * previous kernel here (pdl_late_copy) lets dependents start at once and
@@ -728,7 +763,11 @@ START_TEST(pdl_order)
                 desc_from_views(&c, &v, &d);
                 {
                     const int path = mlart_bmm_cuda_path(&d, &cfg);
-                    const int want = kind ? MLART_BMM_SWAP : c.T > 32 || pdl ? MLART_BMM_RING : MLART_BMM_DIRECT;
+                    const int want = kind          ? MLART_BMM_SWAP
+                                     : c.T > 32        ? MLART_BMM_RING
+                                     : pdl && c.T <= 4 ? MLART_BMM_SLICE
+                                     : pdl             ? MLART_BMM_RING
+                                                       : MLART_BMM_DIRECT;
                     ck_assert_msg(path == want,
                                   "kind %d T %lld: the choice is path %d, not the kernel this test expects (%d); "
                                   "update this test",
@@ -784,7 +823,7 @@ START_TEST(pdl_order)
             }
     cudaStreamDestroy(st);
     printf("pdl order: %d cases (H16, T in {1,4,16,64}, plain and PDL launch: the query with q_pe fused, both P, "
-           "direct kernel at T <= 16 plainly, the ring's one-item form at 64 and with PDL at every T (K in halves at P = 192, T <= 16), and on the swap path; the V up-projection, both V, swap path): "
+           "direct kernel at T <= 16 plainly, the slice kernel with PDL at T <= 4, the ring's one-item form at 64 and with PDL at T = 16 and 64 (K in halves at P = 192, T = 16), and on the swap path; the V up-projection, both V, swap path): "
            "the op's output is that of an input written late by the previous kernel, eager and in a graph; "
            "control: a dependent that "
            "does not wait read old bytes in a graph %s, eagerly %s\n",
@@ -932,6 +971,7 @@ int main(void)
     tcase_add_loop_test(tc, wgmma_matrix, 0, (int)(sizeof k_wT / sizeof k_wT[0]));
     tcase_add_loop_test(tc, ring_matrix, 0, (int)(sizeof k_rT / sizeof k_rT[0]));
     tcase_add_loop_test(tc, swap_matrix, 0, (int)(sizeof k_sT / sizeof k_sT[0]));
+    tcase_add_loop_test(tc, slice_matrix, 0, (int)(sizeof k_slT / sizeof k_slT[0]));
     tcase_add_loop_test(tc, vup_swap_matrix, 0, (int)(sizeof k_sT / sizeof k_sT[0]));
     suite_add_tcase(s, tc);
     return gpu_test_run(s, CK_FORK);

@@ -320,6 +320,10 @@ START_TEST(query_pdl_launch_choice)
     /* above: plainly */
     ck_assert_int_eq(mlart_query_pdl_launch(33, 1, 128, 512, MLART_BMM_DIRECT), 0);
     ck_assert_int_eq(mlart_query_pdl_launch(128, 4, 128, 512, MLART_BMM_DIRECT), 0);
+    /* the slice kernel alike */
+    ck_assert_int_eq(mlart_query_pdl_launch(32, 4, 128, 512, MLART_BMM_SLICE), 1);
+    ck_assert_int_eq(mlart_query_pdl_launch(16, 1, 192, 512, MLART_BMM_SLICE), 1);
+    ck_assert_int_eq(mlart_query_pdl_launch(128, 1, 192, 512, MLART_BMM_SLICE), 0);
     /* other paths over 4 MiB: with PDL */
     ck_assert_int_eq(mlart_query_pdl_launch(128, 4, 128, 512, MLART_BMM_RING), 1);
     ck_assert_int_eq(mlart_query_pdl_launch(128, 1, 192, 512, MLART_BMM_SWAP), 1);
