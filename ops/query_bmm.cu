@@ -1,10 +1,15 @@
 /* Query absorption on sm_90 and the batched BF16 product it shares with the
  * V up-projection (ops/bmm_cuda.h).  Byte and FLOP counts: docs/ops.md.
  *
- * Eight kernels, all read-exact (they load only elements of the views, so no
+ * Nine kernels, all read-exact (they load only elements of the views, so no
  * load can cross the end of an operand's storage) and all writing only
  * elements of the output view; auto_config picks one per shape from the
  * measured variants (docs/PERF.md):
+ *   slice   decode (the query at T <= 4 with 128 heads, and launched with
+ *           PDL where the weights are at most 4 MiB): a block per (head,
+ *           64 columns) copies its whole weight slice into shared memory
+ *           with cp.async, so all slices are in flight in one wave, then
+ *           mma.sync with K summed as the kernel of the other launch sums.
  *   direct  decode (the query at T <= 16 where swap is not chosen): each
  *           warp issues all its weight loads at kernel start straight into
  *           registers, takes its activation rows with plain 8-byte loads
