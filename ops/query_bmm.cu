@@ -658,21 +658,8 @@ __global__ void __launch_bounds__(128, 8) bmm_slice_kernel(Desc d)
      * elements: conflict-free 4-byte fragment reads */
     constexpr int LDA = K + 8;
     __nv_bfloat16 *As = (__nv_bfloat16 *)(smem + K * 128);
-    {
-        const __nv_bfloat16 *ah = d.a + h * d.a_sh;
-        const int T = (int)d.T;
-        for (int i = tid; i < T * (K / 8); i += 128) {
-            const int t = i / (K / 8), k = (i % (K / 8)) * 8;
-            if (d.a_vec) {
-                cp_async16(As + t * LDA + k, ah + t * d.a_st + k, 16);
-            } else {
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    As[t * LDA + k + e] = ah[t * d.a_st + k + e];
-            }
-        }
-        cp_async_commit();
-    }
+    load_a_tile(d, As, LDA, h, 0, (int)d.T);
+    cp_async_commit();
     if (d.pe_in && blockIdx.x == 0)
         pe_copy_rows(d, h, 0, d.T);
     float acc[TPW][4];
