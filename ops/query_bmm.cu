@@ -5,8 +5,9 @@
  * load can cross the end of an operand's storage) and all writing only
  * elements of the output view; auto_config picks one per shape from the
  * measured variants (docs/PERF.md):
- *   slice   decode (the query at T <= 4 with 128 heads, and launched with
- *           PDL where the weights are at most 4 MiB): a block per (head,
+ *   slice   decode (the query at T <= 8 with 128 heads, and launched with
+ *           PDL where the weights are at most 4 MiB or at 128 heads with
+ *           P = 128): a block per (head,
  *           64 columns) copies its whole weight slice into shared memory
  *           with cp.async, so all slices are in flight in one wave, then
  *           mma.sync with K summed as the kernel of the other launch sums.
@@ -1223,16 +1224,26 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c, 
     const bool one_halves = pdl && d.T <= 16 && d.K == 192 && d.H < 128 && (d.T <= 8 || d.H < 64);
     const bool one_256 = d.T == 256 && ((d.K == 128 && d.H <= 32) || (d.K == 192 && d.H >= 128));
     const bool one_mid = d.T > 16 && d.T < 256 && !(d.pe_in && d.H >= 128 && d.K == 192 && d.T <= 64) && !pdl_swap;
-    /* The slice kernel (variants of 2026-12-02 17:15 UTC, docs/ops.md):
-     * launched plainly at 128 heads and T <= 4 (H128 T1 P192 8.66 against
-     * 9.13 us on the swap path, T4 9.19 against 9.34; P128 T1 6.58 against
-     * 6.78 for the direct kernel, T4 6.96 against 7.07; level or slower
-     * below 128 heads and from T = 16); with PDL at T <= 4 where the weights
-     * are at most 4 MiB (H16 T1 P128 1.77 against 2.0 us for the one-item
-     * form, H32 T1 P128 2.28 against 2.6, H16 T1 P192 1.97 against 2.3),
-     * the size up to which mlart_query_pdl_launch lets a kernel copy all
-     * its weights before its wait. */
-    const bool slice = d.T <= 4 && (pdl ? d.H * d.K * d.N * 2 <= MLART_QUERY_PDL_DIRECT_MAX : d.H >= 128);
+    /* The slice kernel (variants of 2026-12-02 17:15-17:50 UTC,
+     * docs/ops.md): launched plainly at 128 heads and T <= 8 (H128 T1
+     * P192 8.66 against 9.13 us on the swap path, T4 9.19 against 9.34, T8
+     * 9.32 against 9.48; P128 T1 6.58 against 6.78 for the direct kernel,
+     * T4 6.96 against 7.07, T8 7.07 against 7.28; level or slower below
+     * 128 heads, and a first form slower from T = 16); with PDL at T <= 8
+     * where the weights are at most 4 MiB (H16 T1 P128 1.77 against 2.0
+     * us for the one-item form, H32 T1 P128 2.28 against 2.6, H16 T1 P192
+     * 1.97 against 2.3, H32 T8 P128 2.56 against 2.68), the size up to
+     * which mlart_query_pdl_launch lets a kernel copy all its weights
+     * before its wait; and with PDL at 128 heads and P = 128 (H128 T1
+     * 5.62 against 6.06 us for the one-item form, T4 5.92 against 6.29,
+     * T8 6.20 against 6.35), where mlart_query_pdl_launch then launches it
+     * plainly (in the layer step the plain slice kernel was 0.4-0.6 us a
+     * step faster than the one-item form with PDL at T <= 4, bench run of
+     * 17:54); not at P = 192, where the swap path with PDL was faster
+     * (T4 7.68 against 8.12). */
+    const bool slice =
+        d.T <= 8 && (pdl ? d.H * d.K * d.N * 2 <= MLART_QUERY_PDL_DIRECT_MAX || (d.H >= 128 && d.K == 128)
+                         : d.H >= 128);
     if (!wide_k && slice && slice_ok(d)) {
         const mlart_bmm_config lc = {MLART_BMM_SLICE, 0, 0, 0, 0, 0, 0};
         *c = lc;

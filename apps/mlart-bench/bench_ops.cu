@@ -810,7 +810,7 @@ int bench_variants(const mlart_bench_opts *o, cublasHandle_t hb)
     int wrong = 0;
     const mlart_bench_table t = {"variants: floors, direct [staged a] (cols, split, groups, mt), ring (cols, stages, blocks/SM), stream (mt, warps), tiled (bm)",
                                  "shape variant", 40, cols, 3};
-    static const int64_t Ts[] = {1, 4, 16, 32, 64, 128, 192, 256, 1024, 8192};
+    static const int64_t Ts[] = {1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 1024, 8192};
     static const int64_t Hs[] = {16, 32, 64, 128};
     mlart_bench_table_head(o, &t);
     if (cudaFuncSetAttribute(item_read_kernel<16, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536) ||

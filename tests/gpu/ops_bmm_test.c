@@ -709,7 +709,7 @@ END_TEST
  * they read the query (or the V up-projection's input); with PDL the
  * direct kernel and the swap path copy weights before that wait.  Cases:
  * the query at 16 heads on the automatic path (direct at T <= 16, but
- * launched with PDL the slice kernel at T <= 4 and the ring's one-item
+ * launched with PDL the slice kernel at T <= 8 and the ring's one-item
  * form at T = 16, with K in halves at P = 192; the one-item form at
  * T = 64), the query forced onto the swap path,
  * and the V up-projection (the swap path at these T; what the layer step
@@ -765,7 +765,7 @@ START_TEST(pdl_order)
                     const int path = mlart_bmm_cuda_path(&d, &cfg);
                     const int want = kind          ? MLART_BMM_SWAP
                                      : c.T > 32        ? MLART_BMM_RING
-                                     : pdl && c.T <= 4 ? MLART_BMM_SLICE
+                                     : pdl && c.T <= 8 ? MLART_BMM_SLICE
                                      : pdl             ? MLART_BMM_RING
                                                        : MLART_BMM_DIRECT;
                     ck_assert_msg(path == want,
@@ -823,7 +823,7 @@ START_TEST(pdl_order)
             }
     cudaStreamDestroy(st);
     printf("pdl order: %d cases (H16, T in {1,4,16,64}, plain and PDL launch: the query with q_pe fused, both P, "
-           "direct kernel at T <= 16 plainly, the slice kernel with PDL at T <= 4, the ring's one-item form at 64 and with PDL at T = 16 and 64 (K in halves at P = 192, T = 16), and on the swap path; the V up-projection, both V, swap path): "
+           "direct kernel at T <= 16 plainly, the slice kernel with PDL at T <= 8, the ring's one-item form at 64 and with PDL at T = 16 and 64 (K in halves at P = 192, T = 16), and on the swap path; the V up-projection, both V, swap path): "
            "the op's output is that of an input written late by the previous kernel, eager and in a graph; "
            "control: a dependent that "
            "does not wait read old bytes in a graph %s, eagerly %s\n",
