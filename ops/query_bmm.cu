@@ -123,6 +123,20 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
+/* Eight bf16 at dst: one 16-byte store when the output rows allow it
+ * (Desc.c_vec), else element stores. */
+__device__ __forceinline__ void store8(__nv_bfloat16 *dst, uint4 v, int vec)
+{
+    if (vec) {
+        *(uint4 *)dst = v;
+    } else {
+        const __nv_bfloat16 *b = (const __nv_bfloat16 *)&v;
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            dst[e] = b[e];
+    }
+}
+
 /* Copy pe_in[t,h,:] to pe_out[t,h,:] for t in [t0,t1): one block's share.
  * Four 16-byte loads per thread are issued before their stores, so a block
  * waits about one round trip, not one per chunk. */
@@ -633,7 +647,8 @@ constexpr int SLICE_RP = 72; /* partial row pitch, floats */
 template <int KS, int SPLIT>
 __global__ void __launch_bounds__(128, 8) bmm_slice_kernel(Desc d)
 {
-    extern __shared__ __align__(128) unsigned char smem[];
+    extern __shared__ __align__(128) unsigned char slice_smem[];
+    unsigned char *const smem = slice_smem;
     constexpr int K = KS * 16, PIECES = K / 16; /* 16-byte pieces a thread */
     constexpr int NG = 4 / SPLIT, TPW = 8 / NG, KPW = KS / SPLIT;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -712,16 +727,9 @@ __global__ void __launch_bounds__(128, 8) bmm_slice_kernel(Desc d)
             x.x += x1.x, x.y += x1.y, x.z += x1.z, x.w += x1.w;
             y.x += y1.x, y.y += y1.y, y.z += y1.z, y.w += y1.w;
         }
-        __nv_bfloat16 *dst = d.c + h * d.c_sh + t * d.c_st + n0 + 8 * c8;
-        const uint4 o = make_uint4(pack_bf16(x.x, x.y), pack_bf16(x.z, x.w), pack_bf16(y.x, y.y), pack_bf16(y.z, y.w));
-        if (d.c_vec) {
-            *(uint4 *)dst = o;
-        } else {
-            const __nv_bfloat16 *e = (const __nv_bfloat16 *)&o;
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                dst[i] = e[i];
-        }
+        store8(d.c + h * d.c_sh + t * d.c_st + n0 + 8 * c8,
+               make_uint4(pack_bf16(x.x, x.y), pack_bf16(x.z, x.w), pack_bf16(y.x, y.y), pack_bf16(y.z, y.w)),
+               d.c_vec);
     }
 }
 
