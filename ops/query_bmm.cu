@@ -1245,10 +1245,10 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c, 
      * before its wait; and with PDL at 128 heads and P = 128 (H128 T1
      * 5.62 against 6.06 us for the one-item form, T4 5.92 against 6.29,
      * T8 6.20 against 6.35), where mlart_query_pdl_launch then launches it
-     * plainly (in the layer step the plain slice kernel was 0.4-0.6 us a
-     * step faster than the one-item form with PDL at T <= 4, bench run of
-     * 17:54); not at P = 192, where the swap path with PDL was faster
-     * (T4 7.68 against 8.12). */
+     * plainly (in the layer step, bench runs of 17:54 and 17:59, that
+     * took bf16 steps at T <= 4 0.4-0.5 us below the one-item form with
+     * PDL, fp8 within 0.2 us); not at P = 192, where the swap path with
+     * PDL was faster (T4 7.68 against 8.12). */
     const bool slice =
         d.T <= 8 && (pdl ? d.H * d.K * d.N * 2 <= MLART_QUERY_PDL_DIRECT_MAX || (d.H >= 128 && d.K == 128)
                          : d.H >= 128);

@@ -269,7 +269,6 @@ int run_item(const Ctx &c, const Set &s, cudaStream_t st)
     return 1;
 }
 
-
 int64_t as_of(const Ctx &c) { return c.vup ? c.K : c.K + kR; }
 size_t a_elems(const Ctx &c) { return (size_t)(c.T * c.H * as_of(c)); }
 size_t w_elems(const Ctx &c) { return (size_t)(c.H * c.K * c.N); }
