@@ -40,7 +40,7 @@ enum {
     MLART_BMM_WGMMA = 6,   /* prefill (sm_90a): persistent wgmma, weight slice resident in shared memory */
     MLART_BMM_RING = 7,    /* decode (sm_90a): wgmma per (head, row tile, slice) item through a ring of stages */
     MLART_BMM_SWAP = 8,    /* decode (sm_90a): weights streamed by the TMA as wgmma's A operand, tokens as N */
-    MLART_BMM_SLICE = 9    /* decode, T <= 8, K 128 or 192: a block per (head, 64 columns), weights by cp.async */
+    MLART_BMM_SLICE = 9    /* decode, T <= 16, K 128, 192 or 512: a block per (head, 64 columns), weights by cp.async */
 };
 
 typedef struct mlart_bmm_config {
@@ -67,8 +67,10 @@ typedef struct mlart_bmm_config {
     /* SWAP: `cols` columns a block (64, 128, 256 or 512, 0 = 256); `mt`
      * token rows a tile (8, 16 or 64, not 64 with 512 columns; 0 = 8 up to
      * T = 8, else 16) */
-    /* SLICE: `warps` chains of K summed at the end (1 or 2; 0 = as the
-     * kernel the other launch of the shape takes, so the bytes agree) */
+    /* SLICE: `warps` chains of K summed at the end (1 or 2, and 4 at
+     * K = 512; 0 = as the kernel the other launch of the shape takes, so
+     * the bytes agree, and 4 at K = 512); `cols` columns a block (64, or
+     * 32 at K = 512 with 2 or 4 chains; 0 = 64) */
     /* DIRECT, RING, SWAP and SLICE: 1 launches with programmatic dependent
      * launch (the direct kernel issues its weight loads, the slice kernel
      * its weight copies and the swap kernel the weights of its first

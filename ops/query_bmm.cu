@@ -7,7 +7,8 @@
  * measured variants (docs/PERF.md):
  *   slice   decode (the query at T <= 8 with 128 heads, and launched with
  *           PDL where the weights are at most 4 MiB or at 128 heads with
- *           P = 128): a block per (head,
+ *           P = 128; the V up-projection at T <= 8 where its grid is one
+ *           wave, with PDL up to 4 MiB): a block per (head,
  *           64 columns) copies its whole weight slice into shared memory
  *           with cp.async, so all slices are in flight in one wave, then
  *           mma.sync with K summed as the kernel of the other launch sums.
@@ -627,40 +628,57 @@ __global__ void __launch_bounds__(256) bmm_direct_kernel(Desc d, int split, int 
 }
 
 /* ---- slice kernel ----------------------------------------------------------
- * Decode at T <= 8: a block of four warps per (head, 64-column slice).
- * Every thread first copies K / 16 16-byte pieces of the slice's weights
- * (K rows of 128 bytes) into shared memory with cp.async, the whole slice
- * in flight at once and no registers held for it, so that at 128 heads
- * all 1024 slices are resident together (24 KB each at K = 192, eight
- * blocks an SM) and the weights stream in one wave.  Rows are stored with
- * the 16-byte piece c of row k at c ^ (k & 7), so the ldmatrix.trans reads
- * of the B fragments are conflict-free.  Then griddepcontrol.wait, the
- * token rows copied behind them (the A fragments' rows g; rows >= T and
- * g + 8 are zeros, never read), and mma.sync.  SPLIT chains of K / SPLIT rows each, summed once at the end
- * (p0 + p1), as the kernel the other launch of the same shape takes sums
- * (so that the plain and the PDL launch give the same bytes): warp w takes
- * k-steps of chain w / (4 / SPLIT) over 2 SPLIT 8-column tiles.  The
- * partial 8 x 64 tiles meet in the same shared memory (rows padded to 72
+ * Decode at T <= 16: a block of four warps per (head, slice of NC = 64 or
+ * 32 columns).  Every thread first copies its K * NC / 1024 16-byte pieces
+ * of the slice's weights (K rows of 2 NC bytes) into shared memory with
+ * cp.async, the whole slice in flight at once and no registers held for
+ * it, so that at 128 heads all 1024 slices of the query are resident
+ * together (24 KB each at K = 192, eight blocks an SM) and the weights
+ * stream in one wave.  Rows are stored swizzled (slice_addr) so the
+ * ldmatrix.trans reads of the B fragments are conflict-free.  Then
+ * griddepcontrol.wait, the token rows copied behind them (TR = 8: the A
+ * fragments' rows g, rows g + 8 are zeros, never read; TR = 16, for 9-16
+ * rows: rows g and g + 8; rows >= T are zeros), and mma.sync.  SPLIT
+ * chains of K / SPLIT rows each, summed once at the end (p0 + p1), as the
+ * kernel the other launch of the same shape takes sums (so that the plain
+ * and the PDL launch give the same bytes): warp w takes k-steps of chain
+ * w / (4 / SPLIT) over NC / 8 * SPLIT / 4 8-column tiles.  The partial
+ * TR x NC tiles meet in the same shared memory (rows padded to NC + 8
  * floats: conflict-free 8-byte stores); a thread sums one (token row, 8
- * columns) piece and stores it (16 bytes when aligned). */
-constexpr int SLICE_RP = 72; /* partial row pitch, floats */
-template <int KS, int SPLIT>
+ * columns) piece and stores it (16 bytes when aligned).  At K = 512 (the V
+ * up-projection) a 64-column slice is 64 KB, three blocks an SM, a
+ * 32-column one 32 KB, five. */
+/* Shared address of piece c (8 columns) of weight row k in a slice of NC
+ * columns at sb: with 64 columns (128-byte rows) piece c ^ (k & 7); with
+ * 32 (64-byte rows, two a 128-byte line) piece c ^ ((k >> 1) & 3).  Either
+ * way the eight rows of one ldmatrix matrix fall on eight distinct
+ * 16-byte bank groups. */
+template <int NC> __device__ __forceinline__ uint32_t slice_addr(uint32_t sb, int k, int c)
+{
+    static_assert(NC == 64 || NC == 32, "slice width");
+    return NC == 64 ? sb + k * 128 + ((c ^ (k & 7)) << 4) : sb + k * 64 + ((c ^ ((k >> 1) & 3)) << 4);
+}
+
+template <int KS, int SPLIT, int NC, int TR>
 __global__ void __launch_bounds__(128, 8) bmm_slice_kernel(Desc d)
 {
     extern __shared__ __align__(128) unsigned char slice_smem[];
     unsigned char *const smem = slice_smem;
-    constexpr int K = KS * 16, PIECES = K / 16; /* 16-byte pieces a thread */
-    constexpr int NG = 4 / SPLIT, TPW = 8 / NG, KPW = KS / SPLIT;
+    constexpr int K = KS * 16, RS = NC == 64 ? 3 : 2, RP = 1 << RS; /* 16-byte pieces a weight row */
+    constexpr int PIECES = K * RP / 128;                              /* a thread's */
+    constexpr int NG = 4 / SPLIT, TPW = RP / NG, KPW = KS / SPLIT, LDP = NC + 8;
+    static_assert(TPW >= 2 && TPW % 2 == 0 && KS % SPLIT == 0 && K * RP % 128 == 0 && (TR == 8 || TR == 16),
+                  "slice shape");
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, q = lane & 3, sp = warp / NG, grp = warp % NG;
-    const int64_t h = blockIdx.y, n0 = (int64_t)blockIdx.x * 64;
+    const int64_t h = blockIdx.y, n0 = (int64_t)blockIdx.x * NC;
     const uint32_t sb = (uint32_t)__cvta_generic_to_shared(smem);
     {
         const __nv_bfloat16 *wh = d.w + h * d.w_sh + n0;
 #pragma unroll
         for (int i = 0; i < PIECES; i++) {
-            const int p = tid + 128 * i, k = p >> 3, c = p & 7;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sb + k * 128 + ((c ^ (k & 7)) << 4)),
+            const int p = tid + 128 * i, k = p >> RS, c = p & (RP - 1);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(slice_addr<NC>(sb, k, c)),
                          "l"(wh + k * d.w_sk + c * 8)
                          : "memory");
         }
@@ -670,10 +688,10 @@ __global__ void __launch_bounds__(128, 8) bmm_slice_kernel(Desc d)
      * are in flight before the wait; a and the outputs only after it */
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    /* the token rows (T <= 8) behind the weights, row pitch K + 8
+    /* the token rows (T <= TR) behind the weights, row pitch K + 8
      * elements: conflict-free 4-byte fragment reads */
     constexpr int LDA = K + 8;
-    __nv_bfloat16 *As = (__nv_bfloat16 *)(smem + K * 128);
+    __nv_bfloat16 *As = (__nv_bfloat16 *)(smem + K * NC * 2);
     load_a_tile(d, As, LDA, h, 0, (int)d.T);
     cp_async_commit();
     if (d.pe_in && blockIdx.x == 0)
@@ -688,20 +706,23 @@ __global__ void __launch_bounds__(128, 8) bmm_slice_kernel(Desc d)
     __syncthreads();
     {
         const int m = lane >> 3, r = lane & 7, kw = sp * KPW * 16;
-        const bool r0 = g < d.T; /* rows >= T and g + 8 are zeros */
+        /* rows >= T are zeros, and rows g + 8 unless TR = 16 */
+        const bool r0 = g < d.T, r1 = TR == 16 && g + 8 < d.T;
         const __nv_bfloat16 *ar = As + g * LDA + kw + 2 * q;
 #pragma unroll
         for (int s = 0; s < KPW; s++) {
             const int k = kw + 16 * s + (m & 1) * 8 + r;
-            const uint32_t a[4] = {r0 ? *(const uint32_t *)(ar + 16 * s) : 0u, 0u,
-                                   r0 ? *(const uint32_t *)(ar + 16 * s + 8) : 0u, 0u};
+            const uint32_t a[4] = {r0 ? *(const uint32_t *)(ar + 16 * s) : 0u,
+                                   r1 ? *(const uint32_t *)(ar + 8 * LDA + 16 * s) : 0u,
+                                   r0 ? *(const uint32_t *)(ar + 16 * s + 8) : 0u,
+                                   r1 ? *(const uint32_t *)(ar + 8 * LDA + 16 * s + 8) : 0u};
 #pragma unroll
             for (int jp = 0; jp < TPW / 2; jp++) {
                 uint32_t b[4];
                 const int c = grp * TPW + 2 * jp + (m >> 1);
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                              : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                             : "r"(sb + k * 128 + ((c ^ (k & 7)) << 4)));
+                             : "r"(slice_addr<NC>(sb, k, c)));
                 mma_bf16(acc[2 * jp], a, b[0], b[1]);
                 mma_bf16(acc[2 * jp + 1], a, b[2], b[3]);
             }
@@ -710,19 +731,24 @@ __global__ void __launch_bounds__(128, 8) bmm_slice_kernel(Desc d)
     __syncthreads(); /* the weights are read: the partials take their place */
     const int T = (int)d.T;
     {
-        float *red = (float *)smem + sp * 8 * SLICE_RP + g * SLICE_RP + grp * TPW * 8 + 2 * q;
+        float *red = (float *)smem + sp * TR * LDP + g * LDP + grp * TPW * 8 + 2 * q;
         if (g < T)
 #pragma unroll
             for (int j = 0; j < TPW; j++)
                 *(float2 *)(red + 8 * j) = make_float2(acc[j][0], acc[j][1]);
+        if (TR == 16 && g + 8 < T)
+#pragma unroll
+            for (int j = 0; j < TPW; j++)
+                *(float2 *)(red + 8 * LDP + 8 * j) = make_float2(acc[j][2], acc[j][3]);
     }
     __syncthreads();
-    if (tid < 8 * T) {
-        const int t = tid >> 3, c8 = tid & 7;
-        const float4 *p0 = (const float4 *)((const float *)smem + t * SLICE_RP + 8 * c8);
+    if (tid < RP * T) {
+        const int t = tid >> RS, c8 = tid & (RP - 1);
+        const float4 *p0 = (const float4 *)((const float *)smem + t * LDP + 8 * c8);
         float4 x = p0[0], y = p0[1];
-        if (SPLIT == 2) { /* one addition, as the direct kernel's */
-            const float4 *p1 = (const float4 *)((const float *)p0 + 8 * SLICE_RP);
+#pragma unroll
+        for (int o = 1; o < SPLIT; o++) { /* SPLIT 2: one addition, as the direct kernel's */
+            const float4 *p1 = (const float4 *)((const float *)p0 + o * TR * LDP);
             const float4 x1 = p1[0], y1 = p1[1];
             x.x += x1.x, x.y += x1.y, x.z += x1.z, x.w += x1.w;
             y.x += y1.x, y.y += y1.y, y.z += y1.z, y.w += y1.w;
@@ -1033,41 +1059,70 @@ bool tiled_ok(const Desc &d)
 
 bool slice_ok(const Desc &d)
 {
-    return (d.K == 128 || d.K == 192) && d.N % 64 == 0 && d.T <= 8 && aligned(d.w, d.w_sh, d.w_sk, 16) &&
-           d.H <= 65535 && d.N / 64 <= 65535;
+    return (d.K == 128 || d.K == 192 || d.K == 512) && d.N % 64 == 0 && d.T <= 16 &&
+           aligned(d.w, d.w_sh, d.w_sk, 16) && d.H <= 65535 && d.N / 32 <= 65535;
 }
 
 /* The slice kernel's chains of K: two at K = 192 below 128 heads, as the
- * direct kernel (its plain partner there) splits K over two warps; one
- * elsewhere, as the swap path and the ring's one-item form sum K (its
- * partners at 128 heads and at K = 128).  mlart_bmm_config.warps forces
- * it (1 or 2). */
+ * direct kernel (its plain partner there) splits K over two warps; two at
+ * K = 512 (the V up-projection: of one, two and four chains and 32- or
+ * 64-column blocks, within 0.07 us of the fastest at every shape that
+ * takes it plainly, and with PDL but at T = 8 at 64 heads with V = 256 and
+ * 128 with V = 128, 0.2 us behind four chains; variants of 2026-12-02
+ * 18:58 UTC); one elsewhere, as the swap path and the ring's one-item form
+ * sum K (its partners at 128 heads and at K = 128).
+ * mlart_bmm_config.warps forces it (1 or 2, and 4 at K = 512). */
 int slice_split(const Desc &d, const mlart_bmm_config *cfg)
 {
-    if (cfg && (cfg->warps == 1 || cfg->warps == 2))
+    if (cfg && (cfg->warps == 1 || cfg->warps == 2 || (cfg->warps == 4 && d.K == 512)))
         return cfg->warps;
-    return d.K == 192 && d.H < 128 ? 2 : 1;
+    return d.K == 512 || (d.K == 192 && d.H < 128) ? 2 : 1;
 }
 
-template <int KS, int SPLIT> cudaError_t launch_slice_k(const Desc &d, int pdl, cudaStream_t st)
+/* Columns a slice: 64, or 32 where forced (K = 512 with two or four
+ * chains only). */
+int slice_cols(const Desc &d, const mlart_bmm_config *cfg, int split)
 {
-    /* eight 24 KB blocks an SM need the largest shared-memory carveout */
-    static const cudaError_t set = cudaFuncSetAttribute(
-        bmm_slice_kernel<KS, SPLIT>, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    return cfg && cfg->cols == 32 && d.K == 512 && split >= 2 ? 32 : 64;
+}
+
+template <int KS, int SPLIT, int NC, int TR> cudaError_t launch_slice_k(const Desc &d, int pdl, cudaStream_t st)
+{
+    const size_t smem = (size_t)KS * 16 * NC * 2 + (size_t)TR * (KS * 16 + 8) * 2;
+    /* eight 24 KB blocks an SM need the largest shared-memory carveout;
+     * K = 512 needs more than the default 48 KB a block */
+    static const cudaError_t set =
+        cudaFuncSetAttribute(bmm_slice_kernel<KS, SPLIT, NC, TR>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared) != cudaSuccess
+            ? cudaErrorInvalidValue
+            : cudaFuncSetAttribute(bmm_slice_kernel<KS, SPLIT, NC, TR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)smem);
     if (set != cudaSuccess)
         return set;
     cudaLaunchAttribute at[1];
     const cudaLaunchConfig_t lc =
-        mlart_launch_cfg(dim3((unsigned)(d.N / 64), (unsigned)d.H), dim3(128),
-                         (size_t)KS * 16 * 128 + (size_t)8 * (KS * 16 + 8) * 2, st, pdl, at);
-    return cudaLaunchKernelEx(&lc, bmm_slice_kernel<KS, SPLIT>, d);
+        mlart_launch_cfg(dim3((unsigned)(d.N / NC), (unsigned)d.H), dim3(128), smem, st, pdl, at);
+    return cudaLaunchKernelEx(&lc, bmm_slice_kernel<KS, SPLIT, NC, TR>, d);
 }
 
-cudaError_t launch_slice(const Desc &d, int split, int pdl, cudaStream_t st)
+template <int TR> cudaError_t launch_slice_tr(const Desc &d, int split, int cols, int pdl, cudaStream_t st)
 {
     if (d.K == 128)
-        return split == 2 ? launch_slice_k<8, 2>(d, pdl, st) : launch_slice_k<8, 1>(d, pdl, st);
-    return split == 2 ? launch_slice_k<12, 2>(d, pdl, st) : launch_slice_k<12, 1>(d, pdl, st);
+        return split == 2 ? launch_slice_k<8, 2, 64, TR>(d, pdl, st) : launch_slice_k<8, 1, 64, TR>(d, pdl, st);
+    if (d.K == 192)
+        return split == 2 ? launch_slice_k<12, 2, 64, TR>(d, pdl, st) : launch_slice_k<12, 1, 64, TR>(d, pdl, st);
+    if (cols == 32)
+        return split == 2 ? launch_slice_k<32, 2, 32, TR>(d, pdl, st) : launch_slice_k<32, 4, 32, TR>(d, pdl, st);
+    return split == 1   ? launch_slice_k<32, 1, 64, TR>(d, pdl, st)
+           : split == 2 ? launch_slice_k<32, 2, 64, TR>(d, pdl, st)
+                        : launch_slice_k<32, 4, 64, TR>(d, pdl, st);
+}
+
+/* T <= 8 token rows as the A fragments' rows g, 9 <= T <= 16 also as
+ * rows g + 8 (twice the token rows' shared memory) */
+cudaError_t launch_slice(const Desc &d, int split, int cols, int pdl, cudaStream_t st)
+{
+    return d.T <= 8 ? launch_slice_tr<8>(d, split, cols, pdl, st) : launch_slice_tr<16>(d, split, cols, pdl, st);
 }
 
 /* The wgmma path (ops/query_bmm_wgmma.cu) takes the caller's descriptor
@@ -1252,7 +1307,18 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c, 
     const bool slice =
         d.T <= 8 && (pdl ? d.H * d.K * d.N * 2 <= MLART_QUERY_PDL_DIRECT_MAX || (d.H >= 128 && d.K == 128)
                          : d.H >= 128);
-    if (!wide_k && slice && slice_ok(d)) {
+    /* The V up-projection at T <= 8 (variants of 2026-12-02 18:58 UTC,
+     * docs/ops.md): the slice kernel with two chains of K where all its
+     * 64-column blocks are resident at once (three an SM: 256 blocks at
+     * H128 V128 and H64 V256, not 512 at H128 V256), plainly 1.00-1.22x
+     * cuBLAS (H16 T1 V128 3.08 against 3.91 us on the swap path, H32 T1
+     * V256 4.69 against 5.06, H128 T1 V128 6.86 against 7.04); with PDL
+     * only up to 4 MiB of weights, which it copies before its wait, as
+     * the query's PDL entry bounds the kernels that copy all their
+     * weights early. */
+    const bool vup_slice = wide_k && d.T <= 8 && d.H * (d.N / 64) <= 3 * sms &&
+                           (!pdl || d.H * d.K * d.N * 2 <= MLART_QUERY_PDL_DIRECT_MAX);
+    if ((vup_slice || (!wide_k && slice)) && slice_ok(d)) {
         const mlart_bmm_config lc = {MLART_BMM_SLICE, 0, 0, 0, 0, 0, 0};
         *c = lc;
         return;
@@ -1423,7 +1489,10 @@ int pick_path(const Desc &d, const mlart_bmm_desc *pub, const mlart_bmm_config *
     }
     if (path < MLART_BMM_GENERIC || path > MLART_BMM_SLICE)
         return -1;
-    if (path == MLART_BMM_SLICE && !slice_ok(d))
+    if (path == MLART_BMM_SLICE &&
+        (!slice_ok(d) || (cfg->warps != 0 && cfg->warps != 1 && cfg->warps != 2 && cfg->warps != 4) ||
+         (cfg->warps == 4 && d.K != 512) || (cfg->cols != 0 && cfg->cols != 64 && cfg->cols != 32) ||
+         (cfg->cols == 32 && (d.K != 512 || slice_split(d, cfg) < 2))))
         return -1;
     if (path == MLART_BMM_SWAP && !mlart_bmm_swap_ok(pub, cfg->cols, cfg->mt))
         return -1;
@@ -1627,7 +1696,8 @@ int run(const Desc &d, const mlart_bmm_desc *pub, const mlart_bmm_config *cfg, c
     } else if (path == MLART_BMM_SWAP) {
         e = (cudaError_t)mlart_bmm_swap_run(pub, cfg->cols, cfg->mt, pdl, st);
     } else if (path == MLART_BMM_SLICE) {
-        e = launch_slice(d, slice_split(d, cfg), pdl, st);
+        const int split = slice_split(d, cfg);
+        e = launch_slice(d, split, slice_cols(d, cfg, split), pdl, st);
     } else if (path == MLART_BMM_TILED) {
         const int bm = cfg && cfg->bm ? cfg->bm : (d.T <= 64 ? 64 : 128);
         if (bm != 64 && bm != 128)

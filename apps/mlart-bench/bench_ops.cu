@@ -895,9 +895,14 @@ int bench_variants(const mlart_bench_opts *o, cublasHandle_t hb)
                         if (!vup && c.T <= 16) /* with PDL, against the one-item form so */
                             cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_SWAP, 0, 0, 0, 256, 0, 1};
                     }
-                    if (!vup && c.T <= 8) { /* slice: one and two chains of K, plainly and with PDL */
+                    if (!vup && c.T <= 16) { /* slice: one and two chains of K, plainly and with PDL */
                         for (int k = 0; k < 4; k++)
                             cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_SLICE, 0, 1 + (k & 1), 0, 0, 0, k >> 1};
+                    }
+                    if (vup && c.T <= 16) { /* slice at K = 512: {chains, columns}, plainly and with PDL */
+                        static const int lv[][2] = {{1, 64}, {2, 64}, {4, 64}, {2, 32}, {4, 32}};
+                        for (int k = 0; k < 10; k++)
+                            cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_SLICE, 0, lv[k % 5][0], 0, lv[k % 5][1], 0, k / 5};
                     }
                     if (c.T <= 16)
                         cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_STREAM, 1, c.H >= 64 ? 2 : 4, 0, 0, 0};
@@ -963,7 +968,8 @@ int bench_variants(const mlart_bench_opts *o, cublasHandle_t hb)
                         else if (f->path == MLART_BMM_SWAP)
                             snprintf(name, sizeof name, "%s swap n%d t%d%s", base, f->cols, f->mt, f->pdl ? " pdl" : "");
                         else if (f->path == MLART_BMM_SLICE)
-                            snprintf(name, sizeof name, "%s slice k%d%s", base, f->warps, f->pdl ? " pdl" : "");
+                            snprintf(name, sizeof name, "%s slice k%d%s%s", base, f->warps,
+                                     f->cols == 32 ? " n32" : "", f->pdl ? " pdl" : "");
                         else if (f->path == MLART_BMM_STREAM)
                             snprintf(name, sizeof name, "%s stream mt%d w%d", base, f->mt, f->warps);
                         else

@@ -390,12 +390,12 @@ START_TEST(swap_matrix)
 }
 END_TEST
 
-/* The slice path forced on T in {1, 2, 3, 4, 5, 8} x H in {1, 11, 128} x
+/* The slice path forced on T in {1, 2, 3, 4, 5, 8, 11, 16} x H in {1, 11, 128} x
  * P in {128, 192}, with and without the fused q_pe copy: plainly with its
  * default chains of K, with one and with two chains, and with PDL; at
  * T = 1 also rows of a and c that are not 16-byte aligned (the token rows
- * copied element by element, element stores) at T = 5 and 7. */
-static const int64_t k_slT[] = {1, 2, 3, 4, 5, 8};
+ * copied element by element, element stores) at T = 5, 7 and 13. */
+static const int64_t k_slT[] = {1, 2, 3, 4, 5, 8, 11, 16};
 
 static int slice_cfgs(const ops_case *c, mlart_bmm_config cfgs[8])
 {
@@ -415,12 +415,49 @@ START_TEST(slice_matrix)
         uint64_t rng = g_seed ^ 0x601ull;
         ops_stats s = {0};
         const mlart_bmm_config cfg = {MLART_BMM_SLICE, 0, 0, 0, 0, 0, 0};
-        const ops_case odd[] = {{0, 5, 7, 192, 512, 64, 1, 1, 3}, {0, 3, 5, 128, 512, 64, 0, 3, 1}};
+        const ops_case odd[] = {{0, 5, 7, 192, 512, 64, 1, 1, 3}, {0, 3, 5, 128, 512, 64, 0, 3, 1},
+                                {0, 5, 13, 192, 512, 64, 1, 1, 3}};
         for (unsigned i = 0; i < sizeof odd / sizeof odd[0]; i++)
             run_case(&odd[i], &cfg, &rng, 0, &s);
-        print_stats("slice path, rows of a and c not 16-byte aligned, T in {5, 7}", &s);
+        print_stats("slice path, rows of a and c not 16-byte aligned, T in {5, 7, 13}", &s);
         check_norm(&s);
     }
+}
+END_TEST
+
+/* The slice path on the V up-projection (K = 512): T in {1, 2, 3, 4, 5, 8, 11, 16}
+ * x H in {1, 11, 128} x V in {128, 256}: plainly with its default (four
+ * chains of K, 64 columns a block), with one and two chains, with 32
+ * columns a block and two or four chains, and the default with PDL; at
+ * T = 1 also rows of x and o that are not 16-byte aligned at T = 5, 7 and 13. */
+START_TEST(vup_slice_matrix)
+{
+    static const int64_t Hs[] = {1, 11, 128};
+    static const mlart_bmm_config cfgs[] = {
+        {MLART_BMM_SLICE, 0, 0, 0, 0, 0, 0},  {MLART_BMM_SLICE, 0, 1, 0, 64, 0, 0}, {MLART_BMM_SLICE, 0, 2, 0, 0, 0, 0},
+        {MLART_BMM_SLICE, 0, 2, 0, 32, 0, 0}, {MLART_BMM_SLICE, 0, 4, 0, 32, 0, 0}, {MLART_BMM_SLICE, 0, 0, 0, 0, 0, 1}};
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 701) * 0x9E3779B97F4A7C15ull;
+    ops_stats s = {0};
+    char what[96];
+    int cases = 0;
+    for (unsigned ih = 0; ih < 3; ih++)
+        for (int vv = 0; vv < 2; vv++) {
+            const ops_case c = {1, Hs[ih], k_slT[_i], 512, vv ? 256 : 128, 0, 0, 0, 0};
+            for (unsigned i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++, cases++)
+                run_case(&c, &cfgs[i], &rng, 0, &s);
+        }
+    if (_i == 0) {
+        const ops_case odd[] = {{1, 5, 7, 512, 128, 0, 0, 1, 3}, {1, 3, 5, 512, 256, 0, 0, 3, 1},
+                                {1, 5, 13, 512, 128, 0, 0, 1, 3}};
+        for (unsigned i = 0; i < sizeof odd / sizeof odd[0]; i++, cases += 2) {
+            run_case(&odd[i], &cfgs[0], &rng, 0, &s);
+            run_case(&odd[i], &cfgs[3], &rng, 0, &s);
+        }
+    }
+    snprintf(what, sizeof what, "slice path, v_up T=%lld, H in {1,11,128}, V in {128,256}, %d cases",
+             (long long)k_slT[_i], cases);
+    print_stats(what, &s);
+    check_norm(&s);
 }
 END_TEST
 
@@ -973,6 +1010,7 @@ int main(void)
     tcase_add_loop_test(tc, swap_matrix, 0, (int)(sizeof k_sT / sizeof k_sT[0]));
     tcase_add_loop_test(tc, slice_matrix, 0, (int)(sizeof k_slT / sizeof k_slT[0]));
     tcase_add_loop_test(tc, vup_swap_matrix, 0, (int)(sizeof k_sT / sizeof k_sT[0]));
+    tcase_add_loop_test(tc, vup_slice_matrix, 0, (int)(sizeof k_slT / sizeof k_slT[0]));
     suite_add_tcase(s, tc);
     return gpu_test_run(s, CK_FORK);
 }

@@ -114,9 +114,11 @@ static void guard_shape(const ops_case *c0, uint64_t *rng)
                                              * 128-column blocks, 8-row token tiles */
                                             {MLART_BMM_SWAP, 0, 0, 0, 0, 0, 0},
                                             {MLART_BMM_SWAP, 8, 0, 0, 128, 0, 0},
-                                            /* slice (the query at T <= 16), plainly and with PDL */
+                                            /* slice (T <= 16), plainly and with PDL; 32-column
+                                             * blocks with two chains of K (the V up-projection) */
                                             {MLART_BMM_SLICE, 0, 0, 0, 0, 0, 0},
-                                            {MLART_BMM_SLICE, 0, 0, 0, 0, 0, 1}};
+                                            {MLART_BMM_SLICE, 0, 0, 0, 0, 0, 1},
+                                            {MLART_BMM_SLICE, 0, 2, 0, 32, 0, 0}};
     const size_t na = ops_a_elems(c0), nw = ops_w_elems(c0), nc = ops_c_elems(c0);
     uint16_t *ha = malloc(na * 2), *hw = malloc(nw * 2), *o1 = malloc(nc * 2), *o2 = malloc(nc * 2);
     uint16_t *da, *dw, *dc;
@@ -139,8 +141,8 @@ static void guard_shape(const ops_case *c0, uint64_t *rng)
                 continue; /* K = 512 is not served (the weight slice would not fit shared memory) */
             if (cfgs[ic].path == MLART_BMM_SWAP && c.N % (cfgs[ic].cols ? cfgs[ic].cols : 256))
                 continue; /* V = 128: only the 128-column blocks */
-            if (cfgs[ic].path == MLART_BMM_SLICE && (c.vup || c.T > 8))
-                continue; /* K = 128 or 192 and T <= 8 only */
+            if (cfgs[ic].path == MLART_BMM_SLICE && (c.T > 16 || (cfgs[ic].cols == 32 && !c.vup)))
+                continue; /* T <= 16 only; 32 columns at K = 512 only */
             mlart_guard_buf ga = {0}, gw = {0}, gc = {0};
             uint16_t *pa = da, *pw = dw, *pc = dc;
             size_t a_bytes = na * 2, c_bytes = nc * 2, cmp_bytes;
@@ -199,7 +201,7 @@ START_TEST(guard_matrix)
             guard_shape(&x, &rng);
         }
     printf("guard pages, T=%lld, H in {1,8,11,16,32,64,128}, P in {128,192}, V in {128,256}: %d guarded runs "
-           "(q_nope view, w, out view, fused q/q_mqa; paths auto/stream/persistent stream/tiled 64 and 128/generic/direct x5 (one PDL launch)/wgmma x3/ring x7 (four one-item, three PDL, one with K in halves)/swap x2/slice x2 (T <= 8, one PDL)), 0 faults, "
+           "(q_nope view, w, out view, fused q/q_mqa; paths auto/stream/persistent stream/tiled 64 and 128/generic/direct x5 (one PDL launch)/wgmma x3/ring x7 (four one-item, three PDL, one with K in halves)/swap x2/slice x3 (T <= 16, one PDL, one 32-column at V up)), 0 faults, "
            "bits equal to ordinary allocations (granularity %zu, seed %#llx)\n",
            (long long)k_T[_i], g_runs, mlart_guard_granularity(), (unsigned long long)g_seed);
 }
