@@ -7,8 +7,8 @@
  * measured variants (docs/PERF.md):
  *   slice   decode (the query at T <= 8 with 128 heads, and launched with
  *           PDL where the weights are at most 4 MiB or at 128 heads with
- *           P = 128; the V up-projection at T <= 8 where its grid is one
- *           wave, with PDL up to 4 MiB): a block per (head,
+ *           P = 128; the V up-projection up to 4 MiB of weights at
+ *           T <= 8, and at T <= 16 with V = 128): a block per (head,
  *           64 columns) copies its whole weight slice into shared memory
  *           with cp.async, so all slices are in flight in one wave, then
  *           mma.sync with K summed as the kernel of the other launch sums.
@@ -1308,16 +1308,22 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c, 
         d.T <= 8 && (pdl ? d.H * d.K * d.N * 2 <= MLART_QUERY_PDL_DIRECT_MAX || (d.H >= 128 && d.K == 128)
                          : d.H >= 128);
     /* The V up-projection at T <= 8 (variants of 2026-12-02 18:58 UTC,
-     * docs/ops.md): the slice kernel with two chains of K where all its
-     * 64-column blocks are resident at once (three an SM: 256 blocks at
-     * H128 V128 and H64 V256, not 512 at H128 V256), plainly 1.00-1.22x
-     * cuBLAS (H16 T1 V128 3.08 against 3.91 us on the swap path, H32 T1
-     * V256 4.69 against 5.06, H128 T1 V128 6.86 against 7.04); with PDL
-     * only up to 4 MiB of weights, which it copies before its wait, as
-     * the query's PDL entry bounds the kernels that copy all their
-     * weights early. */
-    const bool vup_slice = wide_k && d.T <= 8 && d.H * (d.N / 64) <= 3 * sms &&
-                           (!pdl || d.H * d.K * d.N * 2 <= MLART_QUERY_PDL_DIRECT_MAX);
+     * docs/ops.md): the slice kernel with two chains of K up to 4 MiB of
+     * weights (H16 T1 V128 3.08 against 3.91 us on the swap path, cuBLAS
+     * 3.75; H32 T1 V128 3.62 against 4.22; H16 T1 V256 3.61 against
+     * 4.20), plainly and with PDL alike: the layer step launches it with
+     * PDL and the plain launch must give the same bytes (ops_bmm_gpu
+     * pdl_same_bytes), and over 4 MiB a kernel that copies all its
+     * weights before its wait is not launched with PDL (as the query's
+     * PDL entry bounds it).  Past 4 MiB it was faster plainly too (H64
+     * T1 V128 4.70 against 5.07 us, H128 T1 V128 6.86 against 7.04), but
+     * its PDL launch would then have to be a plain one (not measured in
+     * the layer step) or give other bytes. */
+    /* 9-16 rows (variants of 19:43 UTC) at V = 128, the only V measured
+     * there: H16 T16 3.67 against 4.12 us, cuBLAS 3.86; H32 3.97 against
+     * 4.57, cuBLAS 4.32. */
+    const bool vup_slice = wide_k && (d.T <= 8 || (d.T <= 16 && d.N == 128)) &&
+                           d.H * d.K * d.N * 2 <= MLART_QUERY_PDL_DIRECT_MAX;
     if ((vup_slice || (!wide_k && slice)) && slice_ok(d)) {
         const mlart_bmm_config lc = {MLART_BMM_SLICE, 0, 0, 0, 0, 0, 0};
         *c = lc;

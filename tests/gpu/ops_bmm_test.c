@@ -749,8 +749,8 @@ END_TEST
  * launched with PDL the slice kernel at T <= 8 and the ring's one-item
  * form at T = 16, with K in halves at P = 192; the one-item form at
  * T = 64), the query forced onto the swap path,
- * and the V up-projection (the swap path at these T; what the layer step
- * launches with PDL).  The
+ * and the V up-projection (the slice kernel at T <= 8 and at T = 16 with
+ * V = 128, else the swap path; what the layer step launches with PDL).  The
  * previous kernel here (pdl_late_copy) lets dependents start at once and
  * writes the new input only after 200 us; the op, eager and replayed from
  * a graph, must give exactly the output of the new input, with the op
@@ -800,7 +800,8 @@ START_TEST(pdl_order)
                 desc_from_views(&c, &v, &d);
                 {
                     const int path = mlart_bmm_cuda_path(&d, &cfg);
-                    const int want = kind          ? MLART_BMM_SWAP
+                    const int want = kind == 2 && (c.T <= 8 || (c.T <= 16 && c.N == 128)) ? MLART_BMM_SLICE
+                                     : kind          ? MLART_BMM_SWAP
                                      : c.T > 32        ? MLART_BMM_RING
                                      : pdl && c.T <= 8 ? MLART_BMM_SLICE
                                      : pdl             ? MLART_BMM_RING
@@ -860,7 +861,7 @@ START_TEST(pdl_order)
             }
     cudaStreamDestroy(st);
     printf("pdl order: %d cases (H16, T in {1,4,16,64}, plain and PDL launch: the query with q_pe fused, both P, "
-           "direct kernel at T <= 16 plainly, the slice kernel with PDL at T <= 8, the ring's one-item form at 64 and with PDL at T = 16 and 64 (K in halves at P = 192, T = 16), and on the swap path; the V up-projection, both V, swap path): "
+           "direct kernel at T <= 16 plainly, the slice kernel with PDL at T <= 8, the ring's one-item form at 64 and with PDL at T = 16 and 64 (K in halves at P = 192, T = 16), and on the swap path; the V up-projection, both V, the slice kernel at T <= 16 with V = 128 and at T <= 8 with V = 256, else the swap path): "
            "the op's output is that of an input written late by the previous kernel, eager and in a graph; "
            "control: a dependent that "
            "does not wait read old bytes in a graph %s, eagerly %s\n",
@@ -882,11 +883,13 @@ START_TEST(pdl_same_bytes)
     int cases = 0, other = 0;
     cudaStream_t st;
     GPU_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (int vup = 0; vup < 2; vup++) /* the query, then the V up-projection (what the layer launches with PDL) */
     for (unsigned ih = 0; ih < sizeof Hs / sizeof Hs[0]; ih++)
         for (unsigned it = 0; it < sizeof Ts / sizeof Ts[0]; it++)
             for (int p = 0; p < 2; p++)
-                for (int pe = 0; pe < 2; pe++) {
-                    const ops_case c = {0, Hs[ih], Ts[it], p ? 192 : 128, 512, 64, pe, 0, 0};
+                for (int pe = 0; pe < 2 - vup; pe++) {
+                    const ops_case c = vup ? (ops_case){1, Hs[ih], Ts[it], 512, p ? 256 : 128, 0, 0, 0, 0}
+                                           : (ops_case){0, Hs[ih], Ts[it], p ? 192 : 128, 512, 64, pe, 0, 0};
                     const size_t na = ops_a_elems(&c), nw = ops_w_elems(&c), nc = ops_c_elems(&c);
                     uint16_t *ha = malloc(na * 2), *hw = malloc(nw * 2), *hx = malloc(nc * 2), *hy = malloc(nc * 2);
                     uint16_t *da, *dw, *dc;
@@ -905,19 +908,24 @@ START_TEST(pdl_same_bytes)
                     const mlart_bmm_config early = {MLART_BMM_AUTO, 0, 0, 0, 0, 0, 1};
                     const int p0 = mlart_bmm_cuda_path(&d, &plain), pe1 = mlart_bmm_cuda_path(&d, &early);
                     /* where the PDL entry launches plainly, it takes the plain launch's path */
-                    const int p1 = mlart_query_pdl_launch(c.H, c.T, c.K, c.N, pe1) ? pe1 : p0;
+                    const int p1 = vup || mlart_query_pdl_launch(c.H, c.T, c.K, c.N, pe1) ? pe1 : p0;
                     for (int pdl = 0; pdl < 2; pdl++) {
                         GPU_CUDA(cudaMemsetAsync(dc, 0xFF, nc * 2, st));
-                        ck_assert_int_eq((pdl ? mlart_query_bmm_cuda_pdl : mlart_query_bmm_cuda)(
-                                             &v.a, &v.w, &v.c, pe ? &v.pe_in : NULL, pe ? &v.pe_out : NULL, st),
-                                         0);
+                        if (vup)
+                            ck_assert_int_eq(
+                                (pdl ? mlart_v_up_bmm_cuda_pdl : mlart_v_up_bmm_cuda)(&v.a, &v.w, &v.c, st), 0);
+                        else
+                            ck_assert_int_eq((pdl ? mlart_query_bmm_cuda_pdl : mlart_query_bmm_cuda)(
+                                                 &v.a, &v.w, &v.c, pe ? &v.pe_in : NULL, pe ? &v.pe_out : NULL, st),
+                                             0);
                         GPU_CUDA(cudaMemcpyAsync(pdl ? hy : hx, dc, nc * 2, cudaMemcpyDeviceToHost, st));
                     }
                     GPU_CUDA(cudaStreamSynchronize(st));
                     ck_assert_msg(memcmp(hx, hy, nc * 2) == 0,
-                                  "H %lld T %lld P %lld q_pe %d: plain launch (path %d) and PDL launch (path %d) "
-                                  "differ",
-                                  (long long)c.H, (long long)c.T, (long long)c.K, pe, p0, p1);
+                                  "%s H %lld T %lld K %lld N %lld q_pe %d: plain launch (path %d) and PDL launch "
+                                  "(path %d) differ",
+                                  vup ? "v_up" : "query", (long long)c.H, (long long)c.T, (long long)c.K,
+                                  (long long)c.N, pe, p0, p1);
                     for (size_t i = 0; i < nc; i++) { /* equal because written, not because both left poisoned */
                         const int64_t n = (int64_t)(i % (size_t)ops_cs(&c));
                         if (n < c.N || (pe && n < c.N + c.R))
@@ -935,8 +943,9 @@ START_TEST(pdl_same_bytes)
                     cases++;
                 }
     cudaStreamDestroy(st);
-    printf("plain = PDL launch bit for bit: %d cases (the query, H in {1,16,48,64,100,128}, T in "
-           "{1,4,8,9,16,17,32,33,64}, both P, with and without q_pe), %d of them on other paths; seed %#llx\n",
+    printf("plain = PDL launch bit for bit: %d cases (the query and the V up-projection, H in "
+           "{1,16,48,64,100,128}, T in {1,4,8,9,16,17,32,33,64}, both P and V, the query with and without q_pe), "
+           "%d of them on other paths; seed %#llx\n",
            cases, other, (unsigned long long)g_seed);
 }
 END_TEST
