@@ -425,27 +425,38 @@ START_TEST(slice_matrix)
 }
 END_TEST
 
-/* The slice path on the V up-projection (K = 512): T in {1, 2, 3, 4, 5, 8, 11, 16}
- * x H in {1, 11, 128} x V in {128, 256}: plainly with its default (four
- * chains of K, 64 columns a block), with one and two chains, with 32
- * columns a block and two or four chains, and the default with PDL; at
- * T = 1 also rows of x and o that are not 16-byte aligned at T = 5, 7 and 13. */
-START_TEST(vup_slice_matrix)
+/* The V up-projection (K = 512) forced onto cfgs at T x H in {1, 11, 128}
+ * x V in {128, 256}: the first n128 configurations at V = 128, the first
+ * n256 at V = 256.  Returns the cases run. */
+static int vup_forced(int64_t T, const mlart_bmm_config *cfgs, int n128, int n256, uint64_t *rng, ops_stats *s)
 {
     static const int64_t Hs[] = {1, 11, 128};
-    static const mlart_bmm_config cfgs[] = {
-        {MLART_BMM_SLICE, 0, 0, 0, 0, 0, 0},  {MLART_BMM_SLICE, 0, 1, 0, 64, 0, 0}, {MLART_BMM_SLICE, 0, 2, 0, 0, 0, 0},
-        {MLART_BMM_SLICE, 0, 2, 0, 32, 0, 0}, {MLART_BMM_SLICE, 0, 4, 0, 32, 0, 0}, {MLART_BMM_SLICE, 0, 0, 0, 0, 0, 1}};
-    uint64_t rng = g_seed ^ (uint64_t)(_i + 701) * 0x9E3779B97F4A7C15ull;
-    ops_stats s = {0};
-    char what[96];
     int cases = 0;
     for (unsigned ih = 0; ih < 3; ih++)
         for (int vv = 0; vv < 2; vv++) {
-            const ops_case c = {1, Hs[ih], k_slT[_i], 512, vv ? 256 : 128, 0, 0, 0, 0};
-            for (unsigned i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++, cases++)
-                run_case(&c, &cfgs[i], &rng, 0, &s);
+            const ops_case c = {1, Hs[ih], T, 512, vv ? 256 : 128, 0, 0, 0, 0};
+            for (int i = 0; i < (vv ? n256 : n128); i++, cases++)
+                run_case(&c, &cfgs[i], rng, 0, s);
         }
+    return cases;
+}
+
+/* The slice path on the V up-projection: T in {1, 2, 3, 4, 5, 8, 11, 16}
+ * x H in {1, 11, 128} x V in {128, 256}: plainly with its default (two
+ * chains of K, 64 columns a block), with one and four chains, with 32
+ * columns a block and two or four chains, and the default with PDL; at
+ * T = 1 also rows of x and o that are not 16-byte aligned at T = 5, 7 and
+ * 13. */
+START_TEST(vup_slice_matrix)
+{
+    static const mlart_bmm_config cfgs[] = {
+        {MLART_BMM_SLICE, 0, 0, 0, 0, 0, 0},  {MLART_BMM_SLICE, 0, 1, 0, 64, 0, 0}, {MLART_BMM_SLICE, 0, 4, 0, 0, 0, 0},
+        {MLART_BMM_SLICE, 0, 2, 0, 32, 0, 0}, {MLART_BMM_SLICE, 0, 4, 0, 32, 0, 0}, {MLART_BMM_SLICE, 0, 0, 0, 0, 0, 1}};
+    const int n = (int)(sizeof cfgs / sizeof cfgs[0]);
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 701) * 0x9E3779B97F4A7C15ull;
+    ops_stats s = {0};
+    char what[96];
+    int cases = vup_forced(k_slT[_i], cfgs, n, n, &rng, &s);
     if (_i == 0) {
         const ops_case odd[] = {{1, 5, 7, 512, 128, 0, 0, 1, 3}, {1, 3, 5, 512, 256, 0, 0, 3, 1},
                                 {1, 5, 13, 512, 128, 0, 0, 1, 3}};
@@ -468,21 +479,14 @@ END_TEST
  * default 256-column blocks. */
 START_TEST(vup_swap_matrix)
 {
-    static const int64_t Hs[] = {1, 11, 128};
+    static const mlart_bmm_config cfgs[4] = {{MLART_BMM_SWAP, 0, 0, 0, 128, 0, 0},
+                                             {MLART_BMM_SWAP, 64, 0, 0, 128, 0, 0},
+                                             {MLART_BMM_SWAP, 16, 0, 0, 64, 0, 0},
+                                             {MLART_BMM_SWAP, 0, 0, 0, 256, 0, 0}};
     uint64_t rng = g_seed ^ (uint64_t)(_i + 501) * 0x9E3779B97F4A7C15ull;
     ops_stats s = {0};
     char what[96];
-    int cases = 0;
-    for (unsigned ih = 0; ih < 3; ih++)
-        for (int vv = 0; vv < 2; vv++) {
-            const ops_case c = {1, Hs[ih], k_sT[_i], 512, vv ? 256 : 128, 0, 0, 0, 0};
-            const mlart_bmm_config cfgs[4] = {{MLART_BMM_SWAP, 0, 0, 0, 128, 0, 0},
-                                              {MLART_BMM_SWAP, 64, 0, 0, 128, 0, 0},
-                                              {MLART_BMM_SWAP, 16, 0, 0, 64, 0, 0},
-                                              {MLART_BMM_SWAP, 0, 0, 0, 256, 0, 0}};
-            for (int i = 0; i < (vv ? 4 : 3); i++, cases++)
-                run_case(&c, &cfgs[i], &rng, 0, &s);
-        }
+    const int cases = vup_forced(k_sT[_i], cfgs, 3, 4, &rng, &s);
     snprintf(what, sizeof what, "swap path, v_up T=%lld, H in {1,11,128}, V in {128,256}, %d cases",
              (long long)k_sT[_i], cases);
     print_stats(what, &s);
