@@ -1066,10 +1066,9 @@ bool slice_ok(const Desc &d)
 /* The slice kernel's chains of K: two at K = 192 below 128 heads, as the
  * direct kernel (its plain partner there) splits K over two warps; two at
  * K = 512 (the V up-projection: of one, two and four chains and 32- or
- * 64-column blocks, within 0.07 us of the fastest at every shape that
- * takes it plainly, and with PDL but at T = 8 at 64 heads with V = 256 and
- * 128 with V = 128, 0.2 us behind four chains; variants of 2026-12-02
- * 18:58 UTC); one elsewhere, as the swap path and the ring's one-item form
+ * 64-column blocks, within 0.07 us of the fastest at every shape up to
+ * 4 MiB, plainly and with PDL; variants of 2026-12-02 18:58 UTC); one
+ * elsewhere, as the swap path and the ring's one-item form
  * sum K (its partners at 128 heads and at K = 128).
  * mlart_bmm_config.warps forces it (1 or 2, and 4 at K = 512). */
 int slice_split(const Desc &d, const mlart_bmm_config *cfg)
