@@ -124,6 +124,16 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
+/* N mma.sync accumulator fragments set to zero. */
+template <int N> __device__ __forceinline__ void zero_frags(float (&acc)[N][4])
+{
+#pragma unroll
+    for (int j = 0; j < N; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[j][e] = 0.f;
+}
+
 /* Eight bf16 at dst: one 16-byte store when the output rows allow it
  * (Desc.c_vec), else element stores. */
 __device__ __forceinline__ void store8(__nv_bfloat16 *dst, uint4 v, int vec)
@@ -577,11 +587,7 @@ __global__ void __launch_bounds__(256) bmm_direct_kernel(Desc d, int split, int 
             direct_load_a<(MODE == 2 ? KS : 1)>(d, ap, t0 + 24 + g, nhi);
         }
         float acc[CW][4];
-#pragma unroll
-        for (int j = 0; j < CW; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                acc[j][e] = 0.f;
+        zero_frags(acc);
 #pragma unroll
         for (int s = 0; s < KS; s++) {
             const uint32_t af[4] = {alo[s].x, ahi[s].x, alo[s].y, ahi[s].y};
@@ -697,11 +703,7 @@ __global__ void __launch_bounds__(128, 8) bmm_slice_kernel(Desc d)
     if (d.pe_in && blockIdx.x == 0)
         pe_copy_rows(d, h, 0, d.T);
     float acc[TPW][4];
-#pragma unroll
-    for (int j = 0; j < TPW; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            acc[j][e] = 0.f;
+    zero_frags(acc);
     cp_async_wait<0>();
     __syncthreads();
     {

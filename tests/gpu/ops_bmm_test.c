@@ -278,11 +278,13 @@ static const int64_t k_wT[] = {64, 75, 256, 8192};
 
 /* One forced path over H in {1, 11, 128} x P in {128, 192} x (q_pe fused
  * or not) at one T, each case in the configurations cfgs_of gives (at
- * most 8); with `first` also output rows that are not 8-byte aligned
- * (element stores, q_pe out of 16-byte step) in the path's defaults. */
+ * most 8), or where cfgs_of is NULL in the n configurations at `fixed`;
+ * with `first` also output rows that are not 8-byte aligned (element
+ * stores, q_pe out of 16-byte step) in the path's defaults. */
 typedef int (*forced_cfgs_fn)(const ops_case *c, mlart_bmm_config cfgs[8]);
 
-static void forced_matrix(const char *name, int path, int64_t T, int first, uint64_t rng, forced_cfgs_fn cfgs_of)
+static void forced_matrix(const char *name, int path, int64_t T, int first, uint64_t rng, forced_cfgs_fn cfgs_of,
+                          const mlart_bmm_config *fixed, int n_fixed)
 {
     static const int64_t Hs[] = {1, 11, 128};
     ops_stats s = {0};
@@ -293,9 +295,9 @@ static void forced_matrix(const char *name, int path, int64_t T, int first, uint
             for (int pe = 0; pe < 2; pe++) {
                 ops_case c = {0, Hs[ih], T, p ? 192 : 128, 512, 64, pe, 0, 0};
                 mlart_bmm_config cfgs[8];
-                const int n = cfgs_of(&c, cfgs);
+                const int n = cfgs_of ? cfgs_of(&c, cfgs) : n_fixed;
                 for (int i = 0; i < n; i++)
-                    run_case(&c, &cfgs[i], &rng, 0, &s);
+                    run_case(&c, cfgs_of ? &cfgs[i] : &fixed[i], &rng, 0, &s);
                 cases += n;
             }
     if (first) {
@@ -325,7 +327,7 @@ static int wgmma_cfgs(const ops_case *c, mlart_bmm_config cfgs[8])
 START_TEST(wgmma_matrix)
 {
     forced_matrix("wgmma", MLART_BMM_WGMMA, k_wT[_i], _i == 0, g_seed ^ (uint64_t)(_i + 201) * 0x9E3779B97F4A7C15ull,
-                  wgmma_cfgs);
+                  wgmma_cfgs, NULL, 0);
 }
 END_TEST
 
@@ -358,7 +360,7 @@ static int ring_cfgs(const ops_case *c, mlart_bmm_config cfgs[8])
 START_TEST(ring_matrix)
 {
     forced_matrix("ring", MLART_BMM_RING, k_rT[_i], _i == 0, g_seed ^ (uint64_t)(_i + 301) * 0x9E3779B97F4A7C15ull,
-                  ring_cfgs);
+                  ring_cfgs, NULL, 0);
 }
 END_TEST
 
@@ -371,22 +373,14 @@ END_TEST
  * block takes several items, so the ring of stages wraps around. */
 static const int64_t k_sT[] = {1, 4, 8, 9, 16, 64, 75};
 
-static int swap_cfgs(const ops_case *c, mlart_bmm_config cfgs[8])
-{
-    (void)c;
-    cfgs[0] = (mlart_bmm_config){MLART_BMM_SWAP, 0, 0, 0, 0, 0, 0};
-    cfgs[1] = (mlart_bmm_config){MLART_BMM_SWAP, 8, 0, 0, 128, 0, 0};
-    cfgs[2] = (mlart_bmm_config){MLART_BMM_SWAP, 16, 0, 0, 256, 0, 0};
-    cfgs[3] = (mlart_bmm_config){MLART_BMM_SWAP, 0, 0, 0, 512, 0, 0};
-    cfgs[4] = (mlart_bmm_config){MLART_BMM_SWAP, 64, 0, 0, 64, 0, 0};
-    cfgs[5] = (mlart_bmm_config){MLART_BMM_SWAP, 64, 0, 0, 256, 0, 0};
-    return 6;
-}
+static const mlart_bmm_config k_swap_cfgs[] = {
+    {MLART_BMM_SWAP, 0, 0, 0, 0, 0, 0},   {MLART_BMM_SWAP, 8, 0, 0, 128, 0, 0}, {MLART_BMM_SWAP, 16, 0, 0, 256, 0, 0},
+    {MLART_BMM_SWAP, 0, 0, 0, 512, 0, 0}, {MLART_BMM_SWAP, 64, 0, 0, 64, 0, 0}, {MLART_BMM_SWAP, 64, 0, 0, 256, 0, 0}};
 
 START_TEST(swap_matrix)
 {
     forced_matrix("swap", MLART_BMM_SWAP, k_sT[_i], _i == 0, g_seed ^ (uint64_t)(_i + 401) * 0x9E3779B97F4A7C15ull,
-                  swap_cfgs);
+                  NULL, k_swap_cfgs, (int)(sizeof k_swap_cfgs / sizeof k_swap_cfgs[0]));
 }
 END_TEST
 
@@ -397,20 +391,15 @@ END_TEST
  * copied element by element, element stores) at T = 5, 7 and 13. */
 static const int64_t k_slT[] = {1, 2, 3, 4, 5, 8, 11, 16};
 
-static int slice_cfgs(const ops_case *c, mlart_bmm_config cfgs[8])
-{
-    (void)c;
-    cfgs[0] = (mlart_bmm_config){MLART_BMM_SLICE, 0, 0, 0, 0, 0, 0};
-    cfgs[1] = (mlart_bmm_config){MLART_BMM_SLICE, 0, 1, 0, 0, 0, 0};
-    cfgs[2] = (mlart_bmm_config){MLART_BMM_SLICE, 0, 2, 0, 0, 0, 0};
-    cfgs[3] = (mlart_bmm_config){MLART_BMM_SLICE, 0, 0, 0, 0, 0, 1};
-    return 4;
-}
+static const mlart_bmm_config k_slice_cfgs[] = {{MLART_BMM_SLICE, 0, 0, 0, 0, 0, 0},
+                                                 {MLART_BMM_SLICE, 0, 1, 0, 0, 0, 0},
+                                                 {MLART_BMM_SLICE, 0, 2, 0, 0, 0, 0},
+                                                 {MLART_BMM_SLICE, 0, 0, 0, 0, 0, 1}};
 
 START_TEST(slice_matrix)
 {
     forced_matrix("slice", MLART_BMM_SLICE, k_slT[_i], 0, g_seed ^ (uint64_t)(_i + 601) * 0x9E3779B97F4A7C15ull,
-                  slice_cfgs);
+                  NULL, k_slice_cfgs, (int)(sizeof k_slice_cfgs / sizeof k_slice_cfgs[0]));
     if (_i == 0) {
         uint64_t rng = g_seed ^ 0x601ull;
         ops_stats s = {0};
