@@ -1318,13 +1318,16 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c, 
      * weights before its wait is not launched with PDL (as the query's
      * PDL entry bounds it).  Past 4 MiB it was faster plainly too (H64
      * T1 V128 4.70 against 5.07 us, H128 T1 V128 6.86 against 7.04), but
-     * its PDL launch would then have to be a plain one (not measured in
-     * the layer step) or give other bytes. */
-    /* 9-16 rows (variants of 19:43 UTC) at V = 128, the only V measured
-     * there: H16 T16 3.67 against 4.12 us, cuBLAS 3.86; H32 3.97 against
-     * 4.57, cuBLAS 4.32. */
-    const bool vup_slice = wide_k && (d.T <= 8 || (d.T <= 16 && d.N == 128)) &&
-                           d.H * d.K * d.N * 2 <= MLART_QUERY_PDL_DIRECT_MAX;
+     * its PDL launch would then have to be a plain one (slower in the
+     * layer step, below) or give other bytes. */
+    /* 9-16 rows (variants of 19:43 and 20:08 UTC): H16 T16 V128 3.67
+     * against 4.12 us, cuBLAS 3.86; H32 3.97 against 4.57, cuBLAS 4.32;
+     * H16 T16 V256 3.93 against 4.49, cuBLAS 4.30.  Over 4 MiB launched
+     * plainly by the PDL entry (so that both entries give the same bytes)
+     * the layer step was 1.0-1.4 us slower than with the swap path and PDL
+     * at 64 and 128 heads, T <= 8 (mlart-bench attn, 2026-12-02 21:46,
+     * docs/PERF.md), though the plain launch alone was 0.1-0.4 us faster. */
+    const bool vup_slice = wide_k && d.T <= 16 && d.H * d.K * d.N * 2 <= MLART_QUERY_PDL_DIRECT_MAX;
     if ((vup_slice || (!wide_k && slice)) && slice_ok(d)) {
         const mlart_bmm_config lc = {MLART_BMM_SLICE, 0, 0, 0, 0, 0, 0};
         *c = lc;

@@ -742,8 +742,8 @@ END_TEST
  * launched with PDL the slice kernel at T <= 8 and the ring's one-item
  * form at T = 16, with K in halves at P = 192; the one-item form at
  * T = 64), the query forced onto the swap path,
- * and the V up-projection (the slice kernel at T <= 8 and at T = 16 with
- * V = 128, else the swap path; what the layer step launches with PDL).  The
+ * and the V up-projection (the slice kernel at T <= 16, else the swap
+ * path; what the layer step launches with PDL).  The
  * previous kernel here (pdl_late_copy) lets dependents start at once and
  * writes the new input only after 200 us; the op, eager and replayed from
  * a graph, must give exactly the output of the new input, with the op
@@ -793,7 +793,7 @@ START_TEST(pdl_order)
                 desc_from_views(&c, &v, &d);
                 {
                     const int path = mlart_bmm_cuda_path(&d, &cfg);
-                    const int want = kind == 2 && (c.T <= 8 || (c.T <= 16 && c.N == 128)) ? MLART_BMM_SLICE
+                    const int want = kind == 2 && c.T <= 16 ? MLART_BMM_SLICE
                                      : kind          ? MLART_BMM_SWAP
                                      : c.T > 32        ? MLART_BMM_RING
                                      : pdl && c.T <= 8 ? MLART_BMM_SLICE
@@ -854,7 +854,7 @@ START_TEST(pdl_order)
             }
     cudaStreamDestroy(st);
     printf("pdl order: %d cases (H16, T in {1,4,16,64}, plain and PDL launch: the query with q_pe fused, both P, "
-           "direct kernel at T <= 16 plainly, the slice kernel with PDL at T <= 8, the ring's one-item form at 64 and with PDL at T = 16 and 64 (K in halves at P = 192, T = 16), and on the swap path; the V up-projection, both V, the slice kernel at T <= 16 with V = 128 and at T <= 8 with V = 256, else the swap path): "
+           "direct kernel at T <= 16 plainly, the slice kernel with PDL at T <= 8, the ring's one-item form at 64 and with PDL at T = 16 and 64 (K in halves at P = 192, T = 16), and on the swap path; the V up-projection, both V, the slice kernel at T <= 16, else the swap path): "
            "the op's output is that of an input written late by the previous kernel, eager and in a graph; "
            "control: a dependent that "
            "does not wait read old bytes in a graph %s, eagerly %s\n",
