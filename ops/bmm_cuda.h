@@ -37,7 +37,7 @@ enum {
     MLART_BMM_TILED = 3,   /* larger T: 64 or 128 x 128 shared-memory tiles, cp.async + mma.sync */
     MLART_BMM_PSTREAM = 4, /* decode: STREAM on a persistent grid that prefetches its next item */
     MLART_BMM_DIRECT = 5,  /* decode: W and a straight into registers, no shared-memory staging */
-    MLART_BMM_WGMMA = 6,   /* prefill (sm_90a): persistent wgmma, weight slice resident in shared memory */
+    MLART_BMM_WGMMA = 6,   /* prefill (sm_90a): persistent wgmma, weight slice resident in shared memory (K <= 192, or 512) */
     MLART_BMM_RING = 7,    /* decode (sm_90a): wgmma per (head, row tile, slice) item through a ring of stages */
     MLART_BMM_SWAP = 8,    /* decode (sm_90a): weights streamed by the TMA as wgmma's A operand, tokens as N */
     MLART_BMM_SLICE = 9    /* decode, T <= 16, K 128, 192 or 512: a block per (head, 64 columns), weights by cp.async */
@@ -56,7 +56,9 @@ typedef struct mlart_bmm_config {
     int groups;
     /* WGMMA: `mt` row-tile chunks per (head, column slice), 0 = auto;
      * `warps` warpgroups per block (1 or 2, 0 = 2); `cols` columns per
-     * slice (128 or 256, 0 = 256) */
+     * slice (128 or 256, 0 = 256).  At K = 512 (the V up-projection):
+     * two warpgroups (`warps` 0 or 2) and a TMA-fed ring of K blocks,
+     * `cols` 64 or 128 (0 = 128), no q_pe copy */
     /* RING: `cols` columns per slice (64 or 128, 0 = 128); `mt` stages of
      * the ring (1, 2, 3, 4 or 6; 0 = as many as fit); `groups` blocks an
      * SM (1 to 4, 0 = 1); `warps` 1: one item a block, its K blocks in

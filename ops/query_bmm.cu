@@ -1440,6 +1440,21 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c, 
             return;
         }
     }
+    if (wide_k && d.T > 64) {
+        /* The V up-projection past 64 token rows: the wgmma path at K =
+         * 512 (bmm_kstream_kernel in ops/query_bmm_wgmma.cu), row-tile
+         * chunks filling every SM; 64-column slices while the 128-column
+         * ones number at most a quarter of the SMs (variants of 2026-12-02
+         * 21:59 UTC, docs/ops.md: H16 T192 V128 5.6 us against 6.4 with
+         * 128 columns and 9.0 tiled; H128 T192 V128 16.6 against 18.7 with
+         * 64 columns and 24.5 tiled). */
+        const int cols = d.H * (d.N / 128) <= sms / 4 ? 64 : 128;
+        if (wgmma_ok(pub, 0, cols)) {
+            const mlart_bmm_config wc = {MLART_BMM_WGMMA, 0, 0, 0, cols, 0, 0};
+            *c = wc;
+            return;
+        }
+    }
     if (!stream_ok(d))
         return;
     c->path = MLART_BMM_STREAM;

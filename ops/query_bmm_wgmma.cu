@@ -37,6 +37,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <atomic>
 
@@ -975,6 +976,142 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
 #endif
 }
 
+/* K = 512 (the V up-projection's L) on the wgmma path, prefill-sized T.
+ * The weight slice (512 x BN, 64 or 128 KB) stays in shared memory for a
+ * whole item, as above, but a 64-row activation tile (64 KB at K = 512)
+ * no longer fits twice beside it: the tiles come in K blocks (64 rows x 64
+ * of K, 8 KB) copied by the TMA.  Warp 8 is the producer (one thread): for
+ * each item the weight slice (BN/64 x 8 boxes of 64 x 64, one `wfull`
+ * barrier), then every K block of every row tile of the item in order.
+ * Warpgroups 0 and 1 take the item's row tiles in turn (tile r0 + wg, r0 +
+ * wg + 2, ...), each through a ring of its own of NSW stages: the n-th K
+ * block a warpgroup takes (counted over all its items) sits in its stage
+ * n % NSW with parity (n / NSW) & 1.  (One ring shared by both would let a
+ * warpgroup wait on a stage whose previous K block, the other's, has not
+ * landed yet, and a parity wait cannot tell that phase from its own.)  Per
+ * K block: wait `full`, four wgmma m64nBNk16, commit; the stage of the
+ * previous block is released on `empty` (one arrival a warp) once at most
+ * the current group is in flight.  The tile's result leaves the registers
+ * as in store_tile while the other warpgroup multiplies.  At an item's end
+ * every consumer warp arrives on `wempty` (8 arrivals), and only then does
+ * the producer overwrite the weights.
+ *
+ * Read-exact: both tensor maps describe exactly the views' elements
+ * (encode_swap_maps: weights {64, K, N/64, H}, the activation {K, T, H}
+ * or {K, H, T}); rows t >= T lie outside the map (zeros, nothing read).
+ * Writes: t < T, n < N (store_tile); no q_pe (refused with K = 512). */
+constexpr int KS_THREADS = 288;
+constexpr int KS_K = 512;
+__host__ __device__ constexpr size_t kstream_smem(int bn, int nsw)
+{
+    return (size_t)KS_K * bn * 2 + (size_t)2 * nsw * 8192 + 1024;
+}
+
+template <int BN, int NSW>
+__global__ void __launch_bounds__(KS_THREADS, 1) bmm_kstream_kernel(const __grid_constant__ SwapParams sp)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int KB = KS_K / 64;
+    constexpr uint32_t W_BYTES = (uint32_t)KS_K * BN * 2, ST = 8192;
+    const WParams &p = sp.p;
+    extern __shared__ unsigned char smem_raw[];
+    /* full[w][s], then empty[w][s], then wfull, wempty */
+    __shared__ __align__(8) uint64_t bars[4 * NSW + 2];
+    const uint32_t ws = (smem_u32(smem_raw) + 1023u) & ~1023u, as0 = ws + W_BYTES;
+    const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[2 * NSW]);
+    const uint32_t wfull = smem_u32(&bars[4 * NSW]), wempty = smem_u32(&bars[4 * NSW + 1]);
+    const int tid = threadIdx.x;
+    const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0); /* warp-uniform to the compiler */
+    if (warp == 8) {
+        if (tid == 256) {
+            asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)&sp.tw) : "memory");
+            asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)&sp.ta) : "memory");
+#pragma unroll
+            for (int s = 0; s < 2 * NSW; s++) {
+                mbar_init(full0 + 8 * s, 1);
+                mbar_init(empty0 + 8 * s, 4);
+            }
+            mbar_init(wfull, 1);
+            mbar_init(wempty, 8);
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncwarp();
+        asm volatile("bar.arrive 2, 288;" ::: "memory");
+        if (tid == 256) {
+            uint32_t n0 = 0, n1 = 0, wph = 0; /* K blocks copied for warpgroups 0 and 1 */
+            for (int item = blockIdx.x; item < p.items; item += gridDim.x, wph ^= 1) {
+                const int nh = item % p.nslice, rest = item / p.nslice;
+                const int s = rest % p.splits, h = rest / p.splits;
+                const int r0 = (int)((int64_t)s * p.rt / p.splits), r1 = (int)((int64_t)(s + 1) * p.rt / p.splits);
+                mbar_wait(wempty, wph ^ 1); /* passes at once for the first item */
+                mbar_expect_tx(wfull, W_BYTES);
+#pragma unroll
+                for (int cb = 0; cb < BN / 64; cb++)
+#pragma unroll
+                    for (int b = 0; b < KB; b++)
+                        tma_load_4d(ws + (uint32_t)cb * (KS_K * 128) + (uint32_t)b * 8192, &sp.tw, 0, 64 * b,
+                                    nh * (BN / 64) + cb, h, wfull);
+                for (int tile = r0; tile < r1; tile++) {
+                    const int w = (tile - r0) & 1;
+                    uint32_t n = w ? n1 : n0;
+                    for (int b = 0; b < KB; b++, n++) {
+                        const uint32_t st = (uint32_t)w * NSW + n % NSW, ph = (n / NSW) & 1;
+                        mbar_wait(empty0 + 8 * st, ph ^ 1);
+                        mbar_expect_tx(full0 + 8 * st, ST);
+                        if (sp.a_headmaj)
+                            tma_load_3d(as0 + st * ST, &sp.ta, 64 * b, tile * WG_BM, h, full0 + 8 * st);
+                        else
+                            tma_load_3d(as0 + st * ST, &sp.ta, 64 * b, h, tile * WG_BM, full0 + 8 * st);
+                    }
+                    (w ? n1 : n0) = n;
+                }
+            }
+        }
+        return;
+    }
+    named_bar_sync(2, 288); /* the barriers are initialised */
+    const int wg = warp >> 2, wt = tid & 127, lane = tid & 31;
+    uint32_t n = 0, wph = 0; /* n: K blocks this warpgroup has taken */
+    float acc[BN / 2];
+    for (int item = blockIdx.x; item < p.items; item += gridDim.x, wph ^= 1) {
+        const int nh = item % p.nslice, rest = item / p.nslice;
+        const int s = rest % p.splits, h = rest / p.splits;
+        const int r0 = (int)((int64_t)s * p.rt / p.splits), r1 = (int)((int64_t)(s + 1) * p.rt / p.splits);
+        mbar_wait(wfull, wph);
+        for (int tile = r0 + wg; tile < r1; tile += 2) {
+            uint32_t prev = 0;
+#pragma unroll
+            for (int b = 0; b < KB; b++, n++) {
+                const uint32_t st = (uint32_t)wg * NSW + n % NSW;
+                mbar_wait(full0 + 8 * st, (n / NSW) & 1);
+                reg_fence(acc);
+                asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+                    wgmma_bn(acc, smem_desc(as0 + st * ST + kk * 32, 16, 1024),
+                             smem_desc(ws + (uint32_t)(4 * b + kk) * 2048, KS_K * 128, 1024), b > 0 || kk > 0);
+                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+                if (b > 0) {
+                    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+                    if (lane == 0)
+                        mbar_arrive(empty0 + 8 * prev); /* this warp no longer reads that stage */
+                }
+                prev = st;
+            }
+            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+            reg_fence(acc);
+            if (lane == 0)
+                mbar_arrive(empty0 + 8 * prev);
+            store_tile<BN>(p, acc, h, (int64_t)tile * WG_BM, (int64_t)nh * BN, nh, wt);
+        }
+        if (lane == 0)
+            mbar_arrive(wempty); /* this warp's multiplies of the item's weights are done */
+    }
+#else
+    __trap(); /* built without sm_90a: mlart_bmm_wgmma_ok refuses the path */
+#endif
+}
+
 bool aligned16(const void *p, int64_t s0, int64_t s1)
 {
     return ((uintptr_t)p % 16) == 0 && (s0 * 2) % 16 == 0 && (s1 * 2) % 16 == 0;
@@ -1158,9 +1295,23 @@ static void device_facts(int *major, int *sms)
     }
 }
 
+static int swap_maps_fit(const mlart_bmm_desc *d);
+static int encode_swap_maps(const mlart_bmm_desc *d, int bm, int nt, SwapParams &sp);
+
 extern "C" int mlart_bmm_wgmma_ok(const mlart_bmm_desc *d, int nwg, int bn)
 {
     int major = 0, sms = 0;
+    if (d->K == KS_K) { /* bmm_kstream_kernel: two warpgroups, 64- or 128-column slices (0 = 128) */
+        bn = bn ? bn : 128;
+        if ((nwg != 0 && nwg != 2) || (bn != 64 && bn != 128) || d->N < bn || d->N % bn != 0 || d->pe_in)
+            return 0;
+        if (!aligned16(d->a, d->a_sh, d->a_st) || !aligned16(d->w, d->w_sh, d->w_sk))
+            return 0;
+        if (d->T > ((int64_t)1 << 40) || d->H * (d->N / bn) * ((d->T + WG_BM - 1) / WG_BM) >= ((int64_t)1 << 31))
+            return 0;
+        device_facts(&major, &sms);
+        return major == 9 && swap_maps_fit(d);
+    }
     nwg = nwg ? nwg : 2;
     bn = bn ? bn : 256;
     if (nwg < 1 || nwg > 2 || (bn != 128 && bn != 256) || d->K < 64 || d->K > 192 || d->K % 64 != 0 || d->N < bn ||
@@ -1208,6 +1359,34 @@ static void make_params(const mlart_bmm_desc *d, int bn, WParams &p)
     p.items = (int)(d->H * p.nslice);
 }
 
+/* bmm_kstream_kernel over d: one block an SM (the weight slice and the
+ * ring take 225 KB); `splits` row-tile chunks per (head, slice), 0: as
+ * many as fill every SM, down to one tile a chunk. */
+template <int BN> cudaError_t launch_kstream(const mlart_bmm_desc *d, int splits, int sms, cudaStream_t st)
+{
+    constexpr int NSW = BN == 128 ? 6 : 10; /* stages a warpgroup: 96 or 160 KB of them in all */
+    constexpr size_t smem = kstream_smem(BN, NSW);
+    static_assert(smem + (4 * NSW + 2) * 8 <= 227 * 1024, "bmm_kstream_kernel: shared memory");
+    SwapParams sp;
+    memset(&sp, 0, sizeof sp);
+    if (!encode_swap_maps(d, 64, WG_BM, sp))
+        return cudaErrorInvalidValue;
+    make_params(d, BN, sp.p);
+    const int64_t pairs = sp.p.items; /* H * nslice */
+    if (splits <= 0)
+        splits = (int)(sms / pairs < 1 ? 1 : sms / pairs);
+    if (splits > sp.p.rt)
+        splits = sp.p.rt;
+    sp.p.splits = splits;
+    sp.p.items *= splits;
+    cudaError_t e =
+        cudaFuncSetAttribute(bmm_kstream_kernel<BN, NSW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess)
+        return e;
+    bmm_kstream_kernel<BN, NSW><<<(unsigned)(sp.p.items < sms ? sp.p.items : sms), KS_THREADS, smem, st>>>(sp);
+    return cudaGetLastError();
+}
+
 extern "C" int mlart_bmm_wgmma_run(const mlart_bmm_desc *d, int splits, int nwg, int bn, void *stream)
 {
     WParams p;
@@ -1218,6 +1397,8 @@ extern "C" int mlart_bmm_wgmma_run(const mlart_bmm_desc *d, int splits, int nwg,
     device_facts(&major, &sms);
     if (sms < 1)
         return (int)cudaErrorInvalidDevice;
+    if (d->K == KS_K)
+        return (int)(bn == 64 ? launch_kstream<64>(d, splits, sms, st) : launch_kstream<128>(d, splits, sms, st));
     make_params(d, bn, p); /* items times the splits in launch() */
     switch ((int)(d->K / 64) * 16 + nwg * 4 + (bn == 256)) {
     case 16 + 4: return (int)launch<1, 1, 128>(p, splits, sms, st);

@@ -747,8 +747,8 @@ int bench_vup(const mlart_bench_opts *o, cublasHandle_t hb)
     const mlart_bench_table t = {"v_up_bmm: out[H,T,L] x W_UV[H,L,V] -> o[T,H*V], L=512", "shape", 22, cols,
                                  (int)(sizeof cols / sizeof cols[0])};
     static const int64_t Ts[] = {1, 4, 16, 64, 256, 8192};
-    double xs[64];
-    int wrong = 0, n = 0;
+    double xs[64], worst_pre = 0; /* worst_pre: ours / cuBLAS at T >= 256 */
+    int wrong = 0, n = 0, npre = 0;
     char line[256];
     mlart_bench_table_head(o, &t);
     for (int vv = 0; vv < 2; vv++)
@@ -786,12 +786,21 @@ int bench_vup(const mlart_bench_opts *o, cublasHandle_t hb)
                 wrong += !(v[7] <= kTolerance);
                 if (c.T <= 64 && n < 64)
                     xs[n++] = v[5];
+                if (c.T >= 256) {
+                    worst_pre = fmax(worst_pre, v[0] / v[3]);
+                    npre++;
+                }
                 mlart_bench_table_row(o, &t, name, v);
                 free_sets(c);
             }
     if (n) {
         snprintf(line, sizeof line, "v_up_bmm decode (T<=64), %d shapes: geomean speedup vs cublas %.2fx", n,
                  geomean(xs, n));
+        mlart_bench_summary(o, t.title, line);
+    }
+    if (npre) {
+        snprintf(line, sizeof line, "v_up_bmm prefill-sized (T>=256), %d shapes: worst ours/cublas %.3f", npre,
+                 worst_pre);
         mlart_bench_summary(o, t.title, line);
     }
     return wrong;
@@ -821,7 +830,7 @@ int bench_variants(const mlart_bench_opts *o, cublasHandle_t hb)
                 for (int it = 0; it < (int)(sizeof Ts / sizeof Ts[0]); it++) {
                     Ctx c;
                     memset(&c, 0, sizeof c);
-                    if (vup && Ts[it] > 64)
+                    if (vup && Ts[it] > 64 && Ts[it] < 128)
                         continue;
                     c.vup = vup;
                     c.hb = hb;
@@ -848,7 +857,7 @@ int bench_variants(const mlart_bench_opts *o, cublasHandle_t hb)
                         cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_TILED, 0, 0, 64, 0, 0};
                     if (c.T >= 256)
                         cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_TILED, 0, 0, 128, 0, 0};
-                    if (c.T >= 256) { /* prefill: the staged direct kernel with many row tiles a block */
+                    if (c.T >= 256 && !vup) { /* prefill: the staged direct kernel with many row tiles a block */
                         static const int pv[][4] = {{32, 1, 4, 4}, {32, 1, 4, 8}, {32, 1, 4, 16}, {64, 2, 2, 4},
                                                     {64, 2, 2, 8}, {32, 2, 2, 8}, {32, 2, 2, 16}, {64, 1, 4, 8}};
                         for (unsigned k = 0; k < sizeof pv / sizeof pv[0]; k++) {
@@ -863,6 +872,11 @@ int bench_variants(const mlart_bench_opts *o, cublasHandle_t hb)
                                                     {0, 2, 128}, {0, 1, 128}, {1, 1, 128}, {4, 1, 128}};
                         for (unsigned k = 0; k < sizeof wv / sizeof wv[0]; k++)
                             cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_WGMMA, wv[k][0], wv[k][1], 0, wv[k][2], 0};
+                    }
+                    if (vup && c.T >= 128) { /* wgmma at K = 512: {row chunks, columns a slice} */
+                        static const int wv[][2] = {{0, 128}, {0, 64}, {1, 128}, {2, 128}, {1, 64}, {2, 64}};
+                        for (unsigned k = 0; k < sizeof wv / sizeof wv[0]; k++)
+                            cfgs[ncfg++] = (mlart_bmm_config){MLART_BMM_WGMMA, wv[k][0], 2, 0, wv[k][1], 0};
                     }
                     if (!vup && c.T <= 256) { /* ring: {columns a slice, stages (0: as many as fit), blocks an SM} */
                         static const int rv[][3] = {{128, 0, 1}, {64, 0, 1}, {128, 2, 2}, {64, 2, 2},

@@ -430,6 +430,101 @@ static int vup_forced(int64_t T, const mlart_bmm_config *cfgs, int n128, int n25
     return cases;
 }
 
+/* The wgmma path on the V up-projection (K = 512: the weight slice
+ * resident, the activation through a TMA-fed ring of K blocks): T in {65,
+ * 256, 1000, 8192} x H in {1, 11, 128} x V in {128, 256}: the default
+ * (128-column slices, chunks filling every SM), 64-column slices in one
+ * chunk a (head, slice), 128 columns in three chunks; at T = 8192 the
+ * default only.  At T = 300 also output rows that are not 8-byte aligned
+ * (element stores) and, automatically chosen, activation rows that are not
+ * 16-byte aligned (the TMA cannot describe them: another path). */
+static const int64_t k_vwT[] = {65, 256, 1000, 8192};
+
+/* Every output element of c on the forced wgmma path, twice, against the
+ * tiled path on the same inputs: the two wgmma runs equal bit for bit (a
+ * race between the copies and the multiplies would show as a difference
+ * somewhere in the output, which a sample of elements can miss) and each
+ * element within two bf16 roundings of the tiled one (another summation
+ * order in fp32). */
+static void vup_wgmma_whole(const ops_case *c, uint64_t *rng)
+{
+    const mlart_bmm_config wg = {MLART_BMM_WGMMA, 0, 0, 0, 0, 0, 0}, tiled = {MLART_BMM_TILED, 0, 0, 0, 0, 0, 0};
+    const size_t na = ops_a_elems(c), nw = ops_w_elems(c), nc = ops_c_elems(c);
+    uint16_t *ha = malloc(na * 2), *hw = malloc(nw * 2), *h[3];
+    uint16_t *da, *dw, *dc;
+    long long bad = 0;
+    ck_assert(ha && hw);
+    ops_fill_bf16(ha, na, rng);
+    ops_fill_bf16(hw, nw, rng);
+    GPU_CUDA(cudaMalloc((void **)&da, na * 2));
+    GPU_CUDA(cudaMalloc((void **)&dw, nw * 2));
+    GPU_CUDA(cudaMalloc((void **)&dc, nc * 2));
+    GPU_CUDA(cudaMemcpy(da, ha, na * 2, cudaMemcpyHostToDevice));
+    GPU_CUDA(cudaMemcpy(dw, hw, nw * 2, cudaMemcpyHostToDevice));
+    const ops_views v = ops_make_views(c, 0, da, na * 2, dw, nw * 2, dc, nc * 2);
+    for (int r = 0; r < 3; r++) {
+        h[r] = malloc(nc * 2);
+        ck_assert(h[r]);
+        GPU_CUDA(cudaMemset(dc, 0xFF, nc * 2));
+        ck_assert_int_eq(run_op(c, &v, r < 2 ? &wg : &tiled, 0), 0);
+        GPU_CUDA(cudaDeviceSynchronize());
+        GPU_CUDA(cudaMemcpy(h[r], dc, nc * 2, cudaMemcpyDeviceToHost));
+    }
+    ck_assert_msg(memcmp(h[0], h[1], nc * 2) == 0, "v_up H %lld T %lld V %lld: two wgmma runs differ", (long long)c->H,
+                  (long long)c->T, (long long)c->N);
+    for (size_t i = 0; i < nc; i++) {
+        const double x = mlart_bf16_to_f32(h[0][i]), y = mlart_bf16_to_f32(h[2][i]);
+        bad += !(fabs(x - y) <= ldexp(fmax(fabs(x), fabs(y)), -7) + 1e-30);
+    }
+    ck_assert_msg(bad == 0, "v_up H %lld T %lld V %lld: %lld of %zu elements off the tiled path's by more than two bf16 roundings",
+                  (long long)c->H, (long long)c->T, (long long)c->N, bad, nc);
+    printf("wgmma path, v_up H %lld T %lld V %lld: all %zu elements equal in two runs, within two bf16 roundings of the "
+           "tiled path\n",
+           (long long)c->H, (long long)c->T, (long long)c->N, nc);
+    for (int r = 0; r < 3; r++)
+        free(h[r]);
+    cudaFree(da);
+    cudaFree(dw);
+    cudaFree(dc);
+    free(ha);
+    free(hw);
+}
+
+START_TEST(vup_wgmma_matrix)
+{
+    static const mlart_bmm_config cfgs[] = {{MLART_BMM_WGMMA, 0, 0, 0, 0, 0, 0},
+                                            {MLART_BMM_WGMMA, 1, 2, 0, 64, 0, 0},
+                                            {MLART_BMM_WGMMA, 3, 0, 0, 128, 0, 0}};
+    const int n = k_vwT[_i] == 8192 ? 1 : (int)(sizeof cfgs / sizeof cfgs[0]);
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 801) * 0x9E3779B97F4A7C15ull;
+    ops_stats s = {0};
+    char what[96];
+    int cases = vup_forced(k_vwT[_i], cfgs, n, n, &rng, &s);
+    if (_i == 0) {
+        const ops_case cpad = {1, 3, 300, 512, 128, 0, 0, 0, 3}, apad = {1, 3, 300, 512, 256, 0, 0, 1, 0};
+        mlart_bmm_desc d;
+        ops_views v;
+        run_case(&cpad, &cfgs[0], &rng, 0, &s);
+        run_case(&apad, NULL, &rng, 0, &s);
+        cases += 2;
+        v = ops_make_views(&apad, 0, (void *)(uintptr_t)256, ops_a_elems(&apad) * 2, (void *)(uintptr_t)256,
+                           ops_w_elems(&apad) * 2, (void *)(uintptr_t)256, ops_c_elems(&apad) * 2);
+        desc_from_views(&apad, &v, &d);
+        ck_assert_int_ne(mlart_bmm_cuda_path(&d, NULL), MLART_BMM_WGMMA);
+        ck_assert_int_eq(mlart_bmm_cuda_path(&d, &cfgs[0]), -1);
+    }
+    if (k_vwT[_i] == 8192) /* two items a block at V = 256 (256 slices over 132 SMs) */
+        for (int vv = 0; vv < 2; vv++) {
+            const ops_case big = {1, 128, 8192, 512, vv ? 256 : 128, 0, 0, 0, 0};
+            vup_wgmma_whole(&big, &rng);
+        }
+    snprintf(what, sizeof what, "wgmma path, v_up T=%lld, H in {1,11,128}, V in {128,256}, %d cases",
+             (long long)k_vwT[_i], cases);
+    print_stats(what, &s);
+    check_norm(&s);
+}
+END_TEST
+
 /* The slice path on the V up-projection: T in {1, 2, 3, 4, 5, 8, 11, 16}
  * x H in {1, 11, 128} x V in {128, 256}: plainly with its default (two
  * chains of K, 64 columns a block), with one and four chains, with 32
@@ -514,8 +609,13 @@ START_TEST(paths)
             ops_case x = {1, 2, Ts[it], 512, 256, 0, 0, 0, 8};
             mlart_bmm_config cv = cfgs[ic];
             run_case(&q, &cfgs[ic], &rng, 0, &s);
-            if (cv.path == MLART_BMM_WGMMA || cv.path == MLART_BMM_RING || cv.path == MLART_BMM_SWAP)
+            if (cv.path == MLART_BMM_RING || cv.path == MLART_BMM_SWAP)
                 continue; /* K = 512 is not served */
+            if (cv.path == MLART_BMM_WGMMA) { /* K = 512: two warpgroups, a ring of K blocks */
+                cv.warps = 0;
+                run_case(&x, &cv, &rng, 0, &s);
+                continue;
+            }
             if (cv.warps) /* K = 512: 32 k-steps; 8 warps suit every row tile */
                 cv.warps = 8;
             if (cv.path == MLART_BMM_DIRECT && cv.groups) /* 8 warps split K: one column group a block */
@@ -563,9 +663,13 @@ START_TEST(paths)
             wg.warps = 0;
             wg.cols = 192; /* 128- or 256-column slices */
             ck_assert_int_eq(mlart_bmm_cuda_run(&d, &wg, 0), MLART_ENOTSUP);
-            wg.cols = 0;
-            d.K = 512; /* the V up-projection's K */
+            wg.cols = 256;
+            d.K = 512; /* the V up-projection's K: 64- or 128-column slices */
             ck_assert_int_eq(mlart_bmm_cuda_run(&d, &wg, 0), MLART_ENOTSUP);
+            wg.cols = 0;
+            wg.warps = 1; /* K = 512: two warpgroups */
+            ck_assert_int_eq(mlart_bmm_cuda_run(&d, &wg, 0), MLART_ENOTSUP);
+            wg.warps = 0;
             d.a = (const void *)(uintptr_t)2;
             d.a_st = 131;
             d.K = 128;
@@ -1008,6 +1112,7 @@ int main(void)
     tcase_add_loop_test(tc, query_matrix, 0, (int)(sizeof k_T / sizeof k_T[0]));
     tcase_add_loop_test(tc, vup_matrix, 0, (int)(sizeof k_T / sizeof k_T[0]));
     tcase_add_loop_test(tc, wgmma_matrix, 0, (int)(sizeof k_wT / sizeof k_wT[0]));
+    tcase_add_loop_test(tc, vup_wgmma_matrix, 0, (int)(sizeof k_vwT / sizeof k_vwT[0]));
     tcase_add_loop_test(tc, ring_matrix, 0, (int)(sizeof k_rT / sizeof k_rT[0]));
     tcase_add_loop_test(tc, swap_matrix, 0, (int)(sizeof k_sT / sizeof k_sT[0]));
     tcase_add_loop_test(tc, slice_matrix, 0, (int)(sizeof k_slT / sizeof k_slT[0]));
