@@ -1077,6 +1077,8 @@ __global__ void __launch_bounds__(KS_THREADS, 1) bmm_kstream_kernel(const __grid
         const int nh = item % p.nslice, rest = item / p.nslice;
         const int s = rest % p.splits, h = rest / p.splits;
         const int r0 = (int)((int64_t)s * p.rt / p.splits), r1 = (int)((int64_t)(s + 1) * p.rt / p.splits);
+        /* with a tile in this item or not: so that a warpgroup without one
+         * cannot arrive on wempty for two items in one of its phases */
         mbar_wait(wfull, wph);
         for (int tile = r0 + wg; tile < r1; tile += 2) {
             uint32_t prev = 0;
