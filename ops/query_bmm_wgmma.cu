@@ -750,6 +750,19 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map
                  : "memory");
 }
 
+/* After K block b's wgmma are issued: commit them and, from the second
+ * block on, wait until at most this group is in flight and release the
+ * previous block's stage (`empty` counts one arrival a warp). */
+__device__ __forceinline__ void wgmma_commit_release(int b, int lane, uint32_t prev_empty)
+{
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    if (b > 0) {
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+        if (lane == 0)
+            mbar_arrive(prev_empty); /* this warp no longer reads that stage */
+    }
+}
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* d (+)= A[64 x 16] x B[16 x NT]: A M-major (imm-trans-a 1), B K-major. */
 __device__ __forceinline__ void wgmma_swap(float (&d)[8], uint64_t da, uint64_t db, int accumulate)
@@ -901,12 +914,7 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
                     wgmma_swap(acc[mw], smem_desc(st + (uint32_t)mw * 8192 + kk * 2048, 8192, 1024), db,
                                b > 0 || kk > 0);
             }
-            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-            if (b > 0) {
-                asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-                if (lane == 0)
-                    mbar_arrive(empty0 + 8 * prev); /* this warp no longer reads that stage */
-            }
+            wgmma_commit_release(b, lane, empty0 + 8 * prev);
             prev = s;
             if (++s == NST) {
                 s = 0;
@@ -1092,12 +1100,7 @@ __global__ void __launch_bounds__(KS_THREADS, 1) bmm_kstream_kernel(const __grid
                 for (int kk = 0; kk < 4; kk++)
                     wgmma_bn(acc, smem_desc(as0 + st * ST + kk * 32, 16, 1024),
                              smem_desc(ws + (uint32_t)(4 * b + kk) * 2048, KS_K * 128, 1024), b > 0 || kk > 0);
-                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-                if (b > 0) {
-                    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-                    if (lane == 0)
-                        mbar_arrive(empty0 + 8 * prev); /* this warp no longer reads that stage */
-                }
+                wgmma_commit_release(b, lane, empty0 + 8 * prev);
                 prev = st;
             }
             asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
@@ -1303,31 +1306,22 @@ static int encode_swap_maps(const mlart_bmm_desc *d, int bm, int nt, SwapParams 
 extern "C" int mlart_bmm_wgmma_ok(const mlart_bmm_desc *d, int nwg, int bn)
 {
     int major = 0, sms = 0;
-    if (d->K == KS_K) { /* bmm_kstream_kernel: two warpgroups, 64- or 128-column slices (0 = 128) */
-        bn = bn ? bn : 128;
-        if ((nwg != 0 && nwg != 2) || (bn != 64 && bn != 128) || d->N < bn || d->N % bn != 0 || d->pe_in)
-            return 0;
-        if (!aligned16(d->a, d->a_sh, d->a_st) || !aligned16(d->w, d->w_sh, d->w_sk))
-            return 0;
-        if (d->T > ((int64_t)1 << 40) || d->H * (d->N / bn) * ((d->T + WG_BM - 1) / WG_BM) >= ((int64_t)1 << 31))
-            return 0;
-        device_facts(&major, &sms);
-        return major == 9 && swap_maps_fit(d);
-    }
+    const bool wide = d->K == KS_K; /* bmm_kstream_kernel: two warpgroups, 64- or 128-column slices (0 = 128) */
     nwg = nwg ? nwg : 2;
-    bn = bn ? bn : 256;
-    if (nwg < 1 || nwg > 2 || (bn != 128 && bn != 256) || d->K < 64 || d->K > 192 || d->K % 64 != 0 || d->N < bn ||
-        d->N % bn != 0)
+    bn = bn ? bn : wide ? 128 : 256;
+    if (wide ? nwg != 2 || (bn != 64 && bn != 128) || d->pe_in
+             : nwg < 1 || nwg > 2 || (bn != 128 && bn != 256) || d->K < 64 || d->K > 192 || d->K % 64 != 0 ||
+                   wgmma_smem((int)(d->K / 64), nwg, bn) > 227 * 1024)
         return 0;
-    if (wgmma_smem((int)(d->K / 64), nwg, bn) > 227 * 1024)
+    if (d->N < bn || d->N % bn != 0)
         return 0;
     if (!aligned16(d->a, d->a_sh, d->a_st) || !aligned16(d->w, d->w_sh, d->w_sk))
         return 0;
     if (d->T > ((int64_t)1 << 40) || d->H * (d->N / bn) * ((d->T + WG_BM - 1) / WG_BM) >= ((int64_t)1 << 31))
         return 0;
-    /* wgmma exists on sm_90a only */
+    /* wgmma exists on sm_90a only; at K = 512 the TMA must describe the views */
     device_facts(&major, &sms);
-    return major == 9;
+    return major == 9 && (!wide || swap_maps_fit(d));
 }
 
 /* The kernels' parameters for d with bn-column slices; items counts (head,

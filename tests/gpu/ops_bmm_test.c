@@ -158,21 +158,15 @@ static void run_case(const ops_case *c, const mlart_bmm_config *cfg, uint64_t *r
 {
     char tag[160];
     const size_t na = ops_a_elems(c), nw = ops_w_elems(c), nc = ops_c_elems(c);
-    uint16_t *ha = malloc(na * 2), *hw = malloc(nw * 2), *hc = malloc((nc + 2 * SENT) * 2), *ht = NULL;
-    uint16_t *da = NULL, *dw = NULL, *dc = NULL;
+    uint16_t *hc = malloc((nc + 2 * SENT) * 2), *ht = NULL;
     ops_views v;
     int rc;
     snprintf(tag, sizeof tag, "%s H=%lld T=%lld K=%lld N=%lld pe=%d apad=%d cpad=%d path=%d mt=%d warps=%d",
              c->vup ? "v_up" : "query", (long long)c->H, (long long)c->T, (long long)c->K, (long long)c->N, c->pe,
              c->apad, c->cpad, cfg ? cfg->path : 0, cfg ? cfg->mt : 0, cfg ? cfg->warps : 0);
-    ck_assert(ha && hw && hc);
-    ops_fill_bf16(ha, na, rng);
-    ops_fill_bf16(hw, nw, rng);
-    GPU_CUDA(cudaMalloc((void **)&da, na * 2));
-    GPU_CUDA(cudaMalloc((void **)&dw, nw * 2));
-    GPU_CUDA(cudaMalloc((void **)&dc, (nc + 2 * SENT) * 2));
-    GPU_CUDA(cudaMemcpy(da, ha, na * 2, cudaMemcpyHostToDevice));
-    GPU_CUDA(cudaMemcpy(dw, hw, nw * 2, cudaMemcpyHostToDevice));
+    ck_assert(hc);
+    ops_bufs b = ops_upload(c, rng, nc + 2 * SENT);
+    uint16_t *const ha = b.ha, *const hw = b.hw, *const da = b.da, *const dw = b.dw, *const dc = b.dc;
     poison_device(dc, nc);
     v = ops_make_views(c, 0, da, na * 2, dw, nw * 2, dc + SENT, nc * 2);
     rc = run_op(c, &v, cfg, 0);
@@ -197,11 +191,7 @@ static void run_case(const ops_case *c, const mlart_bmm_config *cfg, uint64_t *r
         s->twin_elems += (long long)nc;
     }
     check_vs_ref(c, ha, hw, hc, ht, rng, s, tag);
-    cudaFree(da);
-    cudaFree(dw);
-    cudaFree(dc);
-    free(ha);
-    free(hw);
+    ops_bufs_free(&b);
     free(hc);
     free(ht);
 }
@@ -450,18 +440,10 @@ static void vup_wgmma_whole(const ops_case *c, uint64_t *rng)
 {
     const mlart_bmm_config wg = {MLART_BMM_WGMMA, 0, 0, 0, 0, 0, 0}, tiled = {MLART_BMM_TILED, 0, 0, 0, 0, 0, 0};
     const size_t na = ops_a_elems(c), nw = ops_w_elems(c), nc = ops_c_elems(c);
-    uint16_t *ha = malloc(na * 2), *hw = malloc(nw * 2), *h[3];
-    uint16_t *da, *dw, *dc;
+    ops_bufs b = ops_upload(c, rng, nc);
+    uint16_t *h[3], *const dc = b.dc;
     long long bad = 0;
-    ck_assert(ha && hw);
-    ops_fill_bf16(ha, na, rng);
-    ops_fill_bf16(hw, nw, rng);
-    GPU_CUDA(cudaMalloc((void **)&da, na * 2));
-    GPU_CUDA(cudaMalloc((void **)&dw, nw * 2));
-    GPU_CUDA(cudaMalloc((void **)&dc, nc * 2));
-    GPU_CUDA(cudaMemcpy(da, ha, na * 2, cudaMemcpyHostToDevice));
-    GPU_CUDA(cudaMemcpy(dw, hw, nw * 2, cudaMemcpyHostToDevice));
-    const ops_views v = ops_make_views(c, 0, da, na * 2, dw, nw * 2, dc, nc * 2);
+    const ops_views v = ops_make_views(c, 0, b.da, na * 2, b.dw, nw * 2, dc, nc * 2);
     for (int r = 0; r < 3; r++) {
         h[r] = malloc(nc * 2);
         ck_assert(h[r]);
@@ -483,11 +465,7 @@ static void vup_wgmma_whole(const ops_case *c, uint64_t *rng)
            (long long)c->H, (long long)c->T, (long long)c->N, nc);
     for (int r = 0; r < 3; r++)
         free(h[r]);
-    cudaFree(da);
-    cudaFree(dw);
-    cudaFree(dc);
-    free(ha);
-    free(hw);
+    ops_bufs_free(&b);
 }
 
 START_TEST(vup_wgmma_matrix)

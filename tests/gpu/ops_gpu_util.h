@@ -47,11 +47,40 @@ typedef struct ops_case {
     int pe, apad, cpad;
 } ops_case;
 
+/* Case c's inputs: fresh random a and w on the host (ha, hw), their
+ * copies on the device (da, dw), and a device buffer of c_elems output
+ * elements (dc), not initialised. */
+typedef struct ops_bufs {
+    uint16_t *ha, *hw, *da, *dw, *dc;
+} ops_bufs;
+
 static inline int64_t ops_as(const ops_case *c) { return c->K + (c->vup ? 0 : c->R) + c->apad; }
 static inline int64_t ops_cs(const ops_case *c) { return c->N + (c->vup ? 0 : c->R) + c->cpad; }
 static inline size_t ops_a_elems(const ops_case *c) { return (size_t)(c->T * c->H * ops_as(c)); }
 static inline size_t ops_w_elems(const ops_case *c) { return (size_t)(c->H * c->K * c->N); }
 static inline size_t ops_c_elems(const ops_case *c) { return (size_t)(c->T * c->H * ops_cs(c)); }
+static inline ops_bufs ops_upload(const ops_case *c, uint64_t *rng, size_t c_elems)
+{
+    const size_t na = ops_a_elems(c), nw = ops_w_elems(c);
+    ops_bufs b = {malloc(na * 2), malloc(nw * 2), NULL, NULL, NULL};
+    ck_assert(b.ha && b.hw);
+    ops_fill_bf16(b.ha, na, rng);
+    ops_fill_bf16(b.hw, nw, rng);
+    GPU_CUDA(cudaMalloc((void **)&b.da, na * 2));
+    GPU_CUDA(cudaMalloc((void **)&b.dw, nw * 2));
+    GPU_CUDA(cudaMalloc((void **)&b.dc, c_elems * 2));
+    GPU_CUDA(cudaMemcpy(b.da, b.ha, na * 2, cudaMemcpyHostToDevice));
+    GPU_CUDA(cudaMemcpy(b.dw, b.hw, nw * 2, cudaMemcpyHostToDevice));
+    return b;
+}
+static inline void ops_bufs_free(ops_bufs *b)
+{
+    cudaFree(b->da);
+    cudaFree(b->dw);
+    cudaFree(b->dc);
+    free(b->ha);
+    free(b->hw);
+}
 static inline int64_t ops_a_sh(const ops_case *c) { return c->vup ? c->T * ops_as(c) : ops_as(c); }
 static inline int64_t ops_a_st(const ops_case *c) { return c->vup ? ops_as(c) : c->H * ops_as(c); }
 static inline int64_t ops_c_sh(const ops_case *c) { return ops_cs(c); }

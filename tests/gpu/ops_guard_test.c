@@ -121,16 +121,10 @@ static void guard_shape(const ops_case *c0, uint64_t *rng)
                                             {MLART_BMM_SLICE, 0, 0, 0, 0, 0, 1},
                                             {MLART_BMM_SLICE, 0, 2, 0, 32, 0, 0}};
     const size_t na = ops_a_elems(c0), nw = ops_w_elems(c0), nc = ops_c_elems(c0);
-    uint16_t *ha = malloc(na * 2), *hw = malloc(nw * 2), *o1 = malloc(nc * 2), *o2 = malloc(nc * 2);
-    uint16_t *da, *dw, *dc;
-    ck_assert(ha && hw && o1 && o2);
-    ops_fill_bf16(ha, na, rng);
-    ops_fill_bf16(hw, nw, rng);
-    GPU_CUDA(cudaMalloc((void **)&da, na * 2));
-    GPU_CUDA(cudaMalloc((void **)&dw, nw * 2));
-    GPU_CUDA(cudaMalloc((void **)&dc, nc * 2));
-    GPU_CUDA(cudaMemcpy(da, ha, na * 2, cudaMemcpyHostToDevice));
-    GPU_CUDA(cudaMemcpy(dw, hw, nw * 2, cudaMemcpyHostToDevice));
+    uint16_t *o1 = malloc(nc * 2), *o2 = malloc(nc * 2);
+    ck_assert(o1 && o2);
+    ops_bufs bufs = ops_upload(c0, rng, nc);
+    uint16_t *const ha = bufs.ha, *const hw = bufs.hw, *const da = bufs.da, *const dw = bufs.dw, *const dc = bufs.dc;
     for (int pl = 0; pl < PL_COUNT; pl++) {
         ops_case c = *c0;
         if (pl == PL_FUSED && c.vup)
@@ -182,11 +176,7 @@ static void guard_shape(const ops_case *c0, uint64_t *rng)
             g_runs++;
         }
     }
-    cudaFree(da);
-    cudaFree(dw);
-    cudaFree(dc);
-    free(ha);
-    free(hw);
+    ops_bufs_free(&bufs);
     free(o1);
     free(o2);
 }
