@@ -1,6 +1,7 @@
 /* Query absorption on sm_90a with wgmma, both operands in shared memory
  * (ops/bmm_cuda.h; design and numbers in docs/ops.md): path MLART_BMM_WGMMA
- * for prefill-sized T, described here, path MLART_BMM_RING for
+ * for prefill-sized T, described here (at K = 512, the V up-projection's,
+ * by bmm_kstream_kernel below), path MLART_BMM_RING for
  * 33 <= T <= 64, described at bmm_ring_kernel below, and path
  * MLART_BMM_SWAP for few token rows, described at bmm_swap_kernel.
  *
