@@ -404,6 +404,17 @@ START_TEST(slice_matrix)
 }
 END_TEST
 
+/* The summary line and the norm-wise check of a forced V up-projection
+ * matrix (vup_forced and its extra cases) on `path` at T. */
+static void vup_report(const char *path, int64_t T, int cases, const ops_stats *s)
+{
+    char what[96];
+    snprintf(what, sizeof what, "%s path, v_up T=%lld, H in {1,11,128}, V in {128,256}, %d cases", path, (long long)T,
+             cases);
+    print_stats(what, s);
+    check_norm(s);
+}
+
 /* The V up-projection (K = 512) forced onto cfgs at T x H in {1, 11, 128}
  * x V in {128, 256}: the first n128 configurations at V = 128, the first
  * n256 at V = 256.  Returns the cases run. */
@@ -476,7 +487,6 @@ START_TEST(vup_wgmma_matrix)
     const int n = k_vwT[_i] == 8192 ? 1 : (int)(sizeof cfgs / sizeof cfgs[0]);
     uint64_t rng = g_seed ^ (uint64_t)(_i + 801) * 0x9E3779B97F4A7C15ull;
     ops_stats s = {0};
-    char what[96];
     int cases = vup_forced(k_vwT[_i], cfgs, n, n, &rng, &s);
     if (_i == 0) {
         const ops_case cpad = {1, 3, 300, 512, 128, 0, 0, 0, 3}, apad = {1, 3, 300, 512, 256, 0, 0, 1, 0};
@@ -496,10 +506,7 @@ START_TEST(vup_wgmma_matrix)
             const ops_case big = {1, 128, 8192, 512, vv ? 256 : 128, 0, 0, 0, 0};
             vup_wgmma_whole(&big, &rng);
         }
-    snprintf(what, sizeof what, "wgmma path, v_up T=%lld, H in {1,11,128}, V in {128,256}, %d cases",
-             (long long)k_vwT[_i], cases);
-    print_stats(what, &s);
-    check_norm(&s);
+    vup_report("wgmma", k_vwT[_i], cases, &s);
 }
 END_TEST
 
@@ -517,7 +524,6 @@ START_TEST(vup_slice_matrix)
     const int n = (int)(sizeof cfgs / sizeof cfgs[0]);
     uint64_t rng = g_seed ^ (uint64_t)(_i + 701) * 0x9E3779B97F4A7C15ull;
     ops_stats s = {0};
-    char what[96];
     int cases = vup_forced(k_slT[_i], cfgs, n, n, &rng, &s);
     if (_i == 0) {
         const ops_case odd[] = {{1, 5, 7, 512, 128, 0, 0, 1, 3}, {1, 3, 5, 512, 256, 0, 0, 3, 1},
@@ -527,10 +533,7 @@ START_TEST(vup_slice_matrix)
             run_case(&odd[i], &cfgs[3], &rng, 0, &s);
         }
     }
-    snprintf(what, sizeof what, "slice path, v_up T=%lld, H in {1,11,128}, V in {128,256}, %d cases",
-             (long long)k_slT[_i], cases);
-    print_stats(what, &s);
-    check_norm(&s);
+    vup_report("slice", k_slT[_i], cases, &s);
 }
 END_TEST
 
@@ -547,12 +550,8 @@ START_TEST(vup_swap_matrix)
                                              {MLART_BMM_SWAP, 0, 0, 0, 256, 0, 0}};
     uint64_t rng = g_seed ^ (uint64_t)(_i + 501) * 0x9E3779B97F4A7C15ull;
     ops_stats s = {0};
-    char what[96];
     const int cases = vup_forced(k_sT[_i], cfgs, 3, 4, &rng, &s);
-    snprintf(what, sizeof what, "swap path, v_up T=%lld, H in {1,11,128}, V in {128,256}, %d cases",
-             (long long)k_sT[_i], cases);
-    print_stats(what, &s);
-    check_norm(&s);
+    vup_report("swap", k_sT[_i], cases, &s);
 }
 END_TEST
 
