@@ -252,10 +252,12 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* Barrier of the two warps of pair p (ids 1..4; 0 is __syncthreads). */
+/* Barrier of the two warps of pair p (ids 1..4; 0 is __syncthreads).  The
+ * "memory" clobber keeps the compiler from moving the shared-memory
+ * exchanges (row maxima, P tiles) across it, as in b12x::bar_sync. */
 __device__ __forceinline__ void pair_sync(int p)
 {
-    asm volatile("bar.sync %0, 64;\n" ::"r"(p + 1));
+    asm volatile("bar.sync %0, 64;\n" ::"r"(p + 1) : "memory");
 }
 
 using b12x::bf16_hi;
