@@ -1111,6 +1111,12 @@ extern "C" int b12x_wgmma_launch(const mlart_step *s, int splits, int blocks_per
                                  int pdl, void *stream)
 {
     const bool fp8 = s->geom.kv_format == MLART_KV_FP8_DS_MLA;
+    /* every chunk must own at least one block of slots: the kernel's
+     * pipelines wait for their first stage unconditionally (with fp8 on a
+     * raw-stage barrier that an empty chunk never arms) */
+    if (splits < 1 || blocks_per_split < 1 || tiles < 1 ||
+        (int64_t)(splits - 1) * blocks_per_split * BN >= (int64_t)s->geom.topk)
+        return (int)cudaErrorInvalidValue;
     WgArgs a = split_args(s, splits, blocks_per_split, tile_base, ws_o, ws_lse);
     a.bar = bar;
     const int chunk = blocks_per_split * BN;
