@@ -1443,12 +1443,15 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c, 
     if (wide_k && d.T > 64) {
         /* The V up-projection past 64 token rows: the wgmma path at K =
          * 512 (bmm_kstream_kernel in ops/query_bmm_wgmma.cu), row-tile
-         * chunks filling every SM; 64-column slices while the 128-column
-         * ones number at most a quarter of the SMs (variants of 2026-12-02
-         * 21:59 UTC, docs/ops.md: H16 T192 V128 5.6 us against 6.4 with
-         * 128 columns and 9.0 tiled; H128 T192 V128 16.6 against 18.7 with
-         * 64 columns and 24.5 tiled). */
-        const int cols = d.H * (d.N / 128) <= sms / 4 ? 64 : 128;
+         * chunks filling every SM.  64-column slices while the 128-column
+         * ones number at most a quarter of the SMs and their row tiles at
+         * most one an SM; past that each 64-column slice reads the
+         * activation again and the L2 bound shows (variants of 2026-12-03
+         * 00:51-01:02 UTC, docs/ops.md: H16 T256 V128 5.7 us against 6.5
+         * with 128 columns; H16 T1024 V256 13.7 against 16.6 with 64, H16
+         * T8192 V256 73.0 against 105). */
+        const int64_t s128 = d.H * (d.N / 128);
+        const int cols = s128 <= sms / 4 && s128 * ((d.T + 63) / 64) <= sms ? 64 : 128;
         if (wgmma_ok(pub, 0, cols)) {
             const mlart_bmm_config wc = {MLART_BMM_WGMMA, 0, 0, 0, cols, 0, 0};
             *c = wc;

@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include <atomic>
+#include <type_traits>
 
 #include "ops/bmm_cuda.h"
 #include "runtime/cuda_async.h"
@@ -990,8 +991,11 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
  * whole item, as above, but a 64-row activation tile (64 KB at K = 512)
  * no longer fits twice beside it: the tiles come in K blocks (64 rows x 64
  * of K, 8 KB) copied by the TMA.  Warp 8 is the producer (one thread): for
- * each item the weight slice (BN/64 x 8 boxes of 64 x 64, one `wfull`
- * barrier), then every K block of every row tile of the item in order.
+ * each item the weight slice in 8 K blocks (BN/64 boxes of 64 x 64 each,
+ * barrier `wfull[b]`), block b issued just before the item's first row
+ * tile's activation block b, so that tile starts on the first 8-16 KB of
+ * weights; then every K block of every other row tile of the item in
+ * order.
  * Warpgroups 0 and 1 take the item's row tiles in turn (tile r0 + wg, r0 +
  * wg + 2, ...), each through a ring of its own of NSW stages: the n-th K
  * block a warpgroup takes (counted over all its items) sits in its stage
@@ -1001,9 +1005,14 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
  * K block: wait `full`, four wgmma m64nBNk16, commit; the stage of the
  * previous block is released on `empty` (one arrival a warp) once at most
  * the current group is in flight.  The tile's result leaves the registers
- * as in store_tile while the other warpgroup multiplies.  At an item's end
- * every consumer warp arrives on `wempty` (8 arrivals), and only then does
- * the producer overwrite the weights.
+ * as in store_tile while the other warpgroup multiplies.  The multiplies
+ * of K block b wait on `wfull[b]`; a warpgroup without a tile in an item
+ * still waits on all eight, so that every phase of every weight barrier is
+ * waited for before the item's end.  At an item's end every consumer warp
+ * arrives on `wempty` (8 arrivals), and only then does the producer
+ * overwrite the weights: a warpgroup's next arrival needs the next item's
+ * `wfull[0]`, which needs this phase of `wempty` complete, so no warp can
+ * arrive twice in one phase.
  *
  * Read-exact: both tensor maps describe exactly the views' elements
  * (encode_swap_maps: weights {64, K, N/64, H}, the activation {K, T, H}
@@ -1024,11 +1033,11 @@ __global__ void __launch_bounds__(KS_THREADS, 1) bmm_kstream_kernel(const __grid
     constexpr uint32_t W_BYTES = (uint32_t)KS_K * BN * 2, ST = 8192;
     const WParams &p = sp.p;
     extern __shared__ unsigned char smem_raw[];
-    /* full[w][s], then empty[w][s], then wfull, wempty */
-    __shared__ __align__(8) uint64_t bars[4 * NSW + 2];
+    /* full[w][s], then empty[w][s], then wfull[b], wempty */
+    __shared__ __align__(8) uint64_t bars[4 * NSW + KB + 1];
     const uint32_t ws = (smem_u32(smem_raw) + 1023u) & ~1023u, as0 = ws + W_BYTES;
     const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[2 * NSW]);
-    const uint32_t wfull = smem_u32(&bars[4 * NSW]), wempty = smem_u32(&bars[4 * NSW + 1]);
+    const uint32_t wfull0 = smem_u32(&bars[4 * NSW]), wempty = smem_u32(&bars[4 * NSW + KB]);
     const int tid = threadIdx.x;
     const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0); /* warp-uniform to the compiler */
     if (warp == 8) {
@@ -1040,7 +1049,9 @@ __global__ void __launch_bounds__(KS_THREADS, 1) bmm_kstream_kernel(const __grid
                 mbar_init(full0 + 8 * s, 1);
                 mbar_init(empty0 + 8 * s, 4);
             }
-            mbar_init(wfull, 1);
+#pragma unroll
+            for (int b = 0; b < KB; b++)
+                mbar_init(wfull0 + 8 * b, 1);
             mbar_init(wempty, 8);
             asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         }
@@ -1053,17 +1064,17 @@ __global__ void __launch_bounds__(KS_THREADS, 1) bmm_kstream_kernel(const __grid
                 const int s = rest % p.splits, h = rest / p.splits;
                 const int r0 = (int)((int64_t)s * p.rt / p.splits), r1 = (int)((int64_t)(s + 1) * p.rt / p.splits);
                 mbar_wait(wempty, wph ^ 1); /* passes at once for the first item */
-                mbar_expect_tx(wfull, W_BYTES);
-#pragma unroll
-                for (int cb = 0; cb < BN / 64; cb++)
-#pragma unroll
-                    for (int b = 0; b < KB; b++)
-                        tma_load_4d(ws + (uint32_t)cb * (KS_K * 128) + (uint32_t)b * 8192, &sp.tw, 0, 64 * b,
-                                    nh * (BN / 64) + cb, h, wfull);
                 for (int tile = r0; tile < r1; tile++) {
                     const int w = (tile - r0) & 1;
                     uint32_t n = w ? n1 : n0;
                     for (int b = 0; b < KB; b++, n++) {
+                        if (tile == r0) { /* the weights' K block b, ahead of the first tile's */
+                            mbar_expect_tx(wfull0 + 8 * b, W_BYTES / KB);
+#pragma unroll
+                            for (int cb = 0; cb < BN / 64; cb++)
+                                tma_load_4d(ws + (uint32_t)cb * (KS_K * 128) + (uint32_t)b * 8192, &sp.tw, 0,
+                                            64 * b, nh * (BN / 64) + cb, h, wfull0 + 8 * b);
+                        }
                         const uint32_t st = (uint32_t)w * NSW + n % NSW, ph = (n / NSW) & 1;
                         mbar_wait(empty0 + 8 * st, ph ^ 1);
                         mbar_expect_tx(full0 + 8 * st, ST);
@@ -1088,12 +1099,21 @@ __global__ void __launch_bounds__(KS_THREADS, 1) bmm_kstream_kernel(const __grid
         const int r0 = (int)((int64_t)s * p.rt / p.splits), r1 = (int)((int64_t)(s + 1) * p.rt / p.splits);
         /* with a tile in this item or not: so that a warpgroup without one
          * cannot arrive on wempty for two items in one of its phases */
-        mbar_wait(wfull, wph);
-        for (int tile = r0 + wg; tile < r1; tile += 2) {
+        mbar_wait(wfull0, wph);
+        if (r0 + wg >= r1) {
+#pragma unroll
+            for (int b = 1; b < KB; b++)
+                mbar_wait(wfull0 + 8 * b, wph);
+        }
+        /* one row tile; the item's first (FIRST) also waits for each K
+         * block of the weights, the others find them landed */
+        auto mma_tile = [&](auto first, int tile) {
             uint32_t prev = 0;
 #pragma unroll
             for (int b = 0; b < KB; b++, n++) {
                 const uint32_t st = (uint32_t)wg * NSW + n % NSW;
+                if constexpr (decltype(first)::value)
+                    mbar_wait(wfull0 + 8 * b, wph);
                 mbar_wait(full0 + 8 * st, (n / NSW) & 1);
                 reg_fence(acc);
                 asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -1109,7 +1129,11 @@ __global__ void __launch_bounds__(KS_THREADS, 1) bmm_kstream_kernel(const __grid
             if (lane == 0)
                 mbar_arrive(empty0 + 8 * prev);
             store_tile<BN>(p, acc, h, (int64_t)tile * WG_BM, (int64_t)nh * BN, nh, wt);
-        }
+        };
+        if (r0 + wg < r1)
+            mma_tile(std::true_type{}, r0 + wg);
+        for (int tile = r0 + wg + 2; tile < r1; tile += 2)
+            mma_tile(std::false_type{}, tile);
         if (lane == 0)
             mbar_arrive(wempty); /* this warp's multiplies of the item's weights are done */
     }
@@ -1363,7 +1387,7 @@ template <int BN> cudaError_t launch_kstream(const mlart_bmm_desc *d, int splits
 {
     constexpr int NSW = BN == 128 ? 6 : 10; /* stages a warpgroup: 96 or 160 KB of them in all */
     constexpr size_t smem = kstream_smem(BN, NSW);
-    static_assert(smem + (4 * NSW + 2) * 8 <= 227 * 1024, "bmm_kstream_kernel: shared memory");
+    static_assert(smem + (4 * NSW + KS_K / 64 + 1) * 8 <= 227 * 1024, "bmm_kstream_kernel: shared memory");
     SwapParams sp;
     memset(&sp, 0, sizeof sp);
     if (!encode_swap_maps(d, 64, WG_BM, sp))
