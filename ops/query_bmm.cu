@@ -1447,9 +1447,10 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c, 
          * ones number at most a quarter of the SMs and their row tiles at
          * most one an SM; past that each 64-column slice reads the
          * activation again and the L2 bound shows (variants of 2026-12-03
-         * 00:51-01:02 UTC, docs/ops.md: H16 T256 V128 5.7 us against 6.5
-         * with 128 columns; H16 T1024 V256 13.7 against 16.6 with 64, H16
-         * T8192 V256 73.0 against 105). */
+         * 01:02 and 01:45 UTC, docs/ops.md: H16 T256 V128 5.7 us against
+         * 6.5 with 128 columns; H16 T1024 V256 13.3 against 15.9 with 64,
+         * H16 T8192 V256 70.7 against 98.5, H32 T8192 V128 86.5 against
+         * 99.4). */
         const int64_t s128 = d.H * (d.N / 128);
         const int cols = s128 <= sms / 4 && s128 * ((d.T + 63) / 64) <= sms ? 64 : 128;
         if (wgmma_ok(pub, 0, cols)) {
