@@ -1006,9 +1006,12 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
  * previous block is released on `empty` (one arrival a warp) once at most
  * the current group is in flight.  The tile's result leaves the registers
  * as in store_tile while the other warpgroup multiplies.  The multiplies
- * of K block b wait on `wfull[b]`; a warpgroup without a tile in an item
- * still waits on all eight, so that every phase of every weight barrier is
- * waited for before the item's end.  At an item's end every consumer warp
+ * of K block b wait on `wfull[b]` (not on all eight first: the producer
+ * issues weight block b + 1 only after a free stage for activation block
+ * b, which with NSW < 8 needs the multiplies of an earlier block); a
+ * warpgroup without a tile in an item still waits on all eight, so that
+ * every phase of every weight barrier is waited for before the item's
+ * end.  At an item's end every consumer warp
  * arrives on `wempty` (8 arrivals), and only then does the producer
  * overwrite the weights: a warpgroup's next arrival needs the next item's
  * `wfull[0]`, which needs this phase of `wempty` complete, so no warp can
