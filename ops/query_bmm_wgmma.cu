@@ -1011,11 +1011,11 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
  * b, which with NSW < 8 needs the multiplies of an earlier block); a
  * warpgroup without a tile in an item still waits on all eight, so that
  * every phase of every weight barrier is waited for before the item's
- * end.  At an item's end every consumer warp
- * arrives on `wempty` (8 arrivals), and only then does the producer
- * overwrite the weights: a warpgroup's next arrival needs the next item's
- * `wfull[0]`, which needs this phase of `wempty` complete, so no warp can
- * arrive twice in one phase.
+ * end.  At an item's end every consumer warp arrives on `wempty` (8
+ * arrivals), and only then does the producer overwrite the weights: a
+ * warpgroup's next arrival needs the next item's `wfull[0]`, which needs
+ * this phase of `wempty` complete, so no warp can arrive twice in one
+ * phase.
  *
  * Read-exact: both tensor maps describe exactly the views' elements
  * (encode_swap_maps: weights {64, K, N/64, H}, the activation {K, T, H}
@@ -1108,8 +1108,9 @@ __global__ void __launch_bounds__(KS_THREADS, 1) bmm_kstream_kernel(const __grid
             for (int b = 1; b < KB; b++)
                 mbar_wait(wfull0 + 8 * b, wph);
         }
-        /* one row tile; the item's first (FIRST) also waits for each K
-         * block of the weights, the others find them landed */
+        /* one row tile; the warpgroup's first of the item (first: true)
+         * also waits for each K block of the weights, the later ones find
+         * them landed */
         auto mma_tile = [&](auto first, int tile) {
             uint32_t prev = 0;
 #pragma unroll

@@ -442,11 +442,11 @@ static int vup_forced(int64_t T, const mlart_bmm_config *cfgs, int n128, int n25
 static const int64_t k_vwT[] = {65, 256, 1000, 8192};
 
 /* Every output element of c on the forced wgmma path with `cols`-column
- * slices (0: the default), twice, against the tiled path on the same inputs: the two wgmma runs equal bit for bit (a
- * race between the copies and the multiplies would show as a difference
- * somewhere in the output, which a sample of elements can miss) and each
- * element within two bf16 roundings of the tiled one (another summation
- * order in fp32). */
+ * slices (0: the default), twice, against the tiled path on the same
+ * inputs: the two wgmma runs equal bit for bit (a race between the copies
+ * and the multiplies would show as a difference somewhere in the output,
+ * which a sample of elements can miss) and each element within two bf16
+ * roundings of the tiled one (another summation order in fp32). */
 static void vup_wgmma_whole(const ops_case *c, int cols, uint64_t *rng)
 {
     const mlart_bmm_config wg = {MLART_BMM_WGMMA, 0, 0, 0, cols, 0, 0}, tiled = {MLART_BMM_TILED, 0, 0, 0, 0, 0, 0};
