@@ -795,13 +795,18 @@ START_TEST(test_bad_input)
     s.kv_cache.shape[1] = 656; /* fp8 rows under a bf16 geometry */
     ck_assert_int_eq(run.vt->attend(run.state, &s, 0), MLART_ELAYOUT);
     s = attn_dev_step(&h, &d);
+    /* the wgmma kernel's entry with a split whose last chunk owns no block
+     * of slots (65 chunks of one 32-slot block over top-k 2048), or none */
+    ck_assert_int_eq(b12x_wgmma_launch(&s, 65, 1, 0, 1, NULL, NULL, NULL, 1, NULL), (int)cudaErrorInvalidValue);
+    ck_assert_int_eq(b12x_wgmma_launch(&s, 0, 64, 0, 1, NULL, NULL, NULL, 1, NULL), (int)cudaErrorInvalidValue);
+    ck_assert_int_eq(b12x_wgmma_launch(&s, 2, 0, 0, 1, NULL, NULL, NULL, 1, NULL), (int)cudaErrorInvalidValue);
     s.T = 0;
     ck_assert_int_eq(run.vt->attend(run.state, &s, 0), 0);
     GPU_CUDA(cudaDeviceSynchronize());
     GPU_CUDA(cudaMemcpy(&probe, d.out, 2, cudaMemcpyDeviceToHost));
     ck_assert_msg(probe == 0xffff, "a refused call wrote its output");
     printf("bad input: wrong geometry/heads/device, missing or short workspace, misaligned "
-           "q_mqa, wrong cache rows refused; nothing written\n");
+           "q_mqa, wrong cache rows, a wgmma split with an empty chunk refused; nothing written\n");
     run.vt->destroy(run.state);
     run.vt->destroy(NULL);
     attn_dev_free(&d);
