@@ -991,11 +991,13 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
  * whole item, as above, but a 64-row activation tile (64 KB at K = 512)
  * no longer fits twice beside it: the tiles come in K blocks (64 rows x 64
  * of K, 8 KB) copied by the TMA.  Warp 8 is the producer (one thread): for
- * each item the weight slice in 8 K blocks (BN/64 boxes of 64 x 64 each,
- * barrier `wfull[b]`), block b issued just before the item's first row
- * tile's activation block b, so that tile starts on the first 8-16 KB of
- * weights; then every K block of every other row tile of the item in
- * order.
+ * each item the weight slice, then every K block of every row tile of the
+ * item in order.  With WB the slice comes in 8 K blocks (BN/64 boxes of
+ * 64 x 64 each, barrier `wfull[b]`), block b issued just before the
+ * item's first row tile's activation block b, so that tile starts on the
+ * first 8-16 KB of weights; without, it comes whole behind `wfull[0]`.
+ * launch_kstream takes WB at 128 columns, and at 64 only when a block has
+ * one row tile an item (measured: docs/ops.md).
  * Warpgroups 0 and 1 take the item's row tiles in turn (tile r0 + wg, r0 +
  * wg + 2, ...), each through a ring of its own of NSW stages: the n-th K
  * block a warpgroup takes (counted over all its items) sits in its stage
@@ -1005,13 +1007,13 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
  * K block: wait `full`, four wgmma m64nBNk16, commit; the stage of the
  * previous block is released on `empty` (one arrival a warp) once at most
  * the current group is in flight.  The tile's result leaves the registers
- * as in store_tile while the other warpgroup multiplies.  The multiplies
- * of K block b wait on `wfull[b]` (not on all eight first: the producer
- * issues weight block b + 1 only after a free stage for activation block
- * b, which with NSW < 8 needs the multiplies of an earlier block); a
- * warpgroup without a tile in an item still waits on all eight, so that
- * every phase of every weight barrier is waited for before the item's
- * end.  At an item's end every consumer warp arrives on `wempty` (8
+ * as in store_tile while the other warpgroup multiplies.  With WB the
+ * multiplies of K block b wait on `wfull[b]` (not on all eight first:
+ * the producer issues weight block b + 1 only after a free stage for
+ * activation block b, which with NSW < 8 needs the multiplies of an
+ * earlier block); a warpgroup without a tile in an item still waits on
+ * all eight, so that every phase of every weight barrier is waited for
+ * before the item's end.  At an item's end every consumer warp arrives on `wempty` (8
  * arrivals), and only then does the producer overwrite the weights: a
  * warpgroup's next arrival needs the next item's `wfull[0]`, which needs
  * this phase of `wempty` complete, so no warp can arrive twice in one
@@ -1028,19 +1030,20 @@ __host__ __device__ constexpr size_t kstream_smem(int bn, int nsw)
     return (size_t)KS_K * bn * 2 + (size_t)2 * nsw * 8192 + 1024;
 }
 
-template <int BN, int NSW>
+template <int BN, int NSW, bool WB>
 __global__ void __launch_bounds__(KS_THREADS, 1) bmm_kstream_kernel(const __grid_constant__ SwapParams sp)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int KB = KS_K / 64;
     constexpr uint32_t W_BYTES = (uint32_t)KS_K * BN * 2, ST = 8192;
+    constexpr int NWB = WB ? KB : 1; /* weight barriers */
     const WParams &p = sp.p;
     extern __shared__ unsigned char smem_raw[];
     /* full[w][s], then empty[w][s], then wfull[b], wempty */
-    __shared__ __align__(8) uint64_t bars[4 * NSW + KB + 1];
+    __shared__ __align__(8) uint64_t bars[4 * NSW + NWB + 1];
     const uint32_t ws = (smem_u32(smem_raw) + 1023u) & ~1023u, as0 = ws + W_BYTES;
     const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[2 * NSW]);
-    const uint32_t wfull0 = smem_u32(&bars[4 * NSW]), wempty = smem_u32(&bars[4 * NSW + KB]);
+    const uint32_t wfull0 = smem_u32(&bars[4 * NSW]), wempty = smem_u32(&bars[4 * NSW + NWB]);
     const int tid = threadIdx.x;
     const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0); /* warp-uniform to the compiler */
     if (warp == 8) {
@@ -1053,7 +1056,7 @@ __global__ void __launch_bounds__(KS_THREADS, 1) bmm_kstream_kernel(const __grid
                 mbar_init(empty0 + 8 * s, 4);
             }
 #pragma unroll
-            for (int b = 0; b < KB; b++)
+            for (int b = 0; b < NWB; b++)
                 mbar_init(wfull0 + 8 * b, 1);
             mbar_init(wempty, 8);
             asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -1067,11 +1070,16 @@ __global__ void __launch_bounds__(KS_THREADS, 1) bmm_kstream_kernel(const __grid
                 const int s = rest % p.splits, h = rest / p.splits;
                 const int r0 = (int)((int64_t)s * p.rt / p.splits), r1 = (int)((int64_t)(s + 1) * p.rt / p.splits);
                 mbar_wait(wempty, wph ^ 1); /* passes at once for the first item */
-                for (int tile = r0; tile < r1; tile++) {
+                /* one row tile's K blocks; with WB, the item's first (first:
+                 * true) has the weights' K block b ahead of its block b.
+                 * The later tiles' loop is a copy without that branch: a
+                 * test per K block in this one thread's loop made the
+                 * 64-column kernel 15-20% slower at T = 8192. */
+                auto issue_tile = [&](auto first, int tile) {
                     const int w = (tile - r0) & 1;
                     uint32_t n = w ? n1 : n0;
                     for (int b = 0; b < KB; b++, n++) {
-                        if (tile == r0) { /* the weights' K block b, ahead of the first tile's */
+                        if constexpr (decltype(first)::value) {
                             mbar_expect_tx(wfull0 + 8 * b, W_BYTES / KB);
 #pragma unroll
                             for (int cb = 0; cb < BN / 64; cb++)
@@ -1087,7 +1095,22 @@ __global__ void __launch_bounds__(KS_THREADS, 1) bmm_kstream_kernel(const __grid
                             tma_load_3d(as0 + st * ST, &sp.ta, 64 * b, h, tile * WG_BM, full0 + 8 * st);
                     }
                     (w ? n1 : n0) = n;
+                };
+                int tile = r0;
+                if constexpr (WB) {
+                    if (tile < r1)
+                        issue_tile(std::true_type{}, tile++);
+                } else { /* the whole slice behind wfull[0] */
+                    mbar_expect_tx(wfull0, W_BYTES);
+#pragma unroll
+                    for (int cb = 0; cb < BN / 64; cb++)
+#pragma unroll
+                        for (int b = 0; b < KB; b++)
+                            tma_load_4d(ws + (uint32_t)cb * (KS_K * 128) + (uint32_t)b * 8192, &sp.tw, 0, 64 * b,
+                                        nh * (BN / 64) + cb, h, wfull0);
                 }
+                for (; tile < r1; tile++)
+                    issue_tile(std::false_type{}, tile);
             }
         }
         return;
@@ -1103,7 +1126,7 @@ __global__ void __launch_bounds__(KS_THREADS, 1) bmm_kstream_kernel(const __grid
         /* with a tile in this item or not: so that a warpgroup without one
          * cannot arrive on wempty for two items in one of its phases */
         mbar_wait(wfull0, wph);
-        if (r0 + wg >= r1) {
+        if (WB && r0 + wg >= r1) {
 #pragma unroll
             for (int b = 1; b < KB; b++)
                 mbar_wait(wfull0 + 8 * b, wph);
@@ -1134,9 +1157,13 @@ __global__ void __launch_bounds__(KS_THREADS, 1) bmm_kstream_kernel(const __grid
                 mbar_arrive(empty0 + 8 * prev);
             store_tile<BN>(p, acc, h, (int64_t)tile * WG_BM, (int64_t)nh * BN, nh, wt);
         };
-        if (r0 + wg < r1)
-            mma_tile(std::true_type{}, r0 + wg);
-        for (int tile = r0 + wg + 2; tile < r1; tile += 2)
+        int tile = r0 + wg;
+        if constexpr (WB) {
+            if (tile < r1)
+                mma_tile(std::true_type{}, tile);
+            tile += 2;
+        }
+        for (; tile < r1; tile += 2)
             mma_tile(std::false_type{}, tile);
         if (lane == 0)
             mbar_arrive(wempty); /* this warp's multiplies of the item's weights are done */
@@ -1386,7 +1413,9 @@ static void make_params(const mlart_bmm_desc *d, int bn, WParams &p)
 
 /* bmm_kstream_kernel over d: one block an SM (the weight slice and the
  * ring take 225 KB); `splits` row-tile chunks per (head, slice), 0: as
- * many as fill every SM, down to one tile a chunk. */
+ * many as fill every SM, down to one tile a chunk.  The weights come by
+ * K block (WB) at 128 columns, and at 64 when each chunk is one row tile;
+ * else whole (docs/ops.md, "The wgmma path at K = 512"). */
 template <int BN> cudaError_t launch_kstream(const mlart_bmm_desc *d, int splits, int sms, cudaStream_t st)
 {
     constexpr int NSW = BN == 128 ? 6 : 10; /* stages a warpgroup: 96 or 160 KB of them in all */
@@ -1404,11 +1433,15 @@ template <int BN> cudaError_t launch_kstream(const mlart_bmm_desc *d, int splits
         splits = sp.p.rt;
     sp.p.splits = splits;
     sp.p.items *= splits;
-    cudaError_t e =
-        cudaFuncSetAttribute(bmm_kstream_kernel<BN, NSW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    auto kern = bmm_kstream_kernel<BN, NSW, true>;
+    if constexpr (BN == 64) {
+        if (sp.p.rt > splits)
+            kern = bmm_kstream_kernel<BN, NSW, false>;
+    }
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return e;
-    bmm_kstream_kernel<BN, NSW><<<(unsigned)(sp.p.items < sms ? sp.p.items : sms), KS_THREADS, smem, st>>>(sp);
+    kern<<<(unsigned)(sp.p.items < sms ? sp.p.items : sms), KS_THREADS, smem, st>>>(sp);
     return cudaGetLastError();
 }
 
