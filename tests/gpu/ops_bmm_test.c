@@ -442,14 +442,15 @@ static int vup_forced(int64_t T, const mlart_bmm_config *cfgs, int n128, int n25
 static const int64_t k_vwT[] = {65, 256, 1000, 8192};
 
 /* Every output element of c on the forced wgmma path with `cols`-column
- * slices (0: the default), twice, against the tiled path on the same
+ * slices (0: the default) and `splits` row-tile chunks per (head, slice)
+ * (0: the default), twice, against the tiled path on the same
  * inputs: the two wgmma runs equal bit for bit (a race between the copies
  * and the multiplies would show as a difference somewhere in the output,
  * which a sample of elements can miss) and each element within two bf16
  * roundings of the tiled one (another summation order in fp32). */
-static void vup_wgmma_whole(const ops_case *c, int cols, uint64_t *rng)
+static void vup_wgmma_whole(const ops_case *c, int cols, int splits, uint64_t *rng)
 {
-    const mlart_bmm_config wg = {MLART_BMM_WGMMA, 0, 0, 0, cols, 0, 0}, tiled = {MLART_BMM_TILED, 0, 0, 0, 0, 0, 0};
+    const mlart_bmm_config wg = {MLART_BMM_WGMMA, splits, 0, 0, cols, 0, 0}, tiled = {MLART_BMM_TILED, 0, 0, 0, 0, 0, 0};
     const size_t na = ops_a_elems(c), nw = ops_w_elems(c), nc = ops_c_elems(c);
     ops_bufs b = ops_upload(c, rng, nc);
     uint16_t *h[3], *const dc = b.dc;
@@ -463,18 +464,19 @@ static void vup_wgmma_whole(const ops_case *c, int cols, uint64_t *rng)
         GPU_CUDA(cudaDeviceSynchronize());
         GPU_CUDA(cudaMemcpy(h[r], dc, nc * 2, cudaMemcpyDeviceToHost));
     }
-    ck_assert_msg(memcmp(h[0], h[1], nc * 2) == 0, "v_up H %lld T %lld V %lld n%d: two wgmma runs differ",
-                  (long long)c->H, (long long)c->T, (long long)c->N, cols);
+    ck_assert_msg(memcmp(h[0], h[1], nc * 2) == 0, "v_up H %lld T %lld V %lld n%d chunks %d: two wgmma runs differ",
+                  (long long)c->H, (long long)c->T, (long long)c->N, cols, splits);
     for (size_t i = 0; i < nc; i++) {
         const double x = mlart_bf16_to_f32(h[0][i]), y = mlart_bf16_to_f32(h[2][i]);
         bad += !(fabs(x - y) <= ldexp(fmax(fabs(x), fabs(y)), -7) + 1e-30);
     }
     ck_assert_msg(bad == 0,
-                  "v_up H %lld T %lld V %lld n%d: %lld of %zu elements off the tiled path's by more than two bf16 roundings",
-                  (long long)c->H, (long long)c->T, (long long)c->N, cols, bad, nc);
-    printf("wgmma path n%d, v_up H %lld T %lld V %lld: all %zu elements equal in two runs, within two bf16 roundings of "
-           "the tiled path\n",
-           cols ? cols : 128, (long long)c->H, (long long)c->T, (long long)c->N, nc);
+                  "v_up H %lld T %lld V %lld n%d chunks %d: %lld of %zu elements off the tiled path's by more than two "
+                  "bf16 roundings",
+                  (long long)c->H, (long long)c->T, (long long)c->N, cols, splits, bad, nc);
+    printf("wgmma path n%d chunks %d, v_up H %lld T %lld V %lld: all %zu elements equal in two runs, within two bf16 "
+           "roundings of the tiled path\n",
+           cols ? cols : 128, splits, (long long)c->H, (long long)c->T, (long long)c->N, nc);
     for (int r = 0; r < 3; r++)
         free(h[r]);
     ops_bufs_free(&b);
@@ -505,7 +507,13 @@ START_TEST(vup_wgmma_matrix)
     if (k_vwT[_i] == 8192) /* up to two items a block at 128 columns, four at 64 (V = 256: 512 slices over 132 SMs) */
         for (int vv = 0; vv < 4; vv++) {
             const ops_case big = {1, 128, 8192, 512, vv & 1 ? 256 : 128, 0, 0, 0, 0};
-            vup_wgmma_whole(&big, vv < 2 ? 0 : 64, &rng);
+            vup_wgmma_whole(&big, vv < 2 ? 0 : 64, 0, &rng);
+        }
+    if (k_vwT[_i] == 256) /* one row tile a chunk, so the weights by K block at 64 columns too, and up to 8
+                             (128 columns) or 16 (64) items a block: H128 x V256 slices x 4 chunks over 132 SMs */
+        for (int vv = 0; vv < 2; vv++) {
+            const ops_case big = {1, 128, 256, 512, 256, 0, 0, 0, 0};
+            vup_wgmma_whole(&big, vv ? 64 : 128, 4, &rng);
         }
     vup_report("wgmma", k_vwT[_i], cases, &s);
 }
