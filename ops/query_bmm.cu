@@ -1444,15 +1444,15 @@ void auto_config(const Desc &d, const mlart_bmm_desc *pub, mlart_bmm_config *c, 
         /* The V up-projection past 64 token rows: the wgmma path at K =
          * 512 (bmm_kstream_kernel in ops/query_bmm_wgmma.cu), row-tile
          * chunks filling every SM.  64-column slices while the 128-column
-         * ones number at most a quarter of the SMs and their row tiles at
-         * most one an SM; past that each 64-column slice reads the
-         * activation again and the L2 bound shows (variants of 2026-12-03
-         * 01:02 and 01:45 UTC, docs/ops.md: H16 T256 V128 5.7 us against
-         * 6.5 with 128 columns; H16 T1024 V256 13.3 against 15.9 with 64,
-         * H16 T8192 V256 70.7 against 98.5, H32 T8192 V128 86.5 against
-         * 99.4). */
+         * ones number at most a quarter of the SMs and, at V = 256, their
+         * row tiles at most one an SM; past that each of the four
+         * 64-column slices of a head reads the activation again and the
+         * L2 bound shows (variants of 2026-12-03 01:02-03:30 UTC,
+         * docs/ops.md: H16 T256 V128 5.7 us against 6.4 with 128 columns,
+         * H16 T8192 V128 45.7 against 46.9; H16 T1024 V256 13.3 against
+         * 14.0 with 64, H16 T8192 V256 70.0 against 77.8). */
         const int64_t s128 = d.H * (d.N / 128);
-        const int cols = s128 <= sms / 4 && s128 * ((d.T + 63) / 64) <= sms ? 64 : 128;
+        const int cols = s128 <= sms / 4 && (d.N == 128 || s128 * ((d.T + 63) / 64) <= sms) ? 64 : 128;
         if (wgmma_ok(pub, 0, cols)) {
             const mlart_bmm_config wc = {MLART_BMM_WGMMA, 0, 0, 0, cols, 0, 0};
             *c = wc;
