@@ -1013,11 +1013,11 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
  * activation block b, which with NSW < 8 needs the multiplies of an
  * earlier block); a warpgroup without a tile in an item still waits on
  * all eight, so that every phase of every weight barrier is waited for
- * before the item's end.  At an item's end every consumer warp arrives on `wempty` (8
- * arrivals), and only then does the producer overwrite the weights: a
- * warpgroup's next arrival needs the next item's `wfull[0]`, which needs
- * this phase of `wempty` complete, so no warp can arrive twice in one
- * phase.
+ * before the item's end.  At an item's end every consumer warp arrives on
+ * `wempty` (8 arrivals), and only then does the producer overwrite the
+ * weights: a warpgroup's next arrival needs the next item's `wfull[0]`,
+ * which needs this phase of `wempty` complete, so no warp can arrive
+ * twice in one phase.
  *
  * Read-exact: both tensor maps describe exactly the views' elements
  * (encode_swap_maps: weights {64, K, N/64, H}, the activation {K, T, H}
