@@ -998,6 +998,12 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
  * first 8-16 KB of weights; without, it comes whole behind `wfull[0]`.
  * launch_kstream takes WB at 128 columns, and at 64 only when a block has
  * one row tile an item (measured: docs/ops.md).
+ * With P2 warp 9 is a second producer: it copies warpgroup 1's row tiles
+ * and warp 8 warpgroup 0's and the weights.  One producer issues an item's
+ * tiles in order and waits for a free stage of warpgroup 0's ring before
+ * it copies anything for warpgroup 1, so at every item's start warpgroup 1
+ * waits about one tile's K blocks; that matters when an item is a few
+ * tiles (launch_kstream takes P2 at 128 columns with 2-8 tiles a chunk).
  * Warpgroups 0 and 1 take the item's row tiles in turn (tile r0 + wg, r0 +
  * wg + 2, ...), each through a ring of its own of NSW stages: the n-th K
  * block a warpgroup takes (counted over all its items) sits in its stage
@@ -1024,14 +1030,15 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
  * or {K, H, T}); rows t >= T lie outside the map (zeros, nothing read).
  * Writes: t < T, n < N (store_tile); no q_pe (refused with K = 512). */
 constexpr int KS_THREADS = 288;
+__host__ __device__ constexpr int ks_threads(bool p2) { return p2 ? KS_THREADS + 32 : KS_THREADS; }
 constexpr int KS_K = 512;
 __host__ __device__ constexpr size_t kstream_smem(int bn, int nsw)
 {
     return (size_t)KS_K * bn * 2 + (size_t)2 * nsw * 8192 + 1024;
 }
 
-template <int BN, int NSW, bool WB>
-__global__ void __launch_bounds__(KS_THREADS, 1) bmm_kstream_kernel(const __grid_constant__ SwapParams sp)
+template <int BN, int NSW, bool WB, bool P2>
+__global__ void __launch_bounds__(ks_threads(P2), 1) bmm_kstream_kernel(const __grid_constant__ SwapParams sp)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int KB = KS_K / 64;
@@ -1046,7 +1053,8 @@ __global__ void __launch_bounds__(KS_THREADS, 1) bmm_kstream_kernel(const __grid
     const uint32_t wfull0 = smem_u32(&bars[4 * NSW]), wempty = smem_u32(&bars[4 * NSW + NWB]);
     const int tid = threadIdx.x;
     const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0); /* warp-uniform to the compiler */
-    if (warp == 8) {
+    constexpr int NTH = ks_threads(P2);
+    if (P2 ? warp >= 8 : warp == 8) {
         if (tid == 256) {
             asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)&sp.tw) : "memory");
             asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)&sp.ta) : "memory");
@@ -1062,14 +1070,19 @@ __global__ void __launch_bounds__(KS_THREADS, 1) bmm_kstream_kernel(const __grid
             asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         }
         __syncwarp();
-        asm volatile("bar.arrive 2, 288;" ::: "memory");
-        if (tid == 256) {
+        asm volatile("bar.arrive 2, %0;" ::"n"(NTH) : "memory");
+        if (tid == 256 || (P2 && tid == 288)) {
+            /* pw: with P2, warp 9 copies warpgroup 1's row tiles and warp 8
+             * warpgroup 0's and the weights; else warp 8 copies all */
+            const int pw = P2 ? warp - 8 : 0;
+            constexpr int TSTEP = P2 ? 2 : 1;
             uint32_t n0 = 0, n1 = 0, wph = 0; /* K blocks copied for warpgroups 0 and 1 */
             for (int item = blockIdx.x; item < p.items; item += gridDim.x, wph ^= 1) {
                 const int nh = item % p.nslice, rest = item / p.nslice;
                 const int s = rest % p.splits, h = rest / p.splits;
                 const int r0 = (int)((int64_t)s * p.rt / p.splits), r1 = (int)((int64_t)(s + 1) * p.rt / p.splits);
-                mbar_wait(wempty, wph ^ 1); /* passes at once for the first item */
+                if (pw == 0)
+                    mbar_wait(wempty, wph ^ 1); /* passes at once for the first item */
                 /* one row tile's K blocks; with WB, the item's first (first:
                  * true) has the weights' K block b ahead of its block b.
                  * The later tiles' loop is a copy without that branch: a
@@ -1096,11 +1109,13 @@ __global__ void __launch_bounds__(KS_THREADS, 1) bmm_kstream_kernel(const __grid
                     }
                     (w ? n1 : n0) = n;
                 };
-                int tile = r0;
+                int tile = r0 + pw;
                 if constexpr (WB) {
-                    if (tile < r1)
-                        issue_tile(std::true_type{}, tile++);
-                } else { /* the whole slice behind wfull[0] */
+                    if (pw == 0 && tile < r1) {
+                        issue_tile(std::true_type{}, tile);
+                        tile += TSTEP;
+                    }
+                } else if (pw == 0) { /* the whole slice behind wfull[0] */
                     mbar_expect_tx(wfull0, W_BYTES);
 #pragma unroll
                     for (int cb = 0; cb < BN / 64; cb++)
@@ -1109,13 +1124,13 @@ __global__ void __launch_bounds__(KS_THREADS, 1) bmm_kstream_kernel(const __grid
                             tma_load_4d(ws + (uint32_t)cb * (KS_K * 128) + (uint32_t)b * 8192, &sp.tw, 0, 64 * b,
                                         nh * (BN / 64) + cb, h, wfull0);
                 }
-                for (; tile < r1; tile++)
+                for (; tile < r1; tile += TSTEP)
                     issue_tile(std::false_type{}, tile);
             }
         }
         return;
     }
-    named_bar_sync(2, 288); /* the barriers are initialised */
+    named_bar_sync(2, NTH); /* the barriers are initialised */
     const int wg = warp >> 2, wt = tid & 127, lane = tid & 31;
     uint32_t n = 0, wph = 0; /* n: K blocks this warpgroup has taken */
     float acc[BN / 2];
@@ -1433,15 +1448,23 @@ template <int BN> cudaError_t launch_kstream(const mlart_bmm_desc *d, int splits
         splits = sp.p.rt;
     sp.p.splits = splits;
     sp.p.items *= splits;
-    auto kern = bmm_kstream_kernel<BN, NSW, true>;
+    /* A second producer at 128 columns when a chunk is 2-8 row tiles
+     * (measured: docs/ops.md, "The K = 512 kernel") */
+    auto kern = bmm_kstream_kernel<BN, NSW, true, false>;
+    bool p2 = false;
     if constexpr (BN == 64) {
         if (sp.p.rt > splits)
-            kern = bmm_kstream_kernel<BN, NSW, false>;
+            kern = bmm_kstream_kernel<BN, NSW, false, false>;
+    } else {
+        const int tiles = (sp.p.rt + splits - 1) / splits;
+        p2 = tiles >= 2 && tiles <= 8;
+        if (p2)
+            kern = bmm_kstream_kernel<BN, NSW, true, true>;
     }
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess)
         return e;
-    kern<<<(unsigned)(sp.p.items < sms ? sp.p.items : sms), KS_THREADS, smem, st>>>(sp);
+    kern<<<(unsigned)(sp.p.items < sms ? sp.p.items : sms), ks_threads(p2), smem, st>>>(sp);
     return cudaGetLastError();
 }
 
