@@ -1003,7 +1003,8 @@ __global__ void __launch_bounds__(SWAP_THREADS, 1) bmm_swap_kernel(const __grid_
  * tiles in order and waits for a free stage of warpgroup 0's ring before
  * it copies anything for warpgroup 1, so at every item's start warpgroup 1
  * waits about one tile's K blocks; that matters when an item is a few
- * tiles (launch_kstream takes P2 at 128 columns with 2-8 tiles a chunk).
+ * tiles (launch_kstream takes P2 at 128 columns with 2-8 tiles a chunk
+ * and at least half the SMs busy).
  * Warpgroups 0 and 1 take the item's row tiles in turn (tile r0 + wg, r0 +
  * wg + 2, ...), each through a ring of its own of NSW stages: the n-th K
  * block a warpgroup takes (counted over all its items) sits in its stage
@@ -1448,8 +1449,10 @@ template <int BN> cudaError_t launch_kstream(const mlart_bmm_desc *d, int splits
         splits = sp.p.rt;
     sp.p.splits = splits;
     sp.p.items *= splits;
-    /* A second producer at 128 columns when a chunk is 2-8 row tiles
-     * (measured: docs/ops.md, "The K = 512 kernel") */
+    /* A second producer at 128 columns when a chunk is 2-8 row tiles and
+     * the grid holds at least half the SMs; with fewer blocks a block's
+     * own rate bounds the call, and the second producer slowed it
+     * (measured: docs/ops.md, "The wgmma path at K = 512") */
     auto kern = bmm_kstream_kernel<BN, NSW, true, false>;
     bool p2 = false;
     if constexpr (BN == 64) {
@@ -1457,7 +1460,7 @@ template <int BN> cudaError_t launch_kstream(const mlart_bmm_desc *d, int splits
             kern = bmm_kstream_kernel<BN, NSW, false, false>;
     } else {
         const int tiles = (sp.p.rt + splits - 1) / splits;
-        p2 = tiles >= 2 && tiles <= 8;
+        p2 = tiles >= 2 && tiles <= 8 && 2 * (int64_t)sp.p.items >= sms;
         if (p2)
             kern = bmm_kstream_kernel<BN, NSW, true, true>;
     }
