@@ -71,7 +71,7 @@ typedef struct mlart_bmm_config {
      * T = 8, else 16) */
     /* SLICE: `warps` chains of K summed at the end (1 or 2, and 4 at
      * K = 512; 0 = as the kernel the other launch of the shape takes, so
-     * the bytes agree, and 4 at K = 512); `cols` columns a block (64, or
+     * the bytes agree, and 2 at K = 512); `cols` columns a block (64, or
      * 32 at K = 512 with 2 or 4 chains; 0 = 64) */
     /* DIRECT, RING, SWAP and SLICE: 1 launches with programmatic dependent
      * launch (the direct kernel issues its weight loads, the slice kernel
