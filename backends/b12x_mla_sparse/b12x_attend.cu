@@ -869,10 +869,11 @@ __device__ __forceinline__ float lazy_softmax(const float *part, int s_ld, int s
  * launches with 112 registers a thread instead of 104 (still one block a
  * multiprocessor; the setmaxnreg split is unchanged): at 104 ptxas
  * spilled 4 bytes with the tail. */
-template <bool FP8, bool SHORT, bool IP>
+template <bool FP8, bool SHORT, bool IP, bool HALF = false>
 __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch + (IP && FP8 && SHORT ? 8 : 0)))
     b12x_small_kernel(const AttendArgs a)
 {
+    static_assert(!HALF || (SHORT && !IP), "column halves: short steps, combine kernel");
     using S = SmallSmem<FP8, SHORT>;
     extern __shared__ __align__(128) uint8_t smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -880,8 +881,20 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch + (IP && FP8 && SHORT
     int32_t *s_slot = reinterpret_cast<int32_t *>(smem + S::OFF_SLOT);
     float *s_part = reinterpret_cast<float *>(smem + S::OFF_S);
     float *s_stat = reinterpret_cast<float *>(smem + S::OFF_STAT);
-    const b12x::Chunk ck = small_start(a, s_slot);
+    b12x::Chunk ck = small_start(a, s_slot);
+    /* HALF: the block's y index picks half `half` of the 512 output
+     * columns (one tile of <= 16 heads from tile_base): the scores and
+     * the softmax of both halves are the same, P.V and the partial write
+     * are the half's */
+    const int half = HALF ? (int)blockIdx.y : 0;
+    if constexpr (HALF) {
+        ck.h0 = a.tile_base * HEAD_TILE;
+        ck.rows = min(16, a.H - ck.h0);
+    }
     const int t = ck.t, h0 = ck.h0, rows = ck.rows, split = ck.split, nblk = ck.nblk;
+    /* n-tiles of 8 output columns a math warp: columns [8 NC warp, 8 NC
+     * warp + 8 NC) of the block's (HALF: of half `half`) */
+    constexpr int NC = HALF ? 4 : 8;
 
     constexpr int NS = S::KV_STAGES;
 #ifdef B12X_PROFILE
@@ -971,9 +984,9 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch + (IP && FP8 && SHORT
     const int sg = warp & 1, kq = warp >> 1, ks0 = 9 * kq;
     const int r4 = lane >> 2, q4 = lane & 3, sw = lane & 7;
     uint32_t qa[9][4];
-    float o[8][4];
+    float o[NC][4];
 #pragma unroll
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < NC; i++)
         o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     /* Softmax state of row srow: the running maximum (the same in the 16
      * lanes of a half-warp) and this lane's part of the row sum. */
@@ -1056,11 +1069,11 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch + (IP && FP8 && SHORT
         math_sync();
         B12X_PROF_TICK(pacc, ptick, 4);
 
-        /* O[16 x 64] (this warp's columns) = alpha * O + P[16 x 32] . V[32 x 64]. */
+        /* O[16 x 8NC] (this warp's columns) = alpha * O + P[16 x 32] . V[32 x 8NC]. */
         {
             const float al0 = s_stat[r4], al1 = s_stat[r4 + 8];
 #pragma unroll
-            for (int nt = 0; nt < 8; nt++) {
+            for (int nt = 0; nt < NC; nt++) {
                 o[nt][0] *= al0;
                 o[nt][1] *= al0;
                 o[nt][2] *= al1;
@@ -1074,9 +1087,10 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch + (IP && FP8 && SHORT
                 ldsm_x4(pa, pbase + (((2 * ks + (lane >> 4)) ^ ((prow >> 1) & 3)) << 4));
                 const uint32_t vrow = kvb + (16 * ks + (lane & 7) + (lane & 8)) * ROW_BYTES;
 #pragma unroll
-                for (int np = 0; np < 4; np++) {
+                for (int np = 0; np < NC / 2; np++) {
                     uint32_t b[4];
-                    ldsm_x4_trans(b, vrow + (((8 * warp + 2 * np + (lane >> 4)) ^ sw) << 4));
+                    ldsm_x4_trans(b, vrow + ((((HALF ? KV_L / 16 * half + NC * warp : 8 * warp) + 2 * np +
+                                               (lane >> 4)) ^ sw) << 4));
                     mma_bf16(o[2 * np], pa, b[0], b[1]);
                     mma_bf16(o[2 * np + 1], pa, b[2], b[3]);
                 }
@@ -1111,7 +1125,7 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch + (IP && FP8 && SHORT
     }
     math_sync(); /* also: every warp is done with the last block's stage */
     B12X_PROF_MAIN(4, clock64());
-    B12X_PROF_TAIL(10, o[7][3]);
+    B12X_PROF_TAIL(10, o[NC - 1][3]);
 
     /* Normalise; the bf16 output is staged in the (idle) KV stages and
      * written as whole rows, 8 bytes a lane. */
@@ -1119,10 +1133,10 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch + (IP && FP8 && SHORT
     const float inv0 = l0 > 0.0f ? b12x::rcp_approx(l0) : 0.0f, inv1 = l1 > 0.0f ? b12x::rcp_approx(l1) : 0.0f;
     B12X_PROF_TAIL(11, inv0 + inv1);
     const int col0 = 64 * warp + 2 * q4;
-    if (a.splits == 1) {
+    if (!HALF && a.splits == 1) {
         __nv_bfloat16 *st = reinterpret_cast<__nv_bfloat16 *>(smem + S::OFF_KV);
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
+        for (int nt = 0; nt < NC; nt++) {
             *reinterpret_cast<uint32_t *>(st + r4 * S::O_LD + col0 + nt * 8) =
                 pack_bf16(o[nt][0] * inv0, o[nt][1] * inv0);
             *reinterpret_cast<uint32_t *>(st + (r4 + 8) * S::O_LD + col0 + nt * 8) =
@@ -1138,16 +1152,17 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch + (IP && FP8 && SHORT
         /* bf16 partial straight from the accumulators (store_row16: four
          * lanes write a whole sector of a row), no staging */
         const int64_t row0 = ((int64_t)split * a.T + t) * a.H + h0;
-        __nv_bfloat16 *p0 = a.ws_o + (row0 + r4) * KV_L + 64 * warp, *p1 = p0 + 8 * KV_L;
+        __nv_bfloat16 *p0 = a.ws_o + (row0 + r4) * KV_L + (HALF ? KV_L / 2 * half + 8 * NC * warp : 64 * warp),
+                      *p1 = p0 + 8 * KV_L;
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < NC / 2; k++) {
             store_row16(p0 + 16 * k, pack_bf16(o[2 * k][0] * inv0, o[2 * k][1] * inv0),
                         pack_bf16(o[2 * k + 1][0] * inv0, o[2 * k + 1][1] * inv0), r4 < rows);
             store_row16(p1 + 16 * k, pack_bf16(o[2 * k][2] * inv1, o[2 * k][3] * inv1),
                         pack_bf16(o[2 * k + 1][2] * inv1, o[2 * k + 1][3] * inv1), r4 + 8 < rows);
         }
     }
-    if (tid < rows)
+    if (tid < rows && half == 0)
         store_row_lse(a, t, h0 + tid, split, s_stat[16 + tid], s_stat[32 + tid]);
     B12X_PROF_MAIN(5, clock64());
     if constexpr (IP)
@@ -1844,6 +1859,14 @@ attend_kernel_fn pick_small(bool fp8, bool short_t, bool ip, int chunk_slots, si
     return nullptr;
 }
 
+/* The small-head kernel of short steps in column halves (grid y = the
+ * half), and its shared-memory bytes: b12x_attend_launch_tuned. */
+attend_kernel_fn pick_small_half(bool fp8, int chunk_slots, size_t *smem)
+{
+    *smem = fp8 ? SmallSmem<true, true>::bytes(chunk_slots) : SmallSmem<false, true>::bytes(chunk_slots);
+    return fp8 ? b12x_small_kernel<true, true, false, true> : b12x_small_kernel<false, true, false, true>;
+}
+
 /* The register-conversion kernel, with the in-place combine or not. */
 attend_kernel_fn pick_rc(bool ip)
 {
@@ -1870,6 +1893,15 @@ int g_cb_spread_smem = 0;
  * b12x_small_rc_kernel, unless MLART_B12X_RC=0 when the backend is created
  * (for comparisons).  Set by b12x_attend_setup. */
 int g_rc = 1;
+
+/* A split step of <= 16 heads whose doubled grid still fits one wave
+ * (in practice one token: 64 chunks, 128 blocks) in column halves, two
+ * blocks a chunk, unless MLART_B12X_HALF=0 when the backend is created
+ * (for comparisons).  In a layer step, where the V up-projection follows
+ * attend(), it was faster (mlart-decode at batch 1, 32 layers: 4-5% a
+ * step); back to back, where another attend() follows, slower
+ * (docs/attention.md, column halves).  Set by b12x_attend_setup. */
+int g_half = 1;
 
 int cuda_fail(mlart_error_fn err, const char *what, cudaError_t e)
 {
@@ -1925,10 +1957,17 @@ extern "C" int b12x_attend_setup(b12x_dev *out, mlart_error_fn err)
     }
     for (int ip = 0; ip < 2 && rc == 0; ip++)
         rc = allow_smem((const void *)pick_rc(ip != 0), RcSmem::bytes(B12X_MAX_TOPK), optin, dev, err);
+    for (int f = 0; f < 2 && rc == 0; f++) {
+        size_t bytes;
+        attend_kernel_fn fn = pick_small_half(f != 0, B12X_MAX_TOPK, &bytes);
+        rc = allow_smem((const void *)fn, bytes, optin, dev, err);
+    }
     if (rc != 0)
         return rc;
     const char *rcv = getenv("MLART_B12X_RC");
     g_rc = !(rcv && *rcv == '0');
+    const char *hv = getenv("MLART_B12X_HALF");
+    g_half = !(hv && *hv == '0');
     int per_sm = 0;
     e = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
     if (e != cudaSuccess)
@@ -2245,6 +2284,17 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
         }
         attend_kernel_fn fn;
         int threads = NTHREADS;
+        if (kind == PK_SMALL && g_half && full == 0 && sp.splits > 1 && !a.bar && T <= SMALL_SHORT_T &&
+            !(fp8 && g_rc && T >= SMALL_RC_T) && 2 * (int64_t)T * sp.splits <= num_sms) {
+            /* column halves: two blocks a chunk (b12x_small_kernel, HALF) */
+            fn = pick_small_half(fp8, chunk, &smem);
+            a.tile_base = full;
+#ifdef B12X_PROFILE
+            prof_main_blocks *= 2;
+#endif
+            e = launch(fn, dim3((unsigned)T, 2, (unsigned)sp.splits), SMALL_THREADS, smem, st, pdl, a);
+            continue;
+        }
         if (kind == PK_SMALL) {
             /* one row tile: eight math warps on each block, eight load
              * warps ahead of them (b12x_small_kernel) */

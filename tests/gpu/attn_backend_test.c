@@ -330,6 +330,68 @@ START_TEST(test_rc)
 }
 END_TEST
 
+/* One token at <= 16 heads: its chunks in column halves (two blocks a
+ * chunk, b12x_small_kernel HALF; the default) against the same backend
+ * created with MLART_B12X_HALF=0 (one block a chunk): bit for bit equal,
+ * since each output column is computed the same way, and against the CUDA
+ * reference.  Head counts 1, 11 and 16, top-k a multiple of 32 or not,
+ * leading empty slots (chunks with no valid slot: LSE -inf partials). */
+START_TEST(test_half)
+{
+    const mlart_kv_format fmt = g_fmts[_i];
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 61) * 0x9E3779B97F4A7C15ull;
+    shared_cache c;
+    cudaStream_t st;
+    GPU_CUDA(cudaStreamCreate(&st));
+    cache_open(&c, fmt, &rng);
+    const attn_shape shapes[] = {
+        {1, 16, 2048, fmt, 1, 0, 0, 0.0417f, 0},
+        {1, 11, 2048, fmt, 1, 0, 0, 0.3f, 0},
+        {1, 1, 576, fmt, 1, 0, 0, 0.0417f, 0},
+        {1, 16, 100, fmt, 1, 0, 0, 0.0417f, 0},    /* topk % 32 != 0 */
+        {1, 16, 2048, fmt, 1, 0, 1, 0.0417f, 1500}, /* empty chunks, out-of-range indices */
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        attn_host h;
+        attn_dev d;
+        attn_result one, two, ref;
+        b12x_run run;
+        char msg[256];
+        attn_host_make(&h, &shapes[i], c.host, &rng);
+        attn_dev_upload(&d, &h, c.dev);
+        setenv("MLART_B12X_HALF", "0", 1);
+        b12x_open(&run, &h, &d, 1);
+        b12x_attend_sync(&run, &h, &d, st);
+        attn_fetch(&one, &d, &h);
+        run.vt->destroy(run.state);
+        setenv("MLART_B12X_HALF", "1", 1);
+        b12x_open(&run, &h, &d, 1);
+        b12x_attend_sync(&run, &h, &d, st);
+        attn_fetch(&two, &d, &h);
+        run.vt->destroy(run.state);
+        const size_t rows = (size_t)h.sh.H * h.sh.T;
+        ck_assert_msg(memcmp(one.out, two.out, rows * 512 * 2) == 0 && memcmp(one.lse, two.lse, rows * 4) == 0,
+                      "%s H=%d topk=%d: column halves differ from whole rows", mlart_kv_format_name(fmt),
+                      h.sh.H, h.sh.topk);
+        ref_attend_sync(&h, &d, st);
+        attn_fetch(&ref, &d, &h);
+        const int bad = attn_compare(&h, &two, &ref, NMSE_MAX, LSE_TOL, msg, sizeof msg);
+        printf("  %-10s T=1 H=%-3d topk=%-4d column halves == whole rows, vs cuda-ref: %s\n",
+               mlart_kv_format_name(fmt), h.sh.H, h.sh.topk, msg);
+        ck_assert_msg(!bad, "column halves vs CUDA reference: %s", msg);
+        attn_result_free(&one);
+        attn_result_free(&two);
+        attn_result_free(&ref);
+        attn_dev_free(&d);
+        attn_host_free(&h);
+    }
+    printf("%s T = 1, column halves: %zu shapes equal to whole rows bit for bit and match (seed 0x%llx)\n",
+           mlart_kv_format_name(fmt), sizeof shapes / sizeof shapes[0], (unsigned long long)g_seed);
+    cache_close(&c);
+    cudaStreamDestroy(st);
+}
+END_TEST
+
 /* Split steps with MLART_B12X_INPLACE=1 (read when the backend is
  * created; each test runs in its own process): the combine inside the
  * small-head kernels (<= 16 heads), the wgmma kernel (64 and 128 heads),
@@ -842,6 +904,10 @@ int main(void)
     tc = tcase_create("rc");
     tcase_set_timeout(tc, 240);
     tcase_add_loop_test(tc, test_rc, 0, 2);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("half");
+    tcase_set_timeout(tc, 240);
+    tcase_add_loop_test(tc, test_half, 0, 2);
     suite_add_tcase(s, tc);
     tc = tcase_create("inplace");
     tcase_set_timeout(tc, 240);
