@@ -351,6 +351,8 @@ START_TEST(test_half)
         {1, 16, 100, fmt, 1, 0, 0, 0.0417f, 0},    /* topk % 32 != 0 */
         {1, 16, 2048, fmt, 1, 0, 1, 0.0417f, 1500}, /* empty chunks, out-of-range indices */
     };
+    int sms = 0, halves = 0;
+    GPU_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         attn_host h;
         attn_dev d;
@@ -369,6 +371,11 @@ START_TEST(test_half)
         b12x_attend_sync(&run, &h, &d, st);
         attn_fetch(&two, &d, &h);
         run.vt->destroy(run.state);
+        /* the launch's rule (b12x_attend_launch_tuned): a split whose
+         * doubled grid fits the multiprocessors */
+        const b12x_split sp = b12x_attend_split(1, h.sh.H, h.sh.topk, fmt == MLART_KV_FP8_DS_MLA, sms);
+        const int half = sp.splits > 1 && 2 * sp.splits <= sms;
+        halves += half;
         const size_t rows = (size_t)h.sh.H * h.sh.T;
         ck_assert_msg(memcmp(one.out, two.out, rows * 512 * 2) == 0 && memcmp(one.lse, two.lse, rows * 4) == 0,
                       "%s H=%d topk=%d: column halves differ from whole rows", mlart_kv_format_name(fmt),
@@ -376,8 +383,8 @@ START_TEST(test_half)
         ref_attend_sync(&h, &d, st);
         attn_fetch(&ref, &d, &h);
         const int bad = attn_compare(&h, &two, &ref, NMSE_MAX, LSE_TOL, msg, sizeof msg);
-        printf("  %-10s T=1 H=%-3d topk=%-4d column halves == whole rows, vs cuda-ref: %s\n",
-               mlart_kv_format_name(fmt), h.sh.H, h.sh.topk, msg);
+        printf("  %-10s T=1 H=%-3d topk=%-4d %d chunks%s == whole rows, vs cuda-ref: %s\n",
+               mlart_kv_format_name(fmt), h.sh.H, h.sh.topk, sp.splits, half ? " in column halves" : "", msg);
         ck_assert_msg(!bad, "column halves vs CUDA reference: %s", msg);
         attn_result_free(&one);
         attn_result_free(&two);
@@ -385,8 +392,12 @@ START_TEST(test_half)
         attn_dev_free(&d);
         attn_host_free(&h);
     }
-    printf("%s T = 1, column halves: %zu shapes equal to whole rows bit for bit and match (seed 0x%llx)\n",
-           mlart_kv_format_name(fmt), sizeof shapes / sizeof shapes[0], (unsigned long long)g_seed);
+    /* 64 chunks at 16 heads and top-k 2048 take 128 blocks: an H100 or
+     * H200 (132 multiprocessors) runs at least those in halves */
+    ck_assert_msg(sms < 128 || halves >= 2, "only %d shapes ran in column halves on %d multiprocessors", halves, sms);
+    printf("%s T = 1, column halves: %zu shapes (%d of them in halves) equal to whole rows bit for bit and match "
+           "(seed 0x%llx)\n",
+           mlart_kv_format_name(fmt), sizeof shapes / sizeof shapes[0], halves, (unsigned long long)g_seed);
     cache_close(&c);
     cudaStreamDestroy(st);
 }
