@@ -1898,7 +1898,7 @@ int g_rc = 1;
  * (in practice one token: 64 chunks, 128 blocks) in column halves, two
  * blocks a chunk, unless MLART_B12X_HALF=0 when the backend is created
  * (for comparisons).  In a layer step, where the V up-projection follows
- * attend(), it was faster (mlart-decode at batch 1, 32 layers: 4-5% a
+ * attend(), it was faster (mlart-decode at batch 1, 32 layers: 3.7-5.5% a
  * step); back to back, where another attend() follows, slower
  * (docs/attention.md, column halves).  Set by b12x_attend_setup. */
 int g_half = 1;
