@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# compute-sanitizer over the attention kernels, for the GPU machine:
+#   tests/gpu/sanitize.sh BUILD_DIR OUT_DIR [TIME_BUDGET_S]
+# BUILD_DIR should be a racecheck build (cmake -S . -B build-rc
+# -DCMAKE_CUDA_FLAGS=-DB12X_RACECHECK): racecheck cannot follow the stage
+# hand-overs by bar.arrive, and that build adds the barriers that let it
+# (docs/attention.md, Checking).  Runs racecheck, synccheck and memcheck on
+# mlart-decode steps that take each kernel family (16 heads a rank: the
+# small-head kernel at one block a chunk and with its stages reused, the
+# register-conversion kernel for fp8 at T >= 8, the column halves at T = 1;
+# 64 heads a rank: the wgmma kernel), each with --verify, and on the test
+# cases of the column halves and the wgmma kernel.  One log per run in
+# OUT_DIR; prints a line per run (errors or hazards counted from the
+# tool's summary) and exits non-zero when any run failed, reported an
+# error or hazard, or did not finish in time.
+set -uo pipefail
+build=${1:?usage: sanitize.sh BUILD_DIR OUT_DIR [TIME_BUDGET_S]}
+out=${2:?usage: sanitize.sh BUILD_DIR OUT_DIR [TIME_BUDGET_S]}
+budget=${3:-540}
+src=$(cd "$(dirname "$0")/../.." && pwd)
+case $build in /*) ;; *) build=$src/$build ;; esac
+cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [ ! -x "$cs" ]; then
+  echo "sanitize.sh: no compute-sanitizer" >&2
+  exit 2
+fi
+export MLART_TEST_DATA=${MLART_TEST_DATA:-$src/tests/data}
+mkdir -p "$out"
+start=$(date +%s)
+failed=0
+
+run() { # name tool limit command...
+  local name=$1 tool=$2 limit=$3 rc left found
+  shift 3
+  left=$((budget - ($(date +%s) - start)))
+  if [ "$left" -lt 20 ]; then
+    printf '%-34s NOT RUN (time budget spent)\n' "$name"
+    failed=$((failed + 1))
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  timeout "$limit" "$cs" --tool "$tool" --error-exitcode 9 "$@" >"$out/$name.log" 2>&1
+  rc=$?
+  found=$(grep -hoE '(ERROR|RACECHECK) SUMMARY: [0-9]+ (errors|hazards? displayed)' "$out/$name.log" | tail -n 1)
+  printf '%-34s rc=%-3d %s\n' "$name" "$rc" "${found:-no summary}"
+  [ "$rc" -eq 0 ] || failed=$((failed + 1))
+}
+
+dec=("$build/apps/mlart-decode/mlart-decode" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda
+     --context 2048 --steps 1 --verify)
+for tool in racecheck synccheck memcheck; do
+  for fmt in bf16 fp8_ds_mla; do
+    run "${tool}_h16_${fmt}_b1" "$tool" 90 "${dec[@]}" --kv-format "$fmt" --batch 1
+    run "${tool}_h16_${fmt}_b16" "$tool" 120 "${dec[@]}" --kv-format "$fmt" --batch 16
+    run "${tool}_h64_${fmt}_b2" "$tool" 120 "${dec[@]}" --kv-format "$fmt" --batch 2 --set tp_size=2
+  done
+done
+CK_FORK=no CK_RUN_CASE=half run racecheck_case_half racecheck 120 "$build/tests/attn_backend_gpu"
+CK_FORK=no CK_RUN_CASE=wgmma run memcheck_case_wgmma memcheck 180 "$build/tests/attn_backend_gpu"
+echo "== $((failed)) failed, $(($(date +%s) - start)) s"
+exit "$failed"
