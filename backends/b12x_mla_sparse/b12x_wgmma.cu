@@ -103,7 +103,7 @@ template <bool FP8> struct WgSmem {
 };
 
 /* Named barriers (0 is __syncthreads). */
-enum { BAR_FULL = 1, BAR_EMPTY = 4, BAR_PFULL = 7, BAR_PEMPTY = 9, BAR_LOAD = 11 };
+enum { BAR_FULL = 1, BAR_EMPTY = 4, BAR_PFULL = 7, BAR_PEMPTY = 9, BAR_LOAD = 11, BAR_MATH = 12 };
 
 using b12x::bar_arrive;
 using b12x::bar_sync;
@@ -449,6 +449,13 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_wgmma_kernel(const WgArgs a)
                 s_alpha[pbuf * HT + wr] = alpha[0];
                 s_alpha[pbuf * HT + wr + 8] = alpha[1];
             }
+#ifdef B12X_RACECHECK
+            /* racecheck orders a thread's shared-memory writes, too, only up
+             * to its last bar.sync: without this barrier of warpgroup 0
+             * alone it reports these s_alpha writes against warpgroup 1's
+             * reads after PFULL as RAW hazards (docs/attention.md, Checking) */
+            bar_sync(BAR_MATH, 128);
+#endif
             fence_proxy_async();
             bar_arrive(BAR_PFULL + pbuf, NTHREADS);
             PROF(6);
@@ -498,6 +505,12 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_wgmma_kernel(const WgArgs a)
                 }
             }
         }
+#ifdef B12X_RACECHECK
+        /* Orders nothing the __syncthreads() below does not, yet without
+         * it racecheck reports these s_inv writes against the reads after
+         * that __syncthreads() as RAW hazards (docs/attention.md, Checking) */
+        bar_sync(BAR_MATH, 128);
+#endif
     } else {
         /* ---- load warpgroup: gather (+ fp8 conversion), O[:, 256:512] ---- */
         /* Gather block j (one commit group per call, empty past the end). */

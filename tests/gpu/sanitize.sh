@@ -8,8 +8,9 @@
 # mlart-decode steps that take each kernel family (16 heads a rank: the
 # small-head kernel at one block a chunk and with its stages reused, the
 # register-conversion kernel for fp8 at T >= 8, the column halves at T = 1;
-# 64 heads a rank: the wgmma kernel), each with --verify, and on the test
-# cases of the column halves and the wgmma kernel.  One log per run in
+# 64 and 128 heads a rank: the wgmma kernel), each with --verify, and on the test
+# cases of the column halves (racecheck) and the wgmma kernel (memcheck;
+# racecheck on that case takes over 300 s).  One log per run in
 # OUT_DIR; prints a line per run (errors or hazards counted from the
 # tool's summary) and exits non-zero when any run failed, reported an
 # error or hazard, or did not finish in time.
@@ -53,6 +54,7 @@ for tool in racecheck synccheck memcheck; do
     run "${tool}_h16_${fmt}_b1" "$tool" 90 "${dec[@]}" --kv-format "$fmt" --batch 1
     run "${tool}_h16_${fmt}_b16" "$tool" 120 "${dec[@]}" --kv-format "$fmt" --batch 16
     run "${tool}_h64_${fmt}_b2" "$tool" 120 "${dec[@]}" --kv-format "$fmt" --batch 2 --set tp_size=2
+    run "${tool}_h128_${fmt}_b1" "$tool" 120 "${dec[@]}" --kv-format "$fmt" --batch 1 --set tp_size=1
   done
 done
 CK_FORK=no CK_RUN_CASE=half run racecheck_case_half racecheck 120 "$build/tests/attn_backend_gpu"
