@@ -19,7 +19,7 @@ if(MLART_EMBED_HAVE_ASAN)
 endif()
 add_executable(test_embed_st_mutate ${_embed}/st_mutate.c ${_embed}/st_writer.c ${_st_sources})
 target_include_directories(test_embed_st_mutate PRIVATE
-  ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR} ${_embed})
+  ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR} ${_embed} ${CMAKE_CURRENT_SOURCE_DIR})
 target_compile_options(test_embed_st_mutate PRIVATE ${MLART_C_WARNINGS} ${_st_san})
 target_link_options(test_embed_st_mutate PRIVATE ${_st_san})
 target_link_libraries(test_embed_st_mutate PRIVATE ${MLART_CHECK_LIBS})

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "check_run.h"
 #include "mlart/weights.h"
 #include "runtime/safetensors.h"
 #include "st_writer.h"
@@ -227,7 +228,6 @@ int main(void)
     const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     Suite *s = suite_create("safetensors-mutation");
     TCase *tc = tcase_create("mutate");
-    SRunner *sr;
     int failed;
     rng = seed ? seed : 1;
     printf("seed %llu (MLART_SEED to change)\n", (unsigned long long)seed);
@@ -240,10 +240,7 @@ int main(void)
     tcase_add_test(tc, test_mutated_headers);
     tcase_add_test(tc, test_mutated_files);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    failed = check_run(s, CK_FORK_GETENV);
     for (int i = 0; i < NBASE; i++)
         st_buf_free(&base[i]);
     return failed ? 1 : 0;

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check_run.h"
 #include "mlart/weights.h"
 #include "runtime/safetensors.h"
 #include "st_writer.h"
@@ -568,7 +569,6 @@ int main(void)
     const char *env = getenv("MLART_SEED");
     Suite *s = suite_create("safetensors");
     TCase *tc = tcase_create("load");
-    SRunner *sr;
     int failed;
     const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL) * 2654435761u;
@@ -592,10 +592,7 @@ int main(void)
     tcase_add_test(tc, test_header_length);
     tcase_add_test(tc, test_bad_args);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    failed = check_run(s, CK_FORK_GETENV);
     {
         char cmd[300];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);

@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check_run.h"
 #include "mlart/mlart.h"
 #include "serve_proto.h"
 #include "st_writer.h"
@@ -890,8 +891,6 @@ int main(int argc, char **argv)
 {
     Suite *s = suite_create("serve");
     TCase *proto = tcase_create("protocol"), *live = tcase_create("server");
-    SRunner *sr;
-    int failed;
     if (argc < 2) {
         fprintf(stderr, "usage: %s PATH-TO-mlart-serve-example [SERVER-ARGS...]\n", argv[0]);
         return 2;
@@ -922,9 +921,5 @@ int main(int argc, char **argv)
     }
     suite_add_tcase(s, proto);
     suite_add_tcase(s, live);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s, CK_FORK_GETENV);
 }

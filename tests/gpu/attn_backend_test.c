@@ -925,5 +925,5 @@ int main(void)
     tcase_add_loop_test(tc, test_inplace, 0, 4);
     tcase_add_loop_test(tc, test_inplace_repeat, 0, 4);
     suite_add_tcase(s, tc);
-    return gpu_test_run(s, CK_FORK);
+    return check_run(s, CK_FORK);
 }

@@ -652,5 +652,5 @@ int main(void)
     tcase_add_loop_test(tc, test_many_rows, 0, 2);
     tcase_add_loop_test(tc, test_guard_pages, 0, 2);
     suite_add_tcase(s, tc);
-    return gpu_test_run(s, CK_FORK);
+    return check_run(s, CK_FORK);
 }

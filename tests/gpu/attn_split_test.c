@@ -9,6 +9,7 @@
 #include <check.h>
 #include <stdio.h>
 
+#include "check_run.h"
 #include "backends/b12x_mla_sparse/b12x_attend.h"
 
 START_TEST(test_split_covers_topk)
@@ -176,16 +177,10 @@ int main(void)
 {
     Suite *s = suite_create("attn_split");
     TCase *tc = tcase_create("split");
-    SRunner *sr;
-    int failed;
     tcase_add_test(tc, test_split_covers_topk);
     tcase_add_test(tc, test_split_choices);
     tcase_add_test(tc, test_split_measured_best);
     tcase_add_test(tc, test_inplace_rule);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s, CK_FORK_GETENV);
 }

@@ -1,6 +1,7 @@
 /* What every GPU test shares: the device count asked without touching CUDA
  * in the calling process, the seed (MLART_SEED or the clock), a xorshift
- * generator, the CUDA-call assertion and the start and end of main(). */
+ * generator, the CUDA-call assertion and the start of main() (its end:
+ * check_run.h). */
 #ifndef MLART_TESTS_GPU_TEST_UTIL_H
 #define MLART_TESTS_GPU_TEST_UTIL_H
 
@@ -12,6 +13,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "check_run.h"
 
 #define GPU_CUDA(stmt)                                                                             \
     do {                                                                                           \
@@ -66,19 +69,6 @@ static inline int gpu_test_begin(const char *name, uint64_t *seed)
     *seed = gpu_seed();
     printf("%s: seed %#llx (set MLART_SEED to repeat)\n", name, (unsigned long long)*seed);
     return 0;
-}
-
-/* Runs the suite (fork: CK_FORK, each test in its own process and CUDA
- * context, or CK_NOFORK) and frees it; the exit status of main(). */
-static inline int gpu_test_run(Suite *s, enum fork_status fork)
-{
-    SRunner *sr = srunner_create(s);
-    int failed;
-    srunner_set_fork_status(sr, fork);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
 }
 
 #endif

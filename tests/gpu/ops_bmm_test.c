@@ -1107,5 +1107,5 @@ int main(void)
     tcase_add_loop_test(tc, vup_swap_matrix, 0, (int)(sizeof k_sT / sizeof k_sT[0]));
     tcase_add_loop_test(tc, vup_slice_matrix, 0, (int)(sizeof k_slT / sizeof k_slT[0]));
     suite_add_tcase(s, tc);
-    return gpu_test_run(s, CK_FORK);
+    return check_run(s, CK_FORK);
 }

@@ -218,5 +218,5 @@ int main(void)
     tcase_set_timeout(tc, 500);
     tcase_add_test(tc, cublas_probes);
     suite_add_tcase(s, tc);
-    return gpu_test_run(s, CK_NOFORK); /* this process forks its own CUDA children */
+    return check_run(s, CK_NOFORK); /* this process forks its own CUDA children */
 }

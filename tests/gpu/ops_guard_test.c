@@ -241,5 +241,5 @@ int main(void)
     tcase_add_test(tc, guard_catches_overread);
     tcase_add_loop_test(tc, guard_matrix, 0, (int)(sizeof k_T / sizeof k_T[0]));
     suite_add_tcase(s, tc);
-    return gpu_test_run(s, CK_FORK);
+    return check_run(s, CK_FORK);
 }

@@ -57,7 +57,9 @@ for tool in racecheck synccheck memcheck; do
     run "${tool}_h128_${fmt}_b1" "$tool" 120 "${dec[@]}" --kv-format "$fmt" --batch 1 --set tp_size=1
   done
 done
-CK_FORK=no CK_RUN_CASE=half run racecheck_case_half racecheck 120 "$build/tests/attn_backend_gpu"
-CK_FORK=no CK_RUN_CASE=wgmma run memcheck_case_wgmma memcheck 180 "$build/tests/attn_backend_gpu"
+# attn_backend_gpu runs each test in a child process whatever CK_FORK says
+# (check_run(s, CK_FORK)); compute-sanitizer checks the children too.
+CK_RUN_CASE=half run racecheck_case_half racecheck 120 "$build/tests/attn_backend_gpu"
+CK_RUN_CASE=wgmma run memcheck_case_wgmma memcheck 180 "$build/tests/attn_backend_gpu"
 echo "== $((failed)) failed, $(($(date +%s) - start)) s"
 exit "$failed"

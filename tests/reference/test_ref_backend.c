@@ -4,6 +4,7 @@
  * steps refused with clear errors and untouched outputs. */
 #include <check.h>
 
+#include "check_run.h"
 #include "ops/ops.h"
 #include "tests/reference/ref_step.h"
 
@@ -384,17 +385,11 @@ int main(void)
 {
     Suite *su = suite_create("reference_backend");
     TCase *tc = tcase_create("backend");
-    SRunner *sr;
-    int failed;
     ref_seed_init("test_ref_backend");
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, contract);
     tcase_add_test(tc, reference_vs_oracle_random);
     tcase_add_test(tc, bad_steps_refused);
     suite_add_tcase(su, tc);
-    sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(su, CK_FORK_GETENV);
 }

@@ -5,6 +5,7 @@
  * operand checks against bad views. */
 #include <check.h>
 
+#include "check_run.h"
 #include "ops/bmm_cuda.h"
 #include "ops/kv_write_cuda.h"
 #include "ops/ops.h"
@@ -533,8 +534,6 @@ int main(void)
 {
     Suite *s = suite_create("reference_ops");
     TCase *tc = tcase_create("ops");
-    SRunner *sr;
-    int failed;
     ref_seed_init("test_ref_ops");
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, query_bmm_vs_naive);
@@ -545,9 +544,5 @@ int main(void)
     tcase_add_test(tc, query_pdl_launch_choice);
     tcase_add_test(tc, checks_refuse_bad_views);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s, CK_FORK_GETENV);
 }

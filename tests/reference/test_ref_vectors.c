@@ -5,6 +5,7 @@
 #include <check.h>
 #include <stddef.h>
 
+#include "check_run.h"
 #include "ops/ops.h"
 #include "tests/reference/ref_step.h"
 
@@ -342,16 +343,10 @@ int main(void)
 {
     Suite *su = suite_create("reference_vectors");
     TCase *tc = tcase_create("vectors");
-    SRunner *sr;
-    int failed;
     printf("test_ref_vectors: data %s (fixed vectors, no random input)\n", MLART_TEST_DATA);
     tcase_set_timeout(tc, 240);
     tcase_add_loop_test(tc, vectors_reference_and_oracle, 0, NCASES);
     tcase_add_test(tc, quantiser_bit_exact);
     suite_add_tcase(su, tc);
-    sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(su, CK_FORK_GETENV);
 }

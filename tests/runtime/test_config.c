@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "check_run.h"
 #include "mlart/config.h"
 
 static char path[256];
@@ -235,17 +236,11 @@ int main(void)
 {
     Suite *s = suite_create("runtime_config");
     TCase *tc = tcase_create("config");
-    SRunner *sr;
-    int failed;
     tcase_add_test(tc, parse_good);
     tcase_add_test(tc, errors_name_key_and_line);
     tcase_add_test(tc, missing_file);
     tcase_add_test(tc, precedence);
     tcase_add_test(tc, shipped_configs);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s, CK_FORK_GETENV);
 }

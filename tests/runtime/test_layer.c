@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check_run.h"
 #include "mlart/backend.h"
 #include "plugins/testhost.h"
 #include "tests/runtime/fixture.h"
@@ -471,8 +472,6 @@ int main(void)
 {
     Suite *s = suite_create("runtime_layer");
     TCase *tc = tcase_create("layer");
-    SRunner *sr;
-    int failed;
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, contract_reaches_layer);
     tcase_add_test(tc, contiguous_query_is_exact_split_transpose);
@@ -488,9 +487,5 @@ int main(void)
     tcase_add_test(tc, reference_by_default);
 #endif
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s, CK_FORK_GETENV);
 }

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check_run.h"
 #include "mlart/backend.h"
 #include "pdl_probe.h"
 #include "plugins/testhost.h"
@@ -423,8 +424,7 @@ int main(void)
 {
     Suite *s;
     TCase *tc;
-    SRunner *sr;
-    int failed, n = 0;
+    int n = 0;
     if (mlart_cuda_device_count(&n) < 0 || n == 0) {
         printf("no usable CUDA device: skipped\n");
         return 77;
@@ -439,10 +439,5 @@ int main(void)
     tcase_add_test(tc, fork_join_probe);
     tcase_set_timeout(tc, 120);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK); /* CUDA does not survive fork() */
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s, CK_NOFORK); /* CUDA does not survive fork() */
 }

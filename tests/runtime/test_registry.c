@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "check_run.h"
 #include "mlart/backend.h"
 #include "mlart/config.h"
 
@@ -128,17 +129,11 @@ int main(void)
 {
     Suite *s = suite_create("runtime_registry");
     TCase *tc = tcase_create("registry");
-    SRunner *sr;
-    int failed;
     tcase_add_test(tc, builtins);
     tcase_add_test(tc, module_loads);
     tcase_add_test(tc, modules_refused);
     tcase_add_test(tc, no_path);
     tcase_add_test(tc, by_config_and_env);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s, CK_FORK_GETENV);
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check_run.h"
 #include "mlart/mlart.h"
 #include "tests/runtime/fixture.h"
 
@@ -221,8 +222,6 @@ int main(void)
 {
     Suite *s = suite_create("runtime_tensor");
     TCase *tc = tcase_create("tensor");
-    SRunner *sr;
-    int failed;
     tcase_add_test(tc, dtypes);
     tcase_add_test(tc, dense_and_span);
     tcase_add_test(tc, bad_views);
@@ -230,9 +229,5 @@ int main(void)
     tcase_add_test(tc, kv_b_proj_views);
     tcase_add_test(tc, context);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s, CK_FORK_GETENV);
 }
