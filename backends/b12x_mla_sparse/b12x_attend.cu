@@ -2107,6 +2107,12 @@ extern "C" int b12x_attend_inplace_ok(const b12x_dev *dev, int T, int heads, int
     return 1;
 }
 
+extern "C" int b12x_attend_halves(const b12x_dev *dev, int T, int heads, int splits, int fp8, int inplace)
+{
+    return g_half && heads < HEAD_TILE && part_kernel(heads, 1) == PK_SMALL && splits > 1 && !inplace &&
+           T <= SMALL_SHORT_T && !(fp8 && g_rc && T >= SMALL_RC_T) && 2 * (int64_t)T * splits <= dev->num_sms;
+}
+
 extern "C" void b12x_attend_teardown(b12x_dev *dev)
 {
     if (dev->bar)
@@ -2284,8 +2290,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
         }
         attend_kernel_fn fn;
         int threads = NTHREADS;
-        if (kind == PK_SMALL && g_half && full == 0 && sp.splits > 1 && !a.bar && T <= SMALL_SHORT_T &&
-            !(fp8 && g_rc && T >= SMALL_RC_T) && 2 * (int64_t)T * sp.splits <= num_sms) {
+        if (b12x_attend_halves(dev, T, H, sp.splits, fp8, a.bar != nullptr)) {
             /* column halves: two blocks a chunk (b12x_small_kernel, HALF) */
             fn = pick_small_half(fp8, chunk, &smem);
             a.tile_base = full;

@@ -59,6 +59,13 @@ void b12x_attend_teardown(b12x_dev *dev);
  * dev->max_trips dependent L2 round trips (few splits of many rows take
  * more), and setup allocated the barriers.  1 or 0. */
 int b12x_attend_inplace_ok(const b12x_dev *dev, int T, int heads, int splits);
+/* Whether the launch runs the chunks of a step of T tokens, `heads` heads
+ * and `splits` chunks in column halves (two blocks a chunk, each with half
+ * of the 512 output columns): a small-head step (<= 16 heads) that splits,
+ * combines with the combine kernel (`inplace` 0), has at most 8 tokens and
+ * is not on the fp8 register-conversion kernel, whose doubled grid fits
+ * dev->num_sms, unless MLART_B12X_HALF=0 when setup ran.  1 or 0. */
+int b12x_attend_halves(const b12x_dev *dev, int T, int heads, int splits, int fp8, int inplace);
 /* The split chosen for T tokens: a function of T, heads, topk, the cache
  * format (`fp8`: fp8_ds_mla, else bf16) and the multiprocessor count
  * only, so plan() and attend() agree. */

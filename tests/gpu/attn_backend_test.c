@@ -76,6 +76,29 @@ static void b12x_attend_sync(b12x_run *r, const attn_host *h, attn_dev *d, cudaS
     GPU_CUDA(cudaGetLastError());
 }
 
+/* The grid of the first kernel a step launches: the root of the step
+ * captured into a graph (not launched). */
+static dim3 b12x_first_grid(b12x_run *r, const attn_host *h, attn_dev *d, cudaStream_t st)
+{
+    mlart_step s = attn_dev_step(h, d);
+    cudaGraph_t graph;
+    cudaGraphNode_t root;
+    size_t roots = 1;
+    enum cudaGraphNodeType type;
+    struct cudaKernelNodeParams p;
+    GPU_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    int rc = r->vt->attend(r->state, &s, st);
+    GPU_CUDA(cudaStreamEndCapture(st, &graph));
+    ck_assert_msg(rc == 0, "attend under capture: %s", attn_last_msg);
+    GPU_CUDA(cudaGraphGetRootNodes(graph, &root, &roots));
+    ck_assert_uint_eq(roots, 1);
+    GPU_CUDA(cudaGraphNodeGetType(root, &type));
+    ck_assert_msg(type == cudaGraphNodeTypeKernel, "the step's first node is not a kernel (type %d)", (int)type);
+    GPU_CUDA(cudaGraphKernelNodeGetParams(root, &p));
+    GPU_CUDA(cudaGraphDestroy(graph));
+    return p.gridDim;
+}
+
 static void ref_attend_sync(const attn_host *h, attn_dev *d, cudaStream_t st)
 {
     mlart_step s = attn_dev_step(h, d);
@@ -361,21 +384,31 @@ START_TEST(test_half)
         char msg[256];
         attn_host_make(&h, &shapes[i], c.host, &rng);
         attn_dev_upload(&d, &h, c.dev);
+        /* the launch's rule (b12x_attend_halves, as setup leaves
+         * MLART_B12X_HALF=1), and what each backend launched: the main
+         * kernel's grid is (T, 2, splits) in halves, (T, 1, splits) not */
+        const int fp8 = fmt == MLART_KV_FP8_DS_MLA;
+        const b12x_split sp = b12x_attend_split(1, h.sh.H, h.sh.topk, fp8, sms);
+        const b12x_dev dv = {.num_sms = sms};
+        const int half = b12x_attend_halves(&dv, 1, h.sh.H, sp.splits, fp8, 0);
         setenv("MLART_B12X_HALF", "0", 1);
         b12x_open(&run, &h, &d, 1);
+        dim3 grid = b12x_first_grid(&run, &h, &d, st);
+        ck_assert_msg(grid.x == 1 && grid.y == 1 && (int)grid.z == sp.splits, "MLART_B12X_HALF=0: grid %u x %u x %u",
+                      grid.x, grid.y, grid.z);
         b12x_attend_sync(&run, &h, &d, st);
         attn_fetch(&one, &d, &h);
         run.vt->destroy(run.state);
         setenv("MLART_B12X_HALF", "1", 1);
         b12x_open(&run, &h, &d, 1);
+        grid = b12x_first_grid(&run, &h, &d, st);
+        ck_assert_msg(grid.x == 1 && (int)grid.y == 1 + half && (int)grid.z == sp.splits,
+                      "H=%d: grid %u x %u x %u, the rule says %s", h.sh.H, grid.x, grid.y, grid.z,
+                      half ? "halves" : "whole rows");
         b12x_attend_sync(&run, &h, &d, st);
         attn_fetch(&two, &d, &h);
         run.vt->destroy(run.state);
-        /* the launch's rule (b12x_attend_launch_tuned): a split whose
-         * doubled grid fits the multiprocessors */
-        const b12x_split sp = b12x_attend_split(1, h.sh.H, h.sh.topk, fmt == MLART_KV_FP8_DS_MLA, sms);
-        const int half = sp.splits > 1 && 2 * sp.splits <= sms;
-        halves += half;
+        halves += grid.y == 2;
         const size_t rows = (size_t)h.sh.H * h.sh.T;
         ck_assert_msg(memcmp(one.out, two.out, rows * 512 * 2) == 0 && memcmp(one.lse, two.lse, rows * 4) == 0,
                       "%s H=%d topk=%d: column halves differ from whole rows", mlart_kv_format_name(fmt),

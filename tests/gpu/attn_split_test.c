@@ -5,7 +5,8 @@
  * max_tokens; the model picks the split counts measured fastest; and the
  * in-place combine's rule (b12x_attend_inplace_ok) takes a step only when
  * each launch's grid is resident at once and its combine takes at most
- * max_trips L2 round trips, within the barrier words setup allocates. */
+ * max_trips L2 round trips, within the barrier words setup allocates; and
+ * the column-halves rule (b12x_attend_halves). */
 #include <check.h>
 #include <stdio.h>
 
@@ -173,6 +174,47 @@ START_TEST(test_inplace_rule)
 }
 END_TEST
 
+/* The column-halves rule (b12x_attend_halves) on a device like the H200,
+ * setup not run (MLART_B12X_HALF and MLART_B12X_RC at their defaults):
+ * small-head steps that split, at most 8 tokens, the doubled grid within
+ * the multiprocessors, never with the in-place combine or on the fp8
+ * register-conversion kernel (>= 8 tokens). */
+START_TEST(test_halves_rule)
+{
+    b12x_dev dev = {.num_sms = 132};
+    ck_assert(b12x_attend_halves(&dev, 1, 16, 64, 0, 0)); /* 128 blocks */
+    ck_assert(b12x_attend_halves(&dev, 1, 16, 64, 1, 0));
+    ck_assert(b12x_attend_halves(&dev, 1, 1, 66, 0, 0));  /* 132: exactly one wave */
+    ck_assert(!b12x_attend_halves(&dev, 1, 1, 67, 0, 0)); /* 134 */
+    ck_assert(!b12x_attend_halves(&dev, 2, 16, 64, 0, 0)); /* 256 */
+    ck_assert(b12x_attend_halves(&dev, 2, 16, 32, 0, 0));
+    ck_assert(b12x_attend_halves(&dev, 8, 16, 8, 0, 0));
+    ck_assert(!b12x_attend_halves(&dev, 8, 16, 8, 1, 0));  /* fp8 >= 8 tokens: the register-conversion kernel */
+    ck_assert(b12x_attend_halves(&dev, 7, 16, 8, 1, 0));
+    ck_assert(!b12x_attend_halves(&dev, 9, 16, 4, 0, 0));  /* past the short kernel */
+    ck_assert(!b12x_attend_halves(&dev, 1, 16, 64, 0, 1)); /* in-place combine */
+    ck_assert(!b12x_attend_halves(&dev, 1, 16, 1, 0, 0));  /* no split */
+    ck_assert(!b12x_attend_halves(&dev, 1, 17, 64, 0, 0)); /* the general kernel */
+    ck_assert(!b12x_attend_halves(&dev, 1, 64, 64, 0, 0)); /* the wgmma kernel */
+    ck_assert(!b12x_attend_halves(&dev, 1, 80, 16, 0, 0)); /* 64 + 16: a wgmma launch first */
+    dev.num_sms = 78;
+    ck_assert(!b12x_attend_halves(&dev, 1, 16, 64, 0, 0));
+    ck_assert(b12x_attend_halves(&dev, 1, 16, 32, 0, 0));
+    /* the split the model takes for one token of <= 16 heads and top-k
+     * 2048 runs in halves on 132 multiprocessors, not on 78 */
+    for (int fp8 = 0; fp8 < 2; fp8++)
+        for (int H = 1; H <= 16; H++) {
+            const b12x_split a = b12x_attend_split(1, H, 2048, fp8, 132), b = b12x_attend_split(1, H, 2048, fp8, 78);
+            dev.num_sms = 132;
+            ck_assert_msg(b12x_attend_halves(&dev, 1, H, a.splits, fp8, 0), "H=%d fp8=%d: %d splits", H, fp8, a.splits);
+            dev.num_sms = 78;
+            ck_assert_int_eq(b12x_attend_halves(&dev, 1, H, b.splits, fp8, 0), 2 * b.splits <= 78);
+        }
+    printf("halves rule: small-head split steps of <= 8 tokens whose doubled grid fits, none in place or on the fp8 "
+           "register-conversion kernel\n");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("attn_split");
@@ -181,6 +223,7 @@ int main(void)
     tcase_add_test(tc, test_split_choices);
     tcase_add_test(tc, test_split_measured_best);
     tcase_add_test(tc, test_inplace_rule);
+    tcase_add_test(tc, test_halves_rule);
     suite_add_tcase(s, tc);
     return check_run(s, CK_FORK_GETENV);
 }
