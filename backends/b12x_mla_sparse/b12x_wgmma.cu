@@ -621,16 +621,8 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_wgmma_kernel(const WgArgs a)
             wgmma_wait<0>();
             reg_fence(o);
             PROF(2);
-            if (j >= 1 && j + 1 < nblk) {
-#ifdef B12X_RACECHECK
-                /* compute-sanitizer racecheck orders a thread's shared-memory
-                 * reads only up to its last bar.sync, not up to its
-                 * bar.arrive (docs/attention.md, Checking): a barrier of
-                 * this warpgroup alone, in a build for racecheck only */
-                bar_sync(BAR_LOAD, 128);
-#endif
+            if (j >= 1 && j + 1 < nblk)
                 bar_arrive(BAR_PEMPTY + ((j - 1) & 1), NTHREADS);
-            }
             if constexpr (FP8) {
                 if (j + 1 < nblk) {
                     if (j >= 1)
