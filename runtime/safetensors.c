@@ -39,15 +39,23 @@ static void st_ws(st_scan *s)
         s->p++;
 }
 
+/* Skip whitespace, then consume `c` if it comes next: 1 if it did. */
+static int st_accept(st_scan *s, char c)
+{
+    st_ws(s);
+    if (s->p < s->end && *s->p == c) {
+        s->p++;
+        return 1;
+    }
+    return 0;
+}
+
 /* Skip whitespace, then consume `c` or fail. */
 static int st_expect(st_scan *s, char c)
 {
     char what[32];
-    st_ws(s);
-    if (s->p < s->end && *s->p == c) {
-        s->p++;
+    if (st_accept(s, c))
         return 0;
-    }
     snprintf(what, sizeof what, "expected '%c'", c);
     return st_fail(s, s->p < s->end ? what : "unexpected end");
 }
@@ -307,36 +315,24 @@ static int st_skip_value(st_scan *s, int depth)
         return st_string(s, NULL, NULL);
     case '{':
         s->p++;
-        st_ws(s);
-        if (s->p < s->end && *s->p == '}') {
-            s->p++;
+        if (st_accept(s, '}'))
             return 0;
-        }
         for (;;) {
             MLART_CHECK(st_string(s, NULL, NULL));
             MLART_CHECK(st_expect(s, ':'));
             MLART_CHECK(st_skip_value(s, depth + 1));
-            st_ws(s);
-            if (s->p < s->end && *s->p == ',') {
-                s->p++;
+            if (st_accept(s, ','))
                 continue;
-            }
             return st_expect(s, '}');
         }
     case '[':
         s->p++;
-        st_ws(s);
-        if (s->p < s->end && *s->p == ']') {
-            s->p++;
+        if (st_accept(s, ']'))
             return 0;
-        }
         for (;;) {
             MLART_CHECK(st_skip_value(s, depth + 1));
-            st_ws(s);
-            if (s->p < s->end && *s->p == ',') {
-                s->p++;
+            if (st_accept(s, ','))
                 continue;
-            }
             return st_expect(s, ']');
         }
     case 't':
@@ -362,9 +358,7 @@ static int st_u64_array(st_scan *s, uint64_t *v, int max, int *count)
 {
     int n = 0;
     MLART_CHECK(st_expect(s, '['));
-    st_ws(s);
-    if (s->p < s->end && *s->p == ']') {
-        s->p++;
+    if (st_accept(s, ']')) {
         *count = 0;
         return 0;
     }
@@ -372,11 +366,8 @@ static int st_u64_array(st_scan *s, uint64_t *v, int max, int *count)
         if (n == max)
             return st_fail(s, "too many integers in array");
         MLART_CHECK(st_u64(s, &v[n++]));
-        st_ws(s);
-        if (s->p < s->end && *s->p == ',') {
-            s->p++;
+        if (st_accept(s, ','))
             continue;
-        }
         MLART_CHECK(st_expect(s, ']'));
         *count = n;
         return 0;
@@ -463,11 +454,8 @@ static int st_tensor_info(st_scan *s, mlart_st_entry *e)
             free(key);
             MLART_CHECK(st_skip_value(s, 1));
         }
-        st_ws(s);
-        if (s->p < s->end && *s->p == ',') {
-            s->p++;
+        if (st_accept(s, ','))
             continue;
-        }
         MLART_CHECK(st_expect(s, '}'));
         break;
     }
@@ -481,9 +469,7 @@ static int st_metadata(st_scan *s, size_t *count)
 {
     size_t n = 0;
     MLART_CHECK(st_expect(s, '{'));
-    st_ws(s);
-    if (s->p < s->end && *s->p == '}') {
-        s->p++;
+    if (st_accept(s, '}')) {
         *count = 0;
         return 0;
     }
@@ -495,11 +481,8 @@ static int st_metadata(st_scan *s, size_t *count)
             return st_fail(s, "__metadata__ values must be strings");
         MLART_CHECK(st_string(s, NULL, NULL));
         n++;
-        st_ws(s);
-        if (s->p < s->end && *s->p == ',') {
-            s->p++;
+        if (st_accept(s, ','))
             continue;
-        }
         MLART_CHECK(st_expect(s, '}'));
         *count = n;
         return 0;
