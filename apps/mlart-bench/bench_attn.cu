@@ -58,7 +58,9 @@
  * gives its step and early without the write (MLART_BENCH_ATTN_KVW=0 in the
  * environment: no write, the columns as before 2026-12-02 14:30).
  * With MLART_BENCH_ATTN_VARIANTS=1 in the environment a tuning table
- * follows (bench_attn_variants). */
+ * follows (bench_attn_variants).  Then the partial head tiles' table
+ * (bench_attn_partial): 32 and 48 heads on the launch's kernel, the general
+ * and the wgmma kernel. */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <math.h>
@@ -853,6 +855,134 @@ int bench_attn_variants(const mlart_bench_opts *o)
     return wrong;
 }
 
+/* Partial head tiles (17..63 heads, e.g. DeepSeek-V3.2 at tensor parallel
+ * 4: 32 heads a rank): the launch's pick (`time`; b12x_tune zero) against
+ * the same step forced onto the general mma.sync kernel (`general`, tune
+ * tile = 1) and onto the wgmma kernel (`wgmma`, tile = 2), each checked
+ * against the reference (err: the largest NMSE of the three).  The rule
+ * (b12x_attend.cu, part_kernel) takes wgmma from T = 4 on. */
+const int kPartHs[2] = {32, 48};
+const int kPartTs[6] = {1, 2, 4, 8, 16, 64};
+
+int bench_attn_partial_match(const mlart_bench_opts *o)
+{
+    for (int f = 0; f < 2; f++)
+        for (int m = 0; m < 2; m++)
+            for (int it = 0; it < 6; it++) {
+                char name[64];
+                snprintf(name, sizeof name, "attn partial H%d %s T%d", kPartHs[m], f == 0 ? "bf16" : "fp8",
+                         kPartTs[it]);
+                if (mlart_bench_match(o, name))
+                    return 1;
+            }
+    return 0;
+}
+
+int bench_attn_partial(const mlart_bench_opts *o)
+{
+    static const mlart_bench_col cols[] = {{"time", "us", 8, 2},  {"general", "us", 8, 2}, {"wgmma", "us", 8, 2},
+                                           {"x_gen", "x", 6, 2},  {"x_best", "x", 6, 2},   {"err", "nmse", 9, 7}};
+    const mlart_bench_table t = {"attn partial head tiles: the launch's kernel against the general and the wgmma "
+                                 "kernel (topk 2048, each token its own request)",
+                                 "shape", 34, cols, 6};
+    static const mlart_kv_format fmts[] = {MLART_KV_BF16, MLART_KV_FP8_DS_MLA};
+    mlart_bench_opts ref_opts = *o;
+    ref_opts.reps = 1;
+    ref_opts.warmup = 0;
+    int wrong = 0, rows = 0;
+    double worst_best = 0, log_gen[2] = {0, 0};
+    int n_gen[2] = {0, 0};
+    char worst_name[64] = "";
+    b12x_dev dev;
+    if (b12x_attend_setup(&dev, bench_err))
+        return -1;
+    mlart_bench_table_head(o, &t);
+    for (int f = 0; f < 2; f++) {
+        mlart_geometry g0;
+        void *kv = open_cache(fmts[f], &g0);
+        if (!kv) {
+            b12x_attend_teardown(&dev);
+            return -1;
+        }
+        const size_t row_bytes = fmts[f] == MLART_KV_BF16 ? 1152 : 656;
+        for (int m = 0; m < 2; m++) {
+            Ctx *c = (Ctx *)calloc(1, sizeof(Ctx));
+            c->g = g0;
+            c->g.heads = kPartHs[m];
+            c->P = c->V = 128;
+            c->kv = kv;
+            c->ws_bytes = (size_t)64 * kPartTs[5] * kPartHs[m] * (512 * 2 + 4); /* 64 splits */
+            if (cudaMalloc(&c->ws, c->ws_bytes) != cudaSuccess) {
+                free(c);
+                cudaFree(kv);
+                b12x_attend_teardown(&dev);
+                return -1;
+            }
+            for (int it = 0; it < 6; it++) {
+                c->T = kPartTs[it];
+                char name[64];
+                snprintf(name, sizeof name, "attn partial H%d %s T%d", kPartHs[m],
+                         fmts[f] == MLART_KV_BF16 ? "bf16" : "fp8", c->T);
+                if (!mlart_bench_match(o, name))
+                    continue;
+                const int nsets = mlart_bench_sets(o, (size_t)c->T * kTopk * row_bytes, 2);
+                double ref_us, vals[6], err = 0;
+                if (alloc_sets(*c, nsets, 0x9A27 + 131 * it + 7 * m + f) ||
+                    mlart_bench_time(&ref_opts, enqueue_ref, c, 1, &ref_us)) {
+                    free_sets(*c);
+                    wrong++;
+                    continue;
+                }
+                int bad = 0;
+                for (int k = 0; k < 3 && !bad; k++) {
+                    Variant v = {c, {0, 0, 0, 1, 0, 0, 0, k}, &dev};
+                    if (cudaMemset(c->sets[0].out, 0xff, (size_t)kPartHs[m] * c->T * 1024) != cudaSuccess ||
+                        mlart_bench_time(o, enqueue_variant, &v, nsets, &vals[k])) {
+                        bad = 1;
+                        break;
+                    }
+                    const double e = check_set0(*c);
+                    if (!(e <= kNmseMax))
+                        bad = 1;
+                    err = e > err || isnan(e) ? e : err;
+                }
+                free_sets(*c);
+                if (bad) {
+                    wrong++;
+                    fprintf(stderr, "mlart-bench attn: %s: a kernel failed or disagreed with the reference (nmse %g)\n",
+                            name, err);
+                    continue;
+                }
+                vals[3] = vals[1] / vals[0];
+                vals[4] = fmin(vals[1], vals[2]) / vals[0];
+                vals[5] = err;
+                mlart_bench_table_row(o, &t, name, vals);
+                rows++;
+                if (rows == 1 || vals[4] < worst_best) {
+                    worst_best = vals[4];
+                    snprintf(worst_name, sizeof worst_name, "%s", name + 13);
+                }
+                log_gen[c->T >= 4] += log(vals[3]);
+                n_gen[c->T >= 4]++;
+            }
+            cudaFree(c->ws);
+            free(c);
+        }
+        cudaFree(kv);
+    }
+    b12x_attend_teardown(&dev);
+    if (rows) {
+        char line[320];
+        snprintf(line, sizeof line,
+                 "%d rows: the launch's pick against the faster of the two kernels worst %.3fx (%s); speedup over "
+                 "the general kernel geomean %.2fx at T < 4, %.2fx at T >= 4",
+                 rows, worst_best, worst_name, n_gen[0] ? exp(log_gen[0] / n_gen[0]) : NAN,
+                 n_gen[1] ? exp(log_gen[1] / n_gen[1]) : NAN);
+        mlart_bench_summary(o, t.title, line);
+    }
+    return wrong;
+}
+
 } /* namespace */
 
 extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
@@ -903,7 +1033,8 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     const int variants = ev && *ev && strcmp(ev, "0");
     const char *kv_env = getenv("MLART_BENCH_ATTN_KVW");
     const int kvw = !(kv_env && !strcmp(kv_env, "0"));
-    if (!any && !(variants && bench_attn_variants_match(o)))
+    const int partial = bench_attn_partial_match(o);
+    if (!any && !partial && !(variants && bench_attn_variants_match(o)))
         return 0;
 
     const double tc_peak = measure_tc_peak();
@@ -1145,6 +1276,10 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     b12x_attend_teardown(&dev);
     if (variants) {
         const int rc = bench_attn_variants(o);
+        wrong += rc < 0 ? 1 : rc;
+    }
+    if (partial) {
+        const int rc = bench_attn_partial(o);
         wrong += rc < 0 ? 1 : rc;
     }
     char bare[160] = "";

@@ -2051,20 +2051,30 @@ extern "C" int b12x_attend_setup(b12x_dev *out, mlart_error_fn err)
     return 0;
 }
 
-/* The kernel that runs part `part` of a step of `heads` heads (0: the full
- * 64-head tiles, 1: the last partial tile), as b12x_attend_launch_tuned
- * launches it and b12x_attend_inplace_ok checks it. */
+/* The kernel that runs part `part` of a step of T tokens and `heads`
+ * heads (0: the full 64-head tiles, 1: the last partial tile), as
+ * b12x_attend_launch_tuned launches it and b12x_attend_inplace_ok checks
+ * it.  `tile` (b12x_tune.tile) puts a partial tile of 17..63 heads on the
+ * general kernel (1) or the wgmma kernel (2); 0 lets the rule decide. */
 namespace {
 enum PartKernel { PK_WGMMA, PK_SWG, PK_SMALL, PK_GENERAL };
 
-PartKernel part_kernel(int heads, int part)
+/* Partial tiles of 17..63 heads run on the wgmma kernel from this many
+ * tokens on (MLART_B12X_WGMMA=1): faster than the general kernel at 24
+ * to 56 heads in both formats from T = 4 (4-32% a decode step), even or
+ * slower at T = 1 and 2 (docs/attention.md, the wgmma kernel). */
+constexpr int WG_PARTIAL_T = 4;
+
+PartKernel part_kernel(int T, int heads, int part, int tile = 0)
 {
     const int wmode = b12x_wgmma_mode(), rt = part == 0 ? 4 : (heads % HEAD_TILE + 15) / 16;
+    if (part == 1 && rt > 1 && tile)
+        return tile == 2 ? PK_WGMMA : PK_GENERAL;
     if (wmode == 2 || (wmode == 1 && part == 0))
         return PK_WGMMA;
     if (rt == 1)
         return b12x_swg_mode() ? PK_SWG : PK_SMALL;
-    return PK_GENERAL;
+    return wmode == 1 && T >= WG_PARTIAL_T ? PK_WGMMA : PK_GENERAL;
 }
 } /* namespace */
 
@@ -2075,7 +2085,8 @@ extern "C" int b12x_attend_inplace_ok(const b12x_dev *dev, int T, int heads, int
     /* The launches of b12x_attend_launch_tuned: the full 64-head tiles (the
      * wgmma kernel, or with MLART_B12X_WGMMA=0 the general one), then the
      * last partial tile (a small-head kernel at <= 16 heads, the general
-     * kernel, or with MLART_B12X_WGMMA=2 the wgmma kernel).  Each grid
+     * kernel, or the wgmma kernel: from 4 tokens on at 17..63 heads, at
+     * any head count with MLART_B12X_WGMMA=2).  Each grid
      * must be resident at once by itself: the second launch's blocks
      * start only once every block of the first has passed its
      * launch_dependents, i.e. is resident, and they wait for the first to
@@ -2088,7 +2099,7 @@ extern "C" int b12x_attend_inplace_ok(const b12x_dev *dev, int T, int heads, int
         /* each kind's residency and the ZB of its combine (the kernel's
          * largest tile: wgmma 64 rows, general 16 x RT, small-head 16) */
         int cap, zb;
-        switch (part_kernel(heads, part)) {
+        switch (part_kernel(T, heads, part)) {
         case PK_WGMMA:
             cap = dev->resident_wg, zb = b12x::combine_zb(HEAD_TILE, NTHREADS);
             break;
@@ -2109,7 +2120,7 @@ extern "C" int b12x_attend_inplace_ok(const b12x_dev *dev, int T, int heads, int
 
 extern "C" int b12x_attend_halves(const b12x_dev *dev, int T, int heads, int splits, int fp8, int inplace)
 {
-    return g_half && heads < HEAD_TILE && part_kernel(heads, 1) == PK_SMALL && splits > 1 && !inplace &&
+    return g_half && heads < HEAD_TILE && part_kernel(T, heads, 1) == PK_SMALL && splits > 1 && !inplace &&
            T <= SMALL_SHORT_T && !(fp8 && g_rc && T >= SMALL_RC_T) && 2 * (int64_t)T * splits <= dev->num_sms;
 }
 
@@ -2208,7 +2219,8 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
 
     if (tune && (tune->combine < 0 || tune->combine > 2 || tune->parts < 0 || tune->parts > 3 ||
                  tune->combine_spread < -1 || tune->combine_spread > 1 || tune->inplace < -1 ||
-                 tune->inplace > 1 || tune->cb_trigger < -1 || tune->cb_trigger > 1))
+                 tune->inplace > 1 || tune->cb_trigger < -1 || tune->cb_trigger > 1 || tune->tile < 0 ||
+                 tune->tile > 2))
         return err(MLART_EINVAL, "b12x_mla_sparse: tuning values out of range");
     b12x_split sp = b12x_attend_split(T, H, g->topk, fp8, num_sms);
     if (tune && tune->splits > 0) {
@@ -2245,10 +2257,12 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
     /* The combine inside the kernels: every launch of the step can do it
      * and its whole grid fits on the device at once, so no block waits at
      * a barrier for one that cannot start. */
-    const bool inplace_ok = b12x_attend_inplace_ok(dev, T, H, sp.splits) != 0;
+    const bool inplace_ok = b12x_attend_inplace_ok(dev, T, H, sp.splits) != 0 && !(tune && tune->tile);
     if (tune && tune->inplace > 0 && (!inplace_ok || tune->parts == 2))
         return err(MLART_EINVAL, "b12x_mla_sparse: no in-place combine for this step%s",
-                   tune->parts == 2 ? " (parts = 2 runs the combine kernel)" : "");
+                   tune->parts == 2   ? " (parts = 2 runs the combine kernel)"
+                   : tune->tile != 0 ? " (a forced tile kernel runs the combine kernel)"
+                                     : "");
     const bool inplace = inplace_ok && (tune && tune->inplace ? tune->inplace > 0 : dev->inplace != 0) &&
                          !(tune && tune->parts == 2);
     if (inplace && !(tune && tune->parts == 1))
@@ -2269,7 +2283,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
             continue;
         const int rt = part == 0 ? 4 : (rem + 15) / 16;
         size_t smem;
-        const PartKernel kind = part_kernel(H, part);
+        const PartKernel kind = part_kernel(T, H, part, tune ? tune->tile : 0);
 #ifdef B12X_PROFILE
         if (a.bar && !(kind == PK_SMALL && !(fp8 && g_rc && T >= SMALL_RC_T)))
             prof_inner = 0; /* only the small-head kernel stamps inside its combine */

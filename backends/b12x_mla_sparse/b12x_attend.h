@@ -88,7 +88,10 @@ int b12x_attend_launch(const mlart_step *s, const b12x_dev *dev, void *stream, m
  * step, or with parts = 2), -1 runs the combine kernel, 0 follows
  * b12x_dev.inplace; `cb_trigger` 1 lets the combine kernel's dependents
  * launch before its dependency wait, -1 after it, 0 as the launch
- * decides (before, where the combine is capped). */
+ * decides (before, where the combine is capped); `tile` 1 runs a partial
+ * head tile of 17..63 heads on the general mma.sync kernel, 2 on the wgmma
+ * kernel, 0 as the launch decides (with 1 or 2 the step runs the combine
+ * kernel, never the in-place one). */
 typedef struct b12x_tune {
     int splits;
     int parts;
@@ -97,14 +100,15 @@ typedef struct b12x_tune {
     int combine_spread;
     int inplace;
     int cb_trigger;
+    int tile;
 } b12x_tune;
 int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev, const b12x_tune *tune, void *stream,
                              mlart_error_fn err);
 
 /* The wgmma kernel (b12x_wgmma.cu, sm_90a) for tiles of up to 64 heads.
  * Setup raises its shared-memory limit and reads MLART_B12X_WGMMA (0: never
- * used, 1: full 64-head tiles, 2: every tile; default 1) for
- * b12x_wgmma_mode().  Launch covers head tiles [tile_base, tile_base +
+ * used, 1: full 64-head tiles and, in steps of at least 4 tokens, partial
+ * tiles of 17..63 heads, 2: every tile; default 1) for b12x_wgmma_mode().  Launch covers head tiles [tile_base, tile_base +
  * tiles) of the step with the given split (bf16 partials, as bits, into
  * ws_o and their fp32 LSEs into ws_lse, in the mma.sync kernel's layout,
  * when splits > 1; the caller runs the combine kernel unless `bar`).  They

@@ -438,8 +438,9 @@ END_TEST
 
 /* Split steps with MLART_B12X_INPLACE=1 (read when the backend is
  * created; each test runs in its own process): the combine inside the
- * small-head kernels (<= 16 heads), the wgmma kernel (64 and 128 heads),
- * the general kernel (32, 40 heads) and both launches of a step with a
+ * small-head kernels (<= 16 heads), the wgmma kernel (64 and 128 heads;
+ * 40 heads at 4 tokens), the general kernel (32, 40 heads at 1 and 2
+ * tokens) and both launches of a step with a
  * partial last tile (80, 100, 127 heads), wherever the launch rule takes
  * it; with =0 the combine kernel (the default).  64 chunks of one block
  * (T = 1, 2), 32 and 16 chunks, 11 heads and 1 head (slices that do not
@@ -476,6 +477,7 @@ START_TEST(test_inplace)
         {24, 128, 2048, fmt, 1, 1, 0, 0.0417f, 0}, /* splits, but not resident at once */
         {1, 32, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* the general kernel */
         {2, 40, 2048, fmt, 1, 1, 0, 0.3f, 0},
+        {4, 40, 2048, fmt, 1, 1, 0, 0.0417f, 0},  /* a partial tile on the wgmma kernel */
         {1, 80, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* 64 heads on wgmma + 16 on a small-head kernel */
         {1, 127, 2048, fmt, 1, 0, 0, 0.0417f, 0}, /* 64 on wgmma + 63 on the general kernel */
         {2, 100, 576, fmt, 1, 1, 1, 0.0417f, 0},  /* 64 + 36, out-of-range indices */
@@ -758,7 +760,7 @@ END_TEST
  * new query, eager and replayed from a graph.  A control (a PDL reader that
  * does not wait reads old bytes; required in a graph, printed for eager
  * launches) shows the setup would catch a missing wait.  Shapes: small-head kernel with split, the general kernel (40
- * heads), the wgmma kernel with split and in one pass. */
+ * heads, 2 tokens), the wgmma kernel on 40 heads (4 tokens), with split and in one pass. */
 START_TEST(test_pdl_order)
 {
     uint64_t rng = g_seed ^ (uint64_t)(_i + 31) * 0x9E3779B97F4A7C15ull;
@@ -776,7 +778,8 @@ START_TEST(test_pdl_order)
     cache_open(&c, g_fmts[_i], &rng);
     const attn_shape shapes[] = {
         {1, 16, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0},
-        {4, 40, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0},
+        {2, 40, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0}, /* the general kernel */
+        {4, 40, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0}, /* a partial tile on the wgmma kernel */
         {2, 64, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0},
         {64, 128, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0},
     };
