@@ -860,7 +860,8 @@ int bench_attn_variants(const mlart_bench_opts *o)
  * the same step forced onto the general mma.sync kernel (`general`, tune
  * tile = 1) and onto the wgmma kernel (`wgmma`, tile = 2), each checked
  * against the reference (err: the largest NMSE of the three).  The rule
- * (b12x_attend.cu, part_kernel) takes wgmma from T = 4 on. */
+ * (b12x_attend.cu, part_kernel) takes wgmma at up to 32 heads, and from
+ * T = 4 on at 33..63. */
 const int kPartHs[2] = {32, 48};
 const int kPartTs[6] = {1, 2, 4, 8, 16, 64};
 

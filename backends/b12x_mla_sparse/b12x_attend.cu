@@ -2059,11 +2059,14 @@ extern "C" int b12x_attend_setup(b12x_dev *out, mlart_error_fn err)
 namespace {
 enum PartKernel { PK_WGMMA, PK_SWG, PK_SMALL, PK_GENERAL };
 
-/* Partial tiles of 17..63 heads run on the wgmma kernel from this many
- * tokens on (MLART_B12X_WGMMA=1): faster than the general kernel at 24
- * to 56 heads in both formats from T = 4 (4-32% a decode step), even or
- * slower at T = 1 and 2 (docs/attention.md, the wgmma kernel). */
+/* Partial tiles of 17..32 heads, and of 33..63 heads in steps of at least
+ * WG_PARTIAL_T tokens, run on the wgmma kernel (MLART_B12X_WGMMA=1): from
+ * T = 4 it beats the general kernel at 24 to 56 heads in both formats
+ * (6-41% a call in the bench, 4-32% a decode step); at T = 1 and 2 it is
+ * 1-6% faster at 32 heads and level in a decode step at 24 and 32, but
+ * 5-7% slower at 48 (docs/attention.md, the wgmma kernel). */
 constexpr int WG_PARTIAL_T = 4;
+constexpr int WG_PARTIAL_ROWS = 32;
 
 PartKernel part_kernel(int T, int heads, int part, int tile = 0)
 {
@@ -2074,7 +2077,7 @@ PartKernel part_kernel(int T, int heads, int part, int tile = 0)
         return PK_WGMMA;
     if (rt == 1)
         return b12x_swg_mode() ? PK_SWG : PK_SMALL;
-    return wmode == 1 && T >= WG_PARTIAL_T ? PK_WGMMA : PK_GENERAL;
+    return wmode == 1 && (heads % HEAD_TILE <= WG_PARTIAL_ROWS || T >= WG_PARTIAL_T) ? PK_WGMMA : PK_GENERAL;
 }
 } /* namespace */
 
@@ -2085,8 +2088,8 @@ extern "C" int b12x_attend_inplace_ok(const b12x_dev *dev, int T, int heads, int
     /* The launches of b12x_attend_launch_tuned: the full 64-head tiles (the
      * wgmma kernel, or with MLART_B12X_WGMMA=0 the general one), then the
      * last partial tile (a small-head kernel at <= 16 heads, the general
-     * kernel, or the wgmma kernel: from 4 tokens on at 17..63 heads, at
-     * any head count with MLART_B12X_WGMMA=2).  Each grid
+     * kernel, or the wgmma kernel: at 17..32 heads, from 4 tokens on at
+     * 33..63, at any head count with MLART_B12X_WGMMA=2).  Each grid
      * must be resident at once by itself: the second launch's blocks
      * start only once every block of the first has passed its
      * launch_dependents, i.e. is resident, and they wait for the first to

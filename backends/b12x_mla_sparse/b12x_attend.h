@@ -107,8 +107,9 @@ int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev, const b12
 
 /* The wgmma kernel (b12x_wgmma.cu, sm_90a) for tiles of up to 64 heads.
  * Setup raises its shared-memory limit and reads MLART_B12X_WGMMA (0: never
- * used, 1: full 64-head tiles and, in steps of at least 4 tokens, partial
- * tiles of 17..63 heads, 2: every tile; default 1) for b12x_wgmma_mode().  Launch covers head tiles [tile_base, tile_base +
+ * used, 1: full 64-head tiles, partial tiles of 17..32 heads and, in steps
+ * of at least 4 tokens, of 33..63 heads, 2: every tile; default 1) for
+ * b12x_wgmma_mode().  Launch covers head tiles [tile_base, tile_base +
  * tiles) of the step with the given split (bf16 partials, as bits, into
  * ws_o and their fp32 LSEs into ws_lse, in the mma.sync kernel's layout,
  * when splits > 1; the caller runs the combine kernel unless `bar`).  They

@@ -439,7 +439,7 @@ END_TEST
 /* Split steps with MLART_B12X_INPLACE=1 (read when the backend is
  * created; each test runs in its own process): the combine inside the
  * small-head kernels (<= 16 heads), the wgmma kernel (64 and 128 heads;
- * 40 heads at 4 tokens), the general kernel (32, 40 heads at 1 and 2
+ * 32 heads; 40 heads at 4 tokens), the general kernel (40 heads at 1 and 2
  * tokens) and both launches of a step with a
  * partial last tile (80, 100, 127 heads), wherever the launch rule takes
  * it; with =0 the combine kernel (the default).  64 chunks of one block
@@ -475,9 +475,10 @@ START_TEST(test_inplace)
         {2, 128, 2048, fmt, 1, 0, 0, 0.3f, 0},    /* two tiles */
         {4, 64, 2048, fmt, 4, 1, 1, 0.0417f, 0},  /* shared requests, out of range */
         {24, 128, 2048, fmt, 1, 1, 0, 0.0417f, 0}, /* splits, but not resident at once */
-        {1, 32, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* the general kernel */
+        {1, 32, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* a partial tile on the wgmma kernel */
+        {1, 40, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* the general kernel */
         {2, 40, 2048, fmt, 1, 1, 0, 0.3f, 0},
-        {4, 40, 2048, fmt, 1, 1, 0, 0.0417f, 0},  /* a partial tile on the wgmma kernel */
+        {4, 40, 2048, fmt, 1, 1, 0, 0.0417f, 0},  /* wgmma from 4 tokens on */
         {1, 80, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* 64 heads on wgmma + 16 on a small-head kernel */
         {1, 127, 2048, fmt, 1, 0, 0, 0.0417f, 0}, /* 64 on wgmma + 63 on the general kernel */
         {2, 100, 576, fmt, 1, 1, 1, 0.0417f, 0},  /* 64 + 36, out-of-range indices */
@@ -500,16 +501,16 @@ START_TEST(test_inplace)
                b12x_attend_inplace_ok(&dev, 24, 128, s24.splits));
         ck_assert_msg(b12x_attend_inplace_ok(&dev, 1, 16, s16.splits) && b12x_attend_inplace_ok(&dev, 1, 64, s64.splits),
                       "T = 1 at 16 and 64 heads should combine in place");
-        const b12x_split s32 = b12x_attend_split(1, 32, 2048, fp8, dev.num_sms);
+        const b12x_split s40 = b12x_attend_split(1, 40, 2048, fp8, dev.num_sms);
         const b12x_split s80 = b12x_attend_split(1, 80, 2048, fp8, dev.num_sms);
         const b12x_split s127 = b12x_attend_split(1, 127, 2048, fp8, dev.num_sms);
-        printf("in place: resident general %d; T=1 H=32 %d chunks: %d; H=80 %d: %d; H=127 %d: %d\n",
-               dev.resident_gen, s32.splits, b12x_attend_inplace_ok(&dev, 1, 32, s32.splits), s80.splits,
+        printf("in place: resident general %d; T=1 H=40 %d chunks: %d; H=80 %d: %d; H=127 %d: %d\n",
+               dev.resident_gen, s40.splits, b12x_attend_inplace_ok(&dev, 1, 40, s40.splits), s80.splits,
                b12x_attend_inplace_ok(&dev, 1, 80, s80.splits), s127.splits,
                b12x_attend_inplace_ok(&dev, 1, 127, s127.splits));
-        ck_assert_msg(b12x_attend_inplace_ok(&dev, 1, 32, s32.splits) && b12x_attend_inplace_ok(&dev, 1, 80, s80.splits) &&
+        ck_assert_msg(b12x_attend_inplace_ok(&dev, 1, 40, s40.splits) && b12x_attend_inplace_ok(&dev, 1, 80, s80.splits) &&
                           b12x_attend_inplace_ok(&dev, 1, 127, s127.splits),
-                      "T = 1 at 32, 80 and 127 heads should combine in place");
+                      "T = 1 at 40, 80 and 127 heads should combine in place");
         ck_assert_msg(s24.splits > 1 && !b12x_attend_inplace_ok(&dev, 24, 128, s24.splits),
                       "T = 24 at 128 heads should split and not be resident at once");
         b12x_attend_teardown(&dev);

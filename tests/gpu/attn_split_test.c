@@ -123,7 +123,7 @@ START_TEST(test_inplace_rule)
     ck_assert(b12x_attend_inplace_ok(&dev, 1, 128, 64));  /* 128 blocks */
     ck_assert(!b12x_attend_inplace_ok(&dev, 2, 128, 64)); /* 256 */
     ck_assert(!b12x_attend_inplace_ok(&dev, 75, 128, 2));
-    /* 17..63 heads: the general kernel (below 4 tokens) */
+    /* 33..63 heads below 4 tokens: the general kernel (17..32: wgmma) */
     ck_assert(b12x_attend_inplace_ok(&dev, 2, 40, 64));
     ck_assert(!b12x_attend_inplace_ok(&dev, 3, 32, 64));
     /* a partial tile: two launches, each grid resident by itself */
@@ -156,15 +156,21 @@ START_TEST(test_inplace_rule)
     ck_assert(!b12x_attend_inplace_ok(&dev, 1, 40, 16));
     ck_assert(!b12x_attend_inplace_ok(&dev, 1, 100, 16));
     ck_assert(b12x_attend_inplace_ok(&dev, 1, 80, 16));
-    /* from 4 tokens on, partial tiles of 17..63 heads run on the wgmma kernel */
+    /* partial tiles of 17..32 heads, and of 33..63 from 4 tokens on, run on
+     * the wgmma kernel */
     ck_assert(!b12x_attend_inplace_ok(&dev, 3, 40, 16));
     ck_assert(b12x_attend_inplace_ok(&dev, 4, 40, 16));
     ck_assert(b12x_attend_inplace_ok(&dev, 4, 100, 16));
+    ck_assert(b12x_attend_inplace_ok(&dev, 1, 32, 16));
+    ck_assert(b12x_attend_inplace_ok(&dev, 1, 17, 16));
+    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 33, 16));
     dev.resident_gen = 132;
     dev.resident_wg = 0;
     ck_assert(b12x_attend_inplace_ok(&dev, 3, 40, 16));
     ck_assert(!b12x_attend_inplace_ok(&dev, 4, 40, 16));
-    ck_assert(!b12x_attend_inplace_ok(&dev, 4, 17, 16));
+    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 17, 16));
+    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 32, 16));
+    ck_assert(b12x_attend_inplace_ok(&dev, 1, 33, 16));
     ck_assert(b12x_attend_inplace_ok(&dev, 4, 16, 16));
     dev.resident_wg = 132;
     /* no barriers: never */
