@@ -865,14 +865,19 @@ int bench_attn_variants(const mlart_bench_opts *o)
 const int kPartHs[2] = {32, 48};
 const int kPartTs[6] = {1, 2, 4, 8, 16, 64};
 
+/* The row name of format f (0 bf16, 1 fp8), head count m and T index it. */
+void part_name(char *name, size_t n, int f, int m, int it)
+{
+    snprintf(name, n, "attn partial H%d %s T%d", kPartHs[m], f == 0 ? "bf16" : "fp8", kPartTs[it]);
+}
+
 int bench_attn_partial_match(const mlart_bench_opts *o)
 {
     for (int f = 0; f < 2; f++)
         for (int m = 0; m < 2; m++)
             for (int it = 0; it < 6; it++) {
                 char name[64];
-                snprintf(name, sizeof name, "attn partial H%d %s T%d", kPartHs[m], f == 0 ? "bf16" : "fp8",
-                         kPartTs[it]);
+                part_name(name, sizeof name, f, m, it);
                 if (mlart_bench_match(o, name))
                     return 1;
             }
@@ -922,8 +927,7 @@ int bench_attn_partial(const mlart_bench_opts *o)
             for (int it = 0; it < 6; it++) {
                 c->T = kPartTs[it];
                 char name[64];
-                snprintf(name, sizeof name, "attn partial H%d %s T%d", kPartHs[m],
-                         fmts[f] == MLART_KV_BF16 ? "bf16" : "fp8", c->T);
+                part_name(name, sizeof name, f, m, it);
                 if (!mlart_bench_match(o, name))
                     continue;
                 const int nsets = mlart_bench_sets(o, (size_t)c->T * kTopk * row_bytes, 2);

@@ -2062,7 +2062,7 @@ enum PartKernel { PK_WGMMA, PK_SWG, PK_SMALL, PK_GENERAL };
 /* Partial tiles of 17..32 heads, and of 33..63 heads in steps of at least
  * WG_PARTIAL_T tokens, run on the wgmma kernel (MLART_B12X_WGMMA=1): from
  * T = 4 it beats the general kernel at 24 to 56 heads in both formats
- * (6-41% a call in the bench, 4-32% a decode step); at T = 1 and 2 it is
+ * (6-41% a call in the bench, 2-32% a decode step); at T = 1 and 2 it is
  * 1-6% faster at 32 heads and level in a decode step at 24 and 32, but
  * 5-7% slower at 48 (docs/attention.md, the wgmma kernel). */
 constexpr int WG_PARTIAL_T = 4;
