@@ -212,6 +212,7 @@ START_TEST(shipped_configs)
         {"tiny-cpu.ini", 4, 128, 128, MLART_KV_BF16},
         {"glm5-tp4-dcp4.ini", 16, 192, 256, MLART_KV_FP8_DS_MLA},
         {"deepseek-v32-tp8.ini", 16, 128, 128, MLART_KV_FP8_DS_MLA},
+        {"deepseek-v32-tp4.ini", 32, 128, 128, MLART_KV_FP8_DS_MLA},
     };
     clear_env();
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
