@@ -691,6 +691,107 @@ int enqueue_variant(void *ctx, int set, cudaStream_t stream)
     return b12x_attend_launch_tuned(&st, v->dev, &v->tune, stream, bench_err) != 0;
 }
 
+/* A table over both cache formats, head counts and token counts; row
+ * "<prefix> H<heads> <bf16|fp8> T<T>".  Head count m's token counts start
+ * at Ts + m * ts_stride and end at a 0. */
+struct Grid {
+    const char *prefix;
+    int nh;
+    const int *Hs;
+    const int *Ts;
+    int ts_stride;
+    uint64_t seed; /* of the input sets: seed + 131 * (T index) + 7 * m + f */
+};
+
+void grid_name(char *name, size_t n, const Grid &g, int f, int m, int it)
+{
+    snprintf(name, n, "%s H%d %s T%d", g.prefix, g.Hs[m], f == 0 ? "bf16" : "fp8", g.Ts[m * g.ts_stride + it]);
+}
+
+/* Whether --filter selects any row of the grid. */
+int grid_match(const mlart_bench_opts *o, const Grid &g)
+{
+    for (int f = 0; f < 2; f++)
+        for (int m = 0; m < g.nh; m++)
+            for (int it = 0; g.Ts[m * g.ts_stride + it]; it++) {
+                char name[80];
+                grid_name(name, sizeof name, g, f, m, it);
+                if (mlart_bench_match(o, name))
+                    return 1;
+            }
+    return 0;
+}
+
+/* One selected row: c holds its T and nsets input sets, set 0 with the
+ * CUDA reference's output and LSE; dev is the attend launch's device.
+ * Returns how many results were wrong. */
+typedef int (*GridRow)(void *arg, Ctx &c, const b12x_dev &dev, const char *name, int nsets);
+
+/* Runs row() at every row of g that --filter selects: per format a cache
+ * of random records, per head count a Ctx whose workspace holds 64 splits
+ * of the grid's largest T, per row fresh input sets and the reference.
+ * Returns the wrong results, or -1 when the setup failed. */
+int grid_run(const mlart_bench_opts *o, const Grid &g, GridRow row, void *arg)
+{
+    static const mlart_kv_format fmts[] = {MLART_KV_BF16, MLART_KV_FP8_DS_MLA};
+    mlart_bench_opts ref_opts = *o;
+    ref_opts.reps = 1;
+    ref_opts.warmup = 0;
+    int max_t = 0, wrong = 0;
+    for (int m = 0; m < g.nh; m++)
+        for (int it = 0; g.Ts[m * g.ts_stride + it]; it++)
+            if (g.Ts[m * g.ts_stride + it] > max_t)
+                max_t = g.Ts[m * g.ts_stride + it];
+    b12x_dev dev;
+    if (b12x_attend_setup(&dev, bench_err))
+        return -1;
+    for (int f = 0; f < 2; f++) {
+        mlart_geometry g0;
+        void *kv = open_cache(fmts[f], &g0);
+        if (!kv) {
+            b12x_attend_teardown(&dev);
+            return -1;
+        }
+        const size_t row_bytes = fmts[f] == MLART_KV_BF16 ? 1152 : 656;
+        for (int m = 0; m < g.nh; m++) {
+            Ctx *c = (Ctx *)calloc(1, sizeof(Ctx));
+            if (c) {
+                c->g = g0;
+                c->g.heads = g.Hs[m];
+                c->P = c->V = 128;
+                c->kv = kv;
+                c->ws_bytes = (size_t)64 * max_t * g.Hs[m] * (512 * 2 + 4); /* 64 splits */
+            }
+            if (!c || cudaMalloc(&c->ws, c->ws_bytes) != cudaSuccess) {
+                free(c);
+                cudaFree(kv);
+                b12x_attend_teardown(&dev);
+                return -1;
+            }
+            for (int it = 0; g.Ts[m * g.ts_stride + it]; it++) {
+                c->T = g.Ts[m * g.ts_stride + it];
+                char name[80];
+                grid_name(name, sizeof name, g, f, m, it);
+                if (!mlart_bench_match(o, name))
+                    continue;
+                const int nsets = mlart_bench_sets(o, (size_t)c->T * kTopk * row_bytes, 2);
+                double ref_us;
+                if (alloc_sets(*c, nsets, g.seed + 131 * it + 7 * m + f) ||
+                    mlart_bench_time(&ref_opts, enqueue_ref, c, 1, &ref_us))
+                    wrong++;
+                else
+                    wrong += row(arg, *c, dev, name, nsets);
+                free_sets(*c);
+            }
+            cudaFree(c->ws);
+            free(c);
+        }
+        cudaFree(kv);
+    }
+    b12x_attend_teardown(&dev);
+    return wrong;
+}
+
 /* Tuning table (environment MLART_BENCH_ATTN_VARIANTS=1): where the time of
  * a small-T call goes.  Per shape: the call as shipped; without
  * programmatic dependent launch; the main kernel alone; each combine alone
@@ -707,32 +808,21 @@ int enqueue_variant(void *ctx, int set, cudaStream_t stream)
  * 16 heads T = 1..300, 64 and 128 heads T = 1..16 and two larger T each.  Rows
  * that produce the output are checked against the reference like the main
  * table (err, NMSE <= 1e-4). */
-/* The variants table's head counts and, per head count, its token counts
- * (0-terminated). */
 const int kVarHs[3] = {16, 64, 128};
 const int kVarTs[3][20] = {{1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 48, 64, 75, 100, 128, 150, 200, 256, 300, 0},
                            {1, 2, 4, 8, 16, 48, 96, 0},
                            {1, 2, 4, 8, 16, 24, 47, 0}};
+const Grid kVarGrid = {"attn", 3, kVarHs, kVarTs[0], 20, 0xA11};
 
-/* Whether --filter selects any row of the variants table. */
-int bench_attn_variants_match(const mlart_bench_opts *o)
-{
-    for (int f = 0; f < 2; f++)
-        for (int m = 0; m < 3; m++)
-            for (int it = 0; kVarTs[m][it]; it++) {
-                char base[64];
-                snprintf(base, sizeof base, "attn H%d %s T%d", kVarHs[m], f == 0 ? "bf16" : "fp8", kVarTs[m][it]);
-                if (mlart_bench_match(o, base))
-                    return 1;
-            }
-    return 0;
-}
+const mlart_bench_col kVarCols[] = {{"time", "us", 8, 2}, {"splits", "", 6, 0}, {"err", "nmse", 9, 7}};
+const mlart_bench_table kVarTable = {
+    "attn variants: b12x_mla_sparse pieces and split counts (bf16/fp8 cache, topk 2048)", "shape variant", 40,
+    kVarCols, 3};
 
-int bench_attn_variants(const mlart_bench_opts *o)
+/* One shape of the variants table: every variant's row. */
+int variants_row(void *arg, Ctx &c, const b12x_dev &dev, const char *base, int nsets)
 {
-    static const mlart_bench_col cols[] = {{"time", "us", 8, 2}, {"splits", "", 6, 0}, {"err", "nmse", 9, 7}};
-    const mlart_bench_table t = {"attn variants: b12x_mla_sparse pieces and split counts (bf16/fp8 cache, topk 2048)",
-                                 "shape variant", 40, cols, 3};
+    const mlart_bench_opts *o = (const mlart_bench_opts *)arg;
     struct V {
         const char *name;
         b12x_tune tune;
@@ -752,107 +842,52 @@ int bench_attn_variants(const mlart_bench_opts *o)
         {"s64 cb-row-packed", {64, 0, 1, 1, -1}}, {"s32 cb-packed", {32, 0, 0, 1, -1}},
         {"s64 cb-packed", {64, 0, 0, 1, -1}},    {"s16 cb-packed", {16, 0, 0, 1, -1}},
     };
-    const int(*Ts)[20] = kVarTs;
-    const int *Hs = kVarHs;
-    const int max_t = 300;
-    static const mlart_kv_format fmts[] = {MLART_KV_BF16, MLART_KV_FP8_DS_MLA};
+    const int H = c.g.heads, fp8 = c.g.kv_format == MLART_KV_FP8_DS_MLA;
     int wrong = 0;
-    mlart_bench_opts ref_opts = *o;
-    ref_opts.reps = 1;
-    ref_opts.warmup = 0;
-    b12x_dev dev;
-    if (b12x_attend_setup(&dev, bench_err))
-        return -1;
-    mlart_bench_table_head(o, &t);
-    for (int f = 0; f < 2; f++) {
-        mlart_geometry g0;
-        void *kv = open_cache(fmts[f], &g0);
-        if (!kv) {
-            b12x_attend_teardown(&dev);
-            return -1;
+    for (size_t vi = 0; vi < sizeof vars / sizeof vars[0]; vi++) {
+        Variant v = {&c, vars[vi].tune, &dev};
+        char name[128];
+        double vals[3];
+        snprintf(name, sizeof name, "%s %s", base, vars[vi].name);
+        const b12x_split sp = b12x_attend_split(c.T, H, kTopk, fp8, dev.num_sms);
+        const int nblk = kTopk / 32;
+        int splits = sp.splits;
+        if (v.tune.splits) {
+            const int bps = (nblk + v.tune.splits - 1) / v.tune.splits;
+            splits = (nblk + bps - 1) / bps;
         }
-        const size_t row_bytes = fmts[f] == MLART_KV_BF16 ? 1152 : 656;
-        for (int m = 0; m < 3; m++) {
-            Ctx *c = (Ctx *)calloc(1, sizeof(Ctx));
-            mlart_backend_init init;
-            c->g = g0;
-            c->g.heads = Hs[m];
-            c->P = c->V = 128;
-            c->kv = kv;
-            c->vt = mlart_backend_b12x_mla_sparse_vtable();
-            backend_init(o, c, &init);
-            c->ws_bytes = (size_t)64 * max_t * Hs[m] * (512 * 2 + 4); /* 64 splits */
-            if (c->vt->create(&init, &c->state) || cudaMalloc(&c->ws, c->ws_bytes) != cudaSuccess) {
-                if (c->state)
-                    c->vt->destroy(c->state);
-                free(c);
-                cudaFree(kv);
-                b12x_attend_teardown(&dev);
-                return -1;
-            }
-            for (int it = 0; Ts[m][it]; it++) {
-                c->T = Ts[m][it];
-                char base[64];
-                snprintf(base, sizeof base, "attn H%d %s T%d", Hs[m], fmts[f] == MLART_KV_BF16 ? "bf16" : "fp8",
-                         c->T);
-                if (!mlart_bench_match(o, base))
-                    continue;
-                const int nsets = mlart_bench_sets(o, (size_t)c->T * kTopk * row_bytes, 2);
-                double ref_us;
-                if (alloc_sets(*c, nsets, 0xA11 + 131 * it + 7 * m + f) ||
-                    mlart_bench_time(&ref_opts, enqueue_ref, c, 1, &ref_us)) {
-                    free_sets(*c);
-                    wrong++;
-                    continue;
-                }
-                for (size_t vi = 0; vi < sizeof vars / sizeof vars[0]; vi++) {
-                    Variant v = {c, vars[vi].tune, &dev};
-                    char name[96];
-                    double vals[3];
-                    snprintf(name, sizeof name, "%s %s", base, vars[vi].name);
-                    const b12x_split sp =
-                        b12x_attend_split(c->T, Hs[m], kTopk, fmts[f] == MLART_KV_FP8_DS_MLA, dev.num_sms);
-                    const int nblk = kTopk / 32;
-                    int splits = sp.splits;
-                    if (v.tune.splits) {
-                        const int bps = (nblk + v.tune.splits - 1) / v.tune.splits;
-                        splits = (nblk + bps - 1) / bps;
-                    }
-                    /* the in-place combine only where the launch can take it */
-                    if (v.tune.inplace > 0 && !b12x_attend_inplace_ok(&dev, c->T, Hs[m], splits))
-                        continue;
+        /* the in-place combine only where the launch can take it */
+        if (v.tune.inplace > 0 && !b12x_attend_inplace_ok(&dev, c.T, H, splits))
+            continue;
 #ifdef B12X_PROFILE
-                    b12x_profile_reset();
+        b12x_profile_reset();
 #endif
-                    if (cudaMemset(c->sets[0].out, 0xff, (size_t)Hs[m] * c->T * 1024) != cudaSuccess ||
-                        mlart_bench_time(o, enqueue_variant, &v, nsets, &vals[0])) {
-                        wrong++;
-                        continue;
-                    }
-#ifdef B12X_PROFILE
-                    /* the last replay's stamps (a variant without the main
-                     * kernel leaves its columns stale; its combine's are fresh) */
-                    b12x_profile_dump(stdout, name);
-#endif
-                    vals[1] = splits;
-                    vals[2] = NAN;
-                    if ((v.tune.parts == 0 || v.tune.parts == 3) && splits > 1) {
-                        vals[2] = check_set0(*c);
-                        if (!(vals[2] <= kNmseMax))
-                            wrong++;
-                    }
-                    mlart_bench_table_row(o, &t, name, vals);
-                }
-                free_sets(*c);
-            }
-            c->vt->destroy(c->state);
-            cudaFree(c->ws);
-            free(c);
+        if (cudaMemset(c.sets[0].out, 0xff, (size_t)H * c.T * 1024) != cudaSuccess ||
+            mlart_bench_time(o, enqueue_variant, &v, nsets, &vals[0])) {
+            wrong++;
+            continue;
         }
-        cudaFree(kv);
+#ifdef B12X_PROFILE
+        /* the last replay's stamps (a variant without the main
+         * kernel leaves its columns stale; its combine's are fresh) */
+        b12x_profile_dump(stdout, name);
+#endif
+        vals[1] = splits;
+        vals[2] = NAN;
+        if ((v.tune.parts == 0 || v.tune.parts == 3) && splits > 1) {
+            vals[2] = check_set0(c);
+            if (!(vals[2] <= kNmseMax))
+                wrong++;
+        }
+        mlart_bench_table_row(o, &kVarTable, name, vals);
     }
-    b12x_attend_teardown(&dev);
     return wrong;
+}
+
+int bench_attn_variants(const mlart_bench_opts *o)
+{
+    mlart_bench_table_head(o, &kVarTable);
+    return grid_run(o, kVarGrid, variants_row, (void *)o);
 }
 
 /* Partial head tiles (17..63 heads, e.g. DeepSeek-V3.2 at tensor parallel
@@ -862,128 +897,72 @@ int bench_attn_variants(const mlart_bench_opts *o)
  * against the reference (err: the largest NMSE of the three).  The rule
  * (b12x_attend.cu, part_kernel) takes wgmma at up to 32 heads, and from
  * T = 4 on at 33..63. */
-const int kPartHs[2] = {32, 48};
-const int kPartTs[6] = {1, 2, 4, 8, 16, 64};
+const int kPartHs[4] = {32, 40, 48, 56};
+const int kPartTs[7] = {1, 2, 4, 8, 16, 64, 0};
+const Grid kPartGrid = {"attn partial", 4, kPartHs, kPartTs, 0, 0x9A27};
 
-/* The row name of format f (0 bf16, 1 fp8), head count m and T index it. */
-void part_name(char *name, size_t n, int f, int m, int it)
-{
-    snprintf(name, n, "attn partial H%d %s T%d", kPartHs[m], f == 0 ? "bf16" : "fp8", kPartTs[it]);
-}
+const mlart_bench_col kPartCols[] = {{"time", "us", 8, 2}, {"general", "us", 8, 2}, {"wgmma", "us", 8, 2},
+                                     {"x_gen", "x", 6, 2}, {"x_best", "x", 6, 2},   {"err", "nmse", 9, 7}};
+const mlart_bench_table kPartTable = {"attn partial head tiles: the launch's kernel against the general and the "
+                                      "wgmma kernel (topk 2048, each token its own request)",
+                                      "shape", 34, kPartCols, 6};
 
-int bench_attn_partial_match(const mlart_bench_opts *o)
+/* The partial table's running figures for its summary line. */
+struct PartStats {
+    const mlart_bench_opts *o;
+    int rows;
+    double worst_best, log_gen[2];
+    int n_gen[2];
+    char worst_name[64];
+};
+
+int partial_row(void *arg, Ctx &c, const b12x_dev &dev, const char *name, int nsets)
 {
-    for (int f = 0; f < 2; f++)
-        for (int m = 0; m < 2; m++)
-            for (int it = 0; it < 6; it++) {
-                char name[64];
-                part_name(name, sizeof name, f, m, it);
-                if (mlart_bench_match(o, name))
-                    return 1;
-            }
+    PartStats *ps = (PartStats *)arg;
+    double vals[6], err = 0;
+    for (int k = 0; k < 3; k++) {
+        Variant v = {&c, {0, 0, 0, 1, 0, 0, 0, k}, &dev};
+        if (cudaMemset(c.sets[0].out, 0xff, (size_t)c.g.heads * c.T * 1024) != cudaSuccess ||
+            mlart_bench_time(ps->o, enqueue_variant, &v, nsets, &vals[k])) {
+            err = NAN;
+            break;
+        }
+        const double e = check_set0(c);
+        err = e > err || isnan(e) ? e : err;
+        if (!(e <= kNmseMax))
+            break;
+    }
+    if (!(err <= kNmseMax)) {
+        fprintf(stderr, "mlart-bench attn: %s: a kernel failed or disagreed with the reference (nmse %g)\n", name,
+                err);
+        return 1;
+    }
+    vals[3] = vals[1] / vals[0];
+    vals[4] = fmin(vals[1], vals[2]) / vals[0];
+    vals[5] = err;
+    mlart_bench_table_row(ps->o, &kPartTable, name, vals);
+    if (++ps->rows == 1 || vals[4] < ps->worst_best) {
+        ps->worst_best = vals[4];
+        snprintf(ps->worst_name, sizeof ps->worst_name, "%s", name + 13);
+    }
+    ps->log_gen[c.T >= 4] += log(vals[3]);
+    ps->n_gen[c.T >= 4]++;
     return 0;
 }
 
 int bench_attn_partial(const mlart_bench_opts *o)
 {
-    static const mlart_bench_col cols[] = {{"time", "us", 8, 2},  {"general", "us", 8, 2}, {"wgmma", "us", 8, 2},
-                                           {"x_gen", "x", 6, 2},  {"x_best", "x", 6, 2},   {"err", "nmse", 9, 7}};
-    const mlart_bench_table t = {"attn partial head tiles: the launch's kernel against the general and the wgmma "
-                                 "kernel (topk 2048, each token its own request)",
-                                 "shape", 34, cols, 6};
-    static const mlart_kv_format fmts[] = {MLART_KV_BF16, MLART_KV_FP8_DS_MLA};
-    mlart_bench_opts ref_opts = *o;
-    ref_opts.reps = 1;
-    ref_opts.warmup = 0;
-    int wrong = 0, rows = 0;
-    double worst_best = 0, log_gen[2] = {0, 0};
-    int n_gen[2] = {0, 0};
-    char worst_name[64] = "";
-    b12x_dev dev;
-    if (b12x_attend_setup(&dev, bench_err))
-        return -1;
-    mlart_bench_table_head(o, &t);
-    for (int f = 0; f < 2; f++) {
-        mlart_geometry g0;
-        void *kv = open_cache(fmts[f], &g0);
-        if (!kv) {
-            b12x_attend_teardown(&dev);
-            return -1;
-        }
-        const size_t row_bytes = fmts[f] == MLART_KV_BF16 ? 1152 : 656;
-        for (int m = 0; m < 2; m++) {
-            Ctx *c = (Ctx *)calloc(1, sizeof(Ctx));
-            c->g = g0;
-            c->g.heads = kPartHs[m];
-            c->P = c->V = 128;
-            c->kv = kv;
-            c->ws_bytes = (size_t)64 * kPartTs[5] * kPartHs[m] * (512 * 2 + 4); /* 64 splits */
-            if (cudaMalloc(&c->ws, c->ws_bytes) != cudaSuccess) {
-                free(c);
-                cudaFree(kv);
-                b12x_attend_teardown(&dev);
-                return -1;
-            }
-            for (int it = 0; it < 6; it++) {
-                c->T = kPartTs[it];
-                char name[64];
-                part_name(name, sizeof name, f, m, it);
-                if (!mlart_bench_match(o, name))
-                    continue;
-                const int nsets = mlart_bench_sets(o, (size_t)c->T * kTopk * row_bytes, 2);
-                double ref_us, vals[6], err = 0;
-                if (alloc_sets(*c, nsets, 0x9A27 + 131 * it + 7 * m + f) ||
-                    mlart_bench_time(&ref_opts, enqueue_ref, c, 1, &ref_us)) {
-                    free_sets(*c);
-                    wrong++;
-                    continue;
-                }
-                int bad = 0;
-                for (int k = 0; k < 3 && !bad; k++) {
-                    Variant v = {c, {0, 0, 0, 1, 0, 0, 0, k}, &dev};
-                    if (cudaMemset(c->sets[0].out, 0xff, (size_t)kPartHs[m] * c->T * 1024) != cudaSuccess ||
-                        mlart_bench_time(o, enqueue_variant, &v, nsets, &vals[k])) {
-                        bad = 1;
-                        break;
-                    }
-                    const double e = check_set0(*c);
-                    if (!(e <= kNmseMax))
-                        bad = 1;
-                    err = e > err || isnan(e) ? e : err;
-                }
-                free_sets(*c);
-                if (bad) {
-                    wrong++;
-                    fprintf(stderr, "mlart-bench attn: %s: a kernel failed or disagreed with the reference (nmse %g)\n",
-                            name, err);
-                    continue;
-                }
-                vals[3] = vals[1] / vals[0];
-                vals[4] = fmin(vals[1], vals[2]) / vals[0];
-                vals[5] = err;
-                mlart_bench_table_row(o, &t, name, vals);
-                rows++;
-                if (rows == 1 || vals[4] < worst_best) {
-                    worst_best = vals[4];
-                    snprintf(worst_name, sizeof worst_name, "%s", name + 13);
-                }
-                log_gen[c->T >= 4] += log(vals[3]);
-                n_gen[c->T >= 4]++;
-            }
-            cudaFree(c->ws);
-            free(c);
-        }
-        cudaFree(kv);
-    }
-    b12x_attend_teardown(&dev);
-    if (rows) {
+    PartStats ps = {o, 0, 0, {0, 0}, {0, 0}, ""};
+    mlart_bench_table_head(o, &kPartTable);
+    const int wrong = grid_run(o, kPartGrid, partial_row, &ps);
+    if (ps.rows) {
         char line[320];
         snprintf(line, sizeof line,
                  "%d rows: the launch's pick against the faster of the two kernels worst %.3fx (%s); speedup over "
                  "the general kernel geomean %.2fx at T < 4, %.2fx at T >= 4",
-                 rows, worst_best, worst_name, n_gen[0] ? exp(log_gen[0] / n_gen[0]) : NAN,
-                 n_gen[1] ? exp(log_gen[1] / n_gen[1]) : NAN);
-        mlart_bench_summary(o, t.title, line);
+                 ps.rows, ps.worst_best, ps.worst_name, ps.n_gen[0] ? exp(ps.log_gen[0] / ps.n_gen[0]) : NAN,
+                 ps.n_gen[1] ? exp(ps.log_gen[1] / ps.n_gen[1]) : NAN);
+        mlart_bench_summary(o, kPartTable.title, line);
     }
     return wrong;
 }
@@ -1038,8 +1017,8 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     const int variants = ev && *ev && strcmp(ev, "0");
     const char *kv_env = getenv("MLART_BENCH_ATTN_KVW");
     const int kvw = !(kv_env && !strcmp(kv_env, "0"));
-    const int partial = bench_attn_partial_match(o);
-    if (!any && !partial && !(variants && bench_attn_variants_match(o)))
+    const int partial = grid_match(o, kPartGrid);
+    if (!any && !partial && !(variants && grid_match(o, kVarGrid)))
         return 0;
 
     const double tc_peak = measure_tc_peak();
