@@ -799,10 +799,15 @@ __device__ __forceinline__ void load_sync()
 
 /* The start of both small-head kernels: the block's chunk, and its
  * physical slots resolved into s_slot by all 512 threads (before the
- * dependency wait: load_query's comment says why that is safe). */
+ * dependency wait: load_query's comment says why that is safe).  The
+ * block's 16 head rows start 16 x blockIdx.y rows into head tile
+ * a.tile_base: a partial tile of 17..63 heads runs as several 16-row
+ * tiles (part_kernel), one of <= 16 heads as one. */
 __device__ __forceinline__ b12x::Chunk small_start(const AttendArgs &a, int32_t *s_slot)
 {
-    const b12x::Chunk ck = b12x::chunk_of(a, HEAD_TILE, 16);
+    b12x::Chunk ck = b12x::chunk_of(a, HEAD_TILE, 16);
+    ck.h0 = a.tile_base * HEAD_TILE + 16 * (int)blockIdx.y;
+    ck.rows = min(16, a.H - ck.h0);
     B12X_PROF_SEQ_ENTER(0);
     B12X_PROF_MAIN(0, prof_gt());
     B12X_PROF_MAIN(6, clock64());
@@ -2055,7 +2060,8 @@ extern "C" int b12x_attend_setup(b12x_dev *out, mlart_error_fn err)
  * heads (0: the full 64-head tiles, 1: the last partial tile), as
  * b12x_attend_launch_tuned launches it and b12x_attend_inplace_ok checks
  * it.  `tile` (b12x_tune.tile) puts a partial tile of 17..63 heads on the
- * general kernel (1) or the wgmma kernel (2); 0 lets the rule decide. */
+ * general kernel (1), the wgmma kernel (2) or the small-head kernel in
+ * 16-row tiles (3); 0 lets the rule decide. */
 namespace {
 enum PartKernel { PK_WGMMA, PK_SWG, PK_SMALL, PK_GENERAL };
 
@@ -2064,20 +2070,43 @@ enum PartKernel { PK_WGMMA, PK_SWG, PK_SMALL, PK_GENERAL };
  * T = 4 it beats the general kernel at 24 to 56 heads in both formats
  * (6-41% a call in the bench, 2-32% a decode step); at T = 1 and 2 it is
  * 1-6% faster at 32 heads and level in a decode step at 24 and 32, but
- * 5-7% slower at 48 (docs/attention.md, the wgmma kernel). */
+ * 5-7% slower at 48 (docs/attention.md, the wgmma kernel).  Before
+ * either, below 64 heads, a partial tile runs as 16-row tiles on the
+ * small-head kernel where those tiles number at most SMALL_TILES_T over
+ * the step's T tokens, or where there are two of them (17..32 heads) and
+ * T <= SMALL_PAIR_T: the step is then one of <= 16 heads and T x tiles
+ * tokens to the split model and the kernel.  In the bench (docs/PERF.md,
+ * "Partial head tiles", 2026-12-03) that took 32 heads at T = 1 from 9.4
+ * to 6.2 us, and was the fastest of the three kernels at every such row
+ * but one (fp8 T = 16, 0.4% behind); at three tiles and T = 8 it is 16%
+ * slower than wgmma, at four and T = 4 level. */
 constexpr int WG_PARTIAL_T = 4;
 constexpr int WG_PARTIAL_ROWS = 32;
+constexpr int SMALL_TILES_T = 12;
+constexpr int SMALL_PAIR_T = 64;
 
 PartKernel part_kernel(int T, int heads, int part, int tile = 0)
 {
     const int wmode = b12x_wgmma_mode(), rt = part == 0 ? 4 : (heads % HEAD_TILE + 15) / 16;
     if (part == 1 && rt > 1 && tile)
-        return tile == 2 ? PK_WGMMA : PK_GENERAL;
+        return tile == 3 ? PK_SMALL : tile == 2 ? PK_WGMMA : PK_GENERAL;
     if (wmode == 2 || (wmode == 1 && part == 0))
         return PK_WGMMA;
     if (rt == 1)
         return b12x_swg_mode() ? PK_SWG : PK_SMALL;
+    if (wmode == 1 && heads < HEAD_TILE && ((int64_t)T * rt <= SMALL_TILES_T || (rt == 2 && T <= SMALL_PAIR_T)))
+        return PK_SMALL;
     return wmode == 1 && (heads % HEAD_TILE <= WG_PARTIAL_ROWS || T >= WG_PARTIAL_T) ? PK_WGMMA : PK_GENERAL;
+}
+
+/* The launches of part `part` (its tile count and, for the small-head
+ * kernel, the tokens it counts as: T x its 16-row tiles). */
+int part_tiles(int heads, int part, PartKernel kind)
+{
+    const int full = heads / HEAD_TILE, rem = heads % HEAD_TILE;
+    if (part == 0)
+        return full;
+    return rem == 0 ? 0 : kind == PK_SMALL ? (rem + 15) / 16 : 1;
 }
 } /* namespace */
 
@@ -2107,6 +2136,8 @@ extern "C" int b12x_attend_inplace_ok(const b12x_dev *dev, int T, int heads, int
             cap = dev->resident_wg, zb = b12x::combine_zb(HEAD_TILE, NTHREADS);
             break;
         case PK_SMALL:
+            if (rows > 16) /* several 16-row tiles: their barriers would share words */
+                return 0;
             cap = dev->resident, zb = b12x::combine_zb(16, NTHREADS);
             break;
         case PK_GENERAL:
@@ -2123,7 +2154,7 @@ extern "C" int b12x_attend_inplace_ok(const b12x_dev *dev, int T, int heads, int
 
 extern "C" int b12x_attend_halves(const b12x_dev *dev, int T, int heads, int splits, int fp8, int inplace)
 {
-    return g_half && heads < HEAD_TILE && part_kernel(T, heads, 1) == PK_SMALL && splits > 1 && !inplace &&
+    return g_half && heads <= 16 && part_kernel(T, heads, 1) == PK_SMALL && splits > 1 && !inplace &&
            T <= SMALL_SHORT_T && !(fp8 && g_rc && T >= SMALL_RC_T) && 2 * (int64_t)T * splits <= dev->num_sms;
 }
 
@@ -2134,12 +2165,13 @@ extern "C" void b12x_attend_teardown(b12x_dev *dev)
     dev->bar = NULL;
 }
 
-extern "C" b12x_split b12x_attend_split(int T, int heads, int topk, int fp8, int num_sms)
+namespace {
+/* The split of `work` (token, head tile) pairs, tiles of r16 16-row
+ * tiles, `small_bf16` on the small-head kernel's bf16 fit. */
+b12x_split split_model(int64_t work, int r16, bool small_bf16, int topk, int num_sms)
 {
     b12x_split best = {1, (topk + BN - 1) / BN};
-    const int tiles = (heads + HEAD_TILE - 1) / HEAD_TILE;
     const int nblk = (topk + BN - 1) / BN;
-    const int64_t work = (int64_t)T * tiles;
     int64_t best_cost = -1;
     if (num_sms < 1)
         num_sms = 1;
@@ -2160,9 +2192,7 @@ extern "C" b12x_split b12x_attend_split(int T, int heads, int topk, int fp8, int
      *     an fp8 block is longer, so a split's fixed costs weigh less.
      *     The fit is not sharp: prologue + part = 40 with comb 8..16, or
      *     44 with comb 4..16, takes the same counts at the 15 points. */
-    const bool small_bf16 = heads <= 16 && !fp8;
     const int64_t part = small_bf16 ? 24 : 8, comb = small_bf16 ? 12 : 5;
-    const int r16 = ((heads + tiles - 1) / tiles + 15) / 16;
     for (int s = 1; s <= nblk && s <= MAX_SPLITS; s++) {
         const int bps = (nblk + s - 1) / s;
         if ((nblk + bps - 1) / bps != s)
@@ -2177,6 +2207,24 @@ extern "C" b12x_split b12x_attend_split(int T, int heads, int topk, int fp8, int
         }
     }
     return best;
+}
+
+/* The split of a step as launched with b12x_tune.tile `tile`: the model
+ * over its (token, head tile) pairs; a partial tile of 17..63 heads in
+ * 16-row tiles on the small-head kernel counts as a step of <= 16 heads
+ * and T x tiles tokens. */
+b12x_split split_for(int T, int heads, int topk, int fp8, int num_sms, int tile)
+{
+    if (heads > 16 && heads < HEAD_TILE && part_kernel(T, heads, 1, tile) == PK_SMALL)
+        return split_model((int64_t)T * ((heads + 15) / 16), 1, !fp8, topk, num_sms);
+    const int tiles = (heads + HEAD_TILE - 1) / HEAD_TILE;
+    return split_model((int64_t)T * tiles, ((heads + tiles - 1) / tiles + 15) / 16, heads <= 16 && !fp8, topk, num_sms);
+}
+} /* namespace */
+
+extern "C" b12x_split b12x_attend_split(int T, int heads, int topk, int fp8, int num_sms)
+{
+    return split_for(T, heads, topk, fp8, num_sms, 0);
 }
 
 extern "C" size_t b12x_attend_workspace(int T, int heads, int topk, int fp8, int num_sms)
@@ -2223,9 +2271,13 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
     if (tune && (tune->combine < 0 || tune->combine > 2 || tune->parts < 0 || tune->parts > 3 ||
                  tune->combine_spread < -1 || tune->combine_spread > 1 || tune->inplace < -1 ||
                  tune->inplace > 1 || tune->cb_trigger < -1 || tune->cb_trigger > 1 || tune->tile < 0 ||
-                 tune->tile > 2))
+                 tune->tile > 3))
         return err(MLART_EINVAL, "b12x_mla_sparse: tuning values out of range");
-    b12x_split sp = b12x_attend_split(T, H, g->topk, fp8, num_sms);
+    const int tile = tune ? tune->tile : 0;
+    /* the partial tile's kernel (the full tiles' is the wgmma one, or with
+     * MLART_B12X_WGMMA=0 the general one) */
+    const bool small_tiles = H > 16 && H < HEAD_TILE && part_kernel(T, H, 1, tile) == PK_SMALL;
+    b12x_split sp = split_for(T, H, g->topk, fp8, num_sms, tile);
     if (tune && tune->splits > 0) {
         const int nblk = (g->topk + BN - 1) / BN;
         sp.blocks_per_split = (nblk + tune->splits - 1) / tune->splits;
@@ -2271,7 +2323,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
     if (inplace && !(tune && tune->parts == 1))
         a.bar = dev->bar;
 #ifdef B12X_PROFILE
-    prof_main_blocks = T * (full + (rem ? 1 : 0)) * sp.splits; /* tile 0 comes first in the table */
+    prof_main_blocks = T * (full + part_tiles(H, 1, part_kernel(T, H, 1, tile))) * sp.splits; /* tile 0 first */
     prof_cb_blocks = sp.splits > 1 && !inplace ? T * H * (combine == 1 ? 1 : KV_L / 128) : 0;
     prof_inplace = 0; /* set below when a kernel of this file (they stamp) combines in place */
     prof_inner = 1;   /* cleared below by an in-place launch of another kernel */
@@ -2281,14 +2333,16 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
     cudaStream_t st = (cudaStream_t)stream;
     cudaError_t e = cudaSuccess;
     for (int part = 0; part < 2 && (parts & 1) && e == cudaSuccess; part++) {
-        const int tiles = part == 0 ? full : (rem ? 1 : 0);
+        const PartKernel kind = part_kernel(T, H, part, tile);
+        const int tiles = part_tiles(H, part, kind);
         if (tiles == 0)
             continue;
         const int rt = part == 0 ? 4 : (rem + 15) / 16;
+        /* the tokens the small-head kernel counts as: T x its 16-row tiles */
+        const int64_t ts = (int64_t)T * tiles;
         size_t smem;
-        const PartKernel kind = part_kernel(T, H, part, tune ? tune->tile : 0);
 #ifdef B12X_PROFILE
-        if (a.bar && !(kind == PK_SMALL && !(fp8 && g_rc && T >= SMALL_RC_T)))
+        if (a.bar && !(kind == PK_SMALL && !(fp8 && g_rc && ts >= SMALL_RC_T)))
             prof_inner = 0; /* only the small-head kernel stamps inside its combine */
 #endif
         /* 64-head tiles (every tile with MLART_B12X_WGMMA=2) on the wgmma
@@ -2320,8 +2374,8 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
         if (kind == PK_SMALL) {
             /* one row tile: eight math warps on each block, eight load
              * warps ahead of them (b12x_small_kernel) */
-            fn = pick_small(fp8, T <= SMALL_SHORT_T, a.bar != nullptr, chunk, &smem);
-            if (fp8 && g_rc && T >= SMALL_RC_T) {
+            fn = pick_small(fp8, ts <= SMALL_SHORT_T, a.bar != nullptr, chunk, &smem);
+            if (fp8 && g_rc && ts >= SMALL_RC_T) {
                 fn = pick_rc(a.bar != nullptr);
                 smem = RcSmem::bytes(chunk);
 #ifdef B12X_PROFILE
@@ -2356,7 +2410,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
          * bf16 T = 8 14.1 -> 12.8 us); at 64 and 128 heads the cap was
          * slower (measured: docs/PERF.md, attention, run of 13:22 UTC). */
         const int64_t cb_blocks = (int64_t)T * H * (combine == 1 ? 1 : KV_L / 128);
-        const bool small = H <= 16 && cb_blocks <= 4 * (int64_t)num_sms;
+        const bool small = (H <= 16 || small_tiles) && cb_blocks <= 4 * (int64_t)num_sms;
         const size_t cb_smem =
             tune && tune->combine_spread ? (tune->combine_spread > 0 ? g_cb_spread_smem : 0)
             : (small ? g_cb_spread_smem : 0);

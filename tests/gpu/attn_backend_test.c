@@ -266,7 +266,7 @@ START_TEST(test_wgmma)
         {16, 64, 2048, fmt, 4, 1, 1, 0.0417f, 0},
         {5, 100, 100, fmt, 1, 1, 0, 0.0417f, 0},   /* 64 + 36 heads, topk % 32 != 0 */
         {7, 80, 2048, fmt, 1, 1, 0, 0.1f, 0},      /* 64 + 16 heads */
-        {2, 33, 1, fmt, 1, 0, 0, 0.0417f, 0},      /* one partial tile, topk 1 */
+        {2, 33, 1, fmt, 1, 0, 0, 0.0417f, 0},      /* one partial tile, topk 1 (=1: three 16-row tiles) */
         {4, 127, 576, fmt, 1, 1, 0, 0.0417f, 0},   /* 64 + 63 heads */
         /* shapes the in-place combine takes (_i >= 6) in every mode */
         {2, 80, 2048, fmt, 1, 1, 0, 0.0417f, 0},   /* 64 + 16 */
@@ -436,11 +436,76 @@ START_TEST(test_half)
 }
 END_TEST
 
+/* A partial tile of 17..63 heads whose 16-row tiles number at most 12 over
+ * the step's tokens, or with two such tiles at most 64 tokens
+ * (DeepSeek-V3.2 at tensor parallel 4: 32 heads a rank), runs on the
+ * small-head kernel in those tiles: the main kernel's grid is (T, tiles,
+ * splits) with the split of b12x_attend_split, against (T, 1, splits) on
+ * the wgmma kernel past the rule; every step against the CUDA reference
+ * (and the host one where cheap).  The last tile short of 16 rows, top-k
+ * not a multiple of 32, empty rows, shared requests, out-of-range indices,
+ * chunks with no valid slot, and 8 or more (token, tile) pairs (fp8: the
+ * register-conversion kernel). */
+START_TEST(test_small_tiles)
+{
+    const mlart_kv_format fmt = g_fmts[_i];
+    const int fp8 = fmt == MLART_KV_FP8_DS_MLA;
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 71) * 0x9E3779B97F4A7C15ull;
+    shared_cache c;
+    cudaStream_t st;
+    int sms = 0, tiled = 0;
+    GPU_CUDA(cudaStreamCreate(&st));
+    GPU_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    cache_open(&c, fmt, &rng);
+    const attn_shape shapes[] = {
+        {1, 32, 2048, fmt, 1, 0, 0, 0.0417f, 0},    /* two tiles */
+        {1, 17, 2048, fmt, 1, 0, 0, 0.3f, 0},       /* the second tile of one row */
+        {2, 48, 576, fmt, 1, 1, 0, 0.0417f, 0},     /* three tiles */
+        {1, 63, 100, fmt, 1, 0, 0, 0.0417f, 0},     /* four, the last of 15 rows; topk % 32 != 0 */
+        {2, 56, 2048, fmt, 2, 1, 1, 0.0417f, 0},    /* eight pairs; a shared request, out of range */
+        {4, 32, 2048, fmt, 1, 0, 1, 0.0417f, 1500}, /* eight pairs; chunks with no valid slot */
+        {4, 40, 2048, fmt, 1, 0, 0, 0.0417f, 0},    /* twelve pairs */
+        {64, 24, 576, fmt, 4, 1, 0, 0.0417f, 0},    /* two tiles at 64 tokens */
+        {5, 40, 2048, fmt, 1, 0, 0, 0.0417f, 0},    /* fifteen pairs: the wgmma kernel */
+        {4, 56, 2048, fmt, 1, 0, 0, 0.0417f, 0},    /* sixteen: wgmma */
+        {65, 24, 64, fmt, 1, 0, 0, 0.0417f, 0},     /* two tiles past 64 tokens: wgmma */
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const attn_shape *sh = &shapes[i];
+        attn_host h;
+        attn_dev d;
+        b12x_run run;
+        const int rt = (sh->H + 15) / 16, small = sh->T * rt <= 12 || (rt == 2 && sh->T <= 64);
+        const b12x_split sp = b12x_attend_split(sh->T, sh->H, sh->topk, fp8, sms);
+        attn_host_make(&h, sh, c.host, &rng);
+        attn_dev_upload(&d, &h, c.dev);
+        b12x_open(&run, &h, &d, sh->T);
+        const dim3 grid = b12x_first_grid(&run, &h, &d, st);
+        run.vt->destroy(run.state);
+        attn_dev_free(&d);
+        attn_host_free(&h);
+        ck_assert_msg((int)grid.x == sh->T && (int)grid.y == (small ? rt : 1) && (int)grid.z == sp.splits,
+                      "T=%d H=%d: grid %u x %u x %u, the rule says %d x %d x %d", sh->T, sh->H, grid.x, grid.y,
+                      grid.z, sh->T, small ? rt : 1, sp.splits);
+        printf("  %s T=%d H=%d: grid %u x %u x %u (%s)\n", mlart_kv_format_name(fmt), sh->T, sh->H, grid.x, grid.y,
+               grid.z, small ? "16-row tiles" : "one tile");
+        tiled += small;
+        check_step(sh, c.host, c.dev, &rng, st);
+    }
+    ck_assert_int_eq(tiled, 8);
+    printf("%s partial tiles: %zu shapes match, %d of them in 16-row tiles (seed 0x%llx)\n",
+           mlart_kv_format_name(fmt), sizeof shapes / sizeof shapes[0], tiled, (unsigned long long)g_seed);
+    cache_close(&c);
+    cudaStreamDestroy(st);
+}
+END_TEST
+
 /* Split steps with MLART_B12X_INPLACE=1 (read when the backend is
  * created; each test runs in its own process): the combine inside the
  * small-head kernels (<= 16 heads), the wgmma kernel (64 and 128 heads;
- * 32 heads; 40 heads at 4 tokens), the general kernel (40 heads at 1 and 2
- * tokens) and both launches of a step with a
+ * 40 heads at 5 tokens), the general kernel (the 36-head tile of 100 heads
+ * at 1 and 2 tokens), never the 16-row tiles of 32 and 40 heads at 1 and 3
+ * tokens, and both launches of a step with a
  * partial last tile (80, 100, 127 heads), wherever the launch rule takes
  * it; with =0 the combine kernel (the default).  64 chunks of one block
  * (T = 1, 2), 32 and 16 chunks, 11 heads and 1 head (slices that do not
@@ -475,10 +540,10 @@ START_TEST(test_inplace)
         {2, 128, 2048, fmt, 1, 0, 0, 0.3f, 0},    /* two tiles */
         {4, 64, 2048, fmt, 4, 1, 1, 0.0417f, 0},  /* shared requests, out of range */
         {24, 128, 2048, fmt, 1, 1, 0, 0.0417f, 0}, /* splits, but not resident at once */
-        {1, 32, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* a partial tile on the wgmma kernel */
-        {1, 40, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* the general kernel */
-        {2, 40, 2048, fmt, 1, 1, 0, 0.3f, 0},
-        {4, 40, 2048, fmt, 1, 1, 0, 0.0417f, 0},  /* wgmma from 4 tokens on */
+        {1, 32, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* 16-row tiles: the combine kernel either way */
+        {3, 40, 2048, fmt, 1, 1, 0, 0.3f, 0},
+        {5, 40, 2048, fmt, 1, 1, 0, 0.0417f, 0},  /* a partial tile on the wgmma kernel */
+        {2, 100, 2048, fmt, 1, 0, 0, 0.0417f, 0}, /* 64 on wgmma + 36 on the general kernel */
         {1, 80, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* 64 heads on wgmma + 16 on a small-head kernel */
         {1, 127, 2048, fmt, 1, 0, 0, 0.0417f, 0}, /* 64 on wgmma + 63 on the general kernel */
         {2, 100, 576, fmt, 1, 1, 1, 0.0417f, 0},  /* 64 + 36, out-of-range indices */
@@ -501,16 +566,21 @@ START_TEST(test_inplace)
                b12x_attend_inplace_ok(&dev, 24, 128, s24.splits));
         ck_assert_msg(b12x_attend_inplace_ok(&dev, 1, 16, s16.splits) && b12x_attend_inplace_ok(&dev, 1, 64, s64.splits),
                       "T = 1 at 16 and 64 heads should combine in place");
-        const b12x_split s40 = b12x_attend_split(1, 40, 2048, fp8, dev.num_sms);
+        const b12x_split s40 = b12x_attend_split(5, 40, 2048, fp8, dev.num_sms);
         const b12x_split s80 = b12x_attend_split(1, 80, 2048, fp8, dev.num_sms);
         const b12x_split s127 = b12x_attend_split(1, 127, 2048, fp8, dev.num_sms);
-        printf("in place: resident general %d; T=1 H=40 %d chunks: %d; H=80 %d: %d; H=127 %d: %d\n",
-               dev.resident_gen, s40.splits, b12x_attend_inplace_ok(&dev, 1, 40, s40.splits), s80.splits,
+        const b12x_split t40 = b12x_attend_split(1, 40, 2048, fp8, dev.num_sms);
+        printf("in place: resident general %d; T=5 H=40 %d chunks: %d; T=1 H=80 %d: %d; H=127 %d: %d; H=40 "
+               "(16-row tiles) %d: %d\n",
+               dev.resident_gen, s40.splits, b12x_attend_inplace_ok(&dev, 5, 40, s40.splits), s80.splits,
                b12x_attend_inplace_ok(&dev, 1, 80, s80.splits), s127.splits,
-               b12x_attend_inplace_ok(&dev, 1, 127, s127.splits));
-        ck_assert_msg(b12x_attend_inplace_ok(&dev, 1, 40, s40.splits) && b12x_attend_inplace_ok(&dev, 1, 80, s80.splits) &&
+               b12x_attend_inplace_ok(&dev, 1, 127, s127.splits), t40.splits,
+               b12x_attend_inplace_ok(&dev, 1, 40, t40.splits));
+        ck_assert_msg(b12x_attend_inplace_ok(&dev, 1, 80, s80.splits) &&
                           b12x_attend_inplace_ok(&dev, 1, 127, s127.splits),
-                      "T = 1 at 40, 80 and 127 heads should combine in place");
+                      "T = 1 at 80 and 127 heads should combine in place");
+        ck_assert_msg(!b12x_attend_inplace_ok(&dev, 1, 40, t40.splits),
+                      "T = 1 at 40 heads runs in 16-row tiles, never in place");
         ck_assert_msg(s24.splits > 1 && !b12x_attend_inplace_ok(&dev, 24, 128, s24.splits),
                       "T = 24 at 128 heads should split and not be resident at once");
         b12x_attend_teardown(&dev);
@@ -760,8 +830,9 @@ END_TEST
  * writes the new query after 200 us; the output must be exactly that of the
  * new query, eager and replayed from a graph.  A control (a PDL reader that
  * does not wait reads old bytes; required in a graph, printed for eager
- * launches) shows the setup would catch a missing wait.  Shapes: small-head kernel with split, the general kernel (40
- * heads, 2 tokens), the wgmma kernel on 40 heads (4 tokens), with split and in one pass. */
+ * launches) shows the setup would catch a missing wait.  Shapes: small-head kernel with split, the same in
+ * 16-row tiles (40 heads, 2 tokens), the general kernel (the 36-head tile of 100 heads, 2 tokens), the wgmma
+ * kernel on 40 heads (5 tokens), with split and in one pass. */
 START_TEST(test_pdl_order)
 {
     uint64_t rng = g_seed ^ (uint64_t)(_i + 31) * 0x9E3779B97F4A7C15ull;
@@ -779,8 +850,9 @@ START_TEST(test_pdl_order)
     cache_open(&c, g_fmts[_i], &rng);
     const attn_shape shapes[] = {
         {1, 16, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0},
-        {2, 40, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0}, /* the general kernel */
-        {4, 40, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0}, /* a partial tile on the wgmma kernel */
+        {2, 40, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0},  /* 16-row tiles on the small-head kernel */
+        {2, 100, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0}, /* wgmma, then the general kernel */
+        {5, 40, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0},  /* a partial tile on the wgmma kernel */
         {2, 64, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0},
         {64, 128, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0},
     };
@@ -956,6 +1028,10 @@ int main(void)
     tc = tcase_create("half");
     tcase_set_timeout(tc, 240);
     tcase_add_loop_test(tc, test_half, 0, 2);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("tiles");
+    tcase_set_timeout(tc, 240);
+    tcase_add_loop_test(tc, test_small_tiles, 0, 2);
     suite_add_tcase(s, tc);
     tc = tcase_create("inplace");
     tcase_set_timeout(tc, 240);

@@ -16,7 +16,7 @@
 START_TEST(test_split_covers_topk)
 {
     static const int sms[] = {1, 78, 132, 144};
-    static const int heads[] = {1, 11, 16, 64, 65, 100, 128};
+    static const int heads[] = {1, 11, 16, 17, 32, 40, 63, 64, 65, 100, 128};
     static const int topks[] = {1, 31, 32, 64, 100, 576, 2047, 2048};
     int checked = 0;
     for (int fp8 = 0; fp8 < 2; fp8++)
@@ -102,6 +102,36 @@ START_TEST(test_split_measured_best)
 }
 END_TEST
 
+/* A partial tile of 17..63 heads whose 16-row tiles number at most 12 over
+ * the step's tokens, or that has two of them and at most 64 tokens, runs on
+ * the small-head kernel in those tiles, and the split is then the one of a
+ * step of 16 heads and T x tiles tokens; other steps keep the model of
+ * their 64-head tile (default kernel modes). */
+START_TEST(test_split_small_tiles)
+{
+    int small = 0, other = 0;
+    for (int fp8 = 0; fp8 < 2; fp8++)
+        for (int H = 17; H < 64; H++)
+            for (int T = 1; T <= 80; T++) {
+                const int rt = (H + 15) / 16;
+                const b12x_split a = b12x_attend_split(T, H, 2048, fp8, 132);
+                if (T * rt <= 12 || (rt == 2 && T <= 64)) {
+                    const b12x_split b = b12x_attend_split(T * rt, 16, 2048, fp8, 132);
+                    ck_assert_msg(a.splits == b.splits && a.blocks_per_split == b.blocks_per_split,
+                                  "H=%d T=%d: %d splits, a 16-head step of %d tokens %d", H, T, a.splits, T * rt,
+                                  b.splits);
+                    small++;
+                } else {
+                    other++;
+                }
+            }
+    /* 32 heads at one token: two tiles, the split of 16 heads at T = 2 (64) */
+    ck_assert_int_eq(b12x_attend_split(1, 32, 2048, 0, 132).splits, 64);
+    ck_assert_int_eq(b12x_attend_split(1, 32, 2048, 1, 132).splits, 64);
+    printf("attn split: %d partial-tile steps split as 16-row tiles, %d as one tile\n", small, other);
+}
+END_TEST
+
 /* The rule on a device like the H200 (132 multiprocessors, one block of
  * each kernel on each), with the default kernel modes (setup not run:
  * MLART_B12X_WGMMA=1, no slots-as-M prototype).  The barrier array is
@@ -123,9 +153,8 @@ START_TEST(test_inplace_rule)
     ck_assert(b12x_attend_inplace_ok(&dev, 1, 128, 64));  /* 128 blocks */
     ck_assert(!b12x_attend_inplace_ok(&dev, 2, 128, 64)); /* 256 */
     ck_assert(!b12x_attend_inplace_ok(&dev, 75, 128, 2));
-    /* 33..63 heads below 4 tokens: the general kernel (17..32: wgmma) */
-    ck_assert(b12x_attend_inplace_ok(&dev, 2, 40, 64));
-    ck_assert(!b12x_attend_inplace_ok(&dev, 3, 32, 64));
+    /* 64 + 36 heads at 1 token: the partial tile on the general kernel */
+    ck_assert(b12x_attend_inplace_ok(&dev, 1, 100, 64)); /* 64 + 64 blocks */
     /* a partial tile: two launches, each grid resident by itself */
     ck_assert(b12x_attend_inplace_ok(&dev, 2, 80, 64));   /* 128 + 128 blocks */
     ck_assert(b12x_attend_inplace_ok(&dev, 1, 127, 64));  /* 64 + 64 */
@@ -157,22 +186,30 @@ START_TEST(test_inplace_rule)
     ck_assert(!b12x_attend_inplace_ok(&dev, 1, 100, 16));
     ck_assert(b12x_attend_inplace_ok(&dev, 1, 80, 16));
     /* partial tiles of 17..32 heads, and of 33..63 from 4 tokens on, run on
-     * the wgmma kernel */
-    ck_assert(!b12x_attend_inplace_ok(&dev, 3, 40, 16));
-    ck_assert(b12x_attend_inplace_ok(&dev, 4, 40, 16));
+     * the wgmma kernel (above 64 heads; below, past the 16-row tiles' rule) */
+    ck_assert(!b12x_attend_inplace_ok(&dev, 3, 100, 16));
     ck_assert(b12x_attend_inplace_ok(&dev, 4, 100, 16));
-    ck_assert(b12x_attend_inplace_ok(&dev, 1, 32, 16));
-    ck_assert(b12x_attend_inplace_ok(&dev, 1, 17, 16));
-    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 33, 16));
+    ck_assert(b12x_attend_inplace_ok(&dev, 1, 96, 16));
+    ck_assert(b12x_attend_inplace_ok(&dev, 1, 90, 16));
+    ck_assert(b12x_attend_inplace_ok(&dev, 5, 40, 16));
+    ck_assert(b12x_attend_inplace_ok(&dev, 4, 56, 16));
     dev.resident_gen = 132;
     dev.resident_wg = 0;
-    ck_assert(b12x_attend_inplace_ok(&dev, 3, 40, 16));
-    ck_assert(!b12x_attend_inplace_ok(&dev, 4, 40, 16));
-    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 17, 16));
-    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 32, 16));
-    ck_assert(b12x_attend_inplace_ok(&dev, 1, 33, 16));
+    ck_assert(!b12x_attend_inplace_ok(&dev, 3, 36, 16)); /* 16-row tiles */
+    ck_assert(!b12x_attend_inplace_ok(&dev, 5, 40, 16));
+    ck_assert(!b12x_attend_inplace_ok(&dev, 4, 56, 16));
     ck_assert(b12x_attend_inplace_ok(&dev, 4, 16, 16));
     dev.resident_wg = 132;
+    /* except below 64 heads where their 16-row tiles number at most 12 over
+     * the step's tokens, or two tiles at most 64 tokens: the small-head
+     * kernel in tiles, which never combines in place (its tiles would
+     * share barrier words), whatever room there is */
+    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 17, 16));
+    ck_assert(!b12x_attend_inplace_ok(&dev, 1, 32, 16));
+    ck_assert(!b12x_attend_inplace_ok(&dev, 2, 40, 16));
+    ck_assert(!b12x_attend_inplace_ok(&dev, 4, 40, 16));
+    ck_assert(!b12x_attend_inplace_ok(&dev, 3, 63, 16));
+    ck_assert(!b12x_attend_inplace_ok(&dev, 8, 32, 8));
     /* no barriers: never */
     dev.bar = NULL;
     ck_assert(!b12x_attend_inplace_ok(&dev, 1, 16, 64));
@@ -210,7 +247,8 @@ START_TEST(test_halves_rule)
     ck_assert(!b12x_attend_halves(&dev, 9, 16, 4, 0, 0));  /* past the short kernel */
     ck_assert(!b12x_attend_halves(&dev, 1, 16, 64, 0, 1)); /* in-place combine */
     ck_assert(!b12x_attend_halves(&dev, 1, 16, 1, 0, 0));  /* no split */
-    ck_assert(!b12x_attend_halves(&dev, 1, 17, 64, 0, 0)); /* the general kernel */
+    ck_assert(!b12x_attend_halves(&dev, 1, 17, 64, 0, 0)); /* 16-row tiles of a partial tile: never halves */
+    ck_assert(!b12x_attend_halves(&dev, 1, 40, 16, 0, 0));
     ck_assert(!b12x_attend_halves(&dev, 1, 64, 64, 0, 0)); /* the wgmma kernel */
     ck_assert(!b12x_attend_halves(&dev, 1, 80, 16, 0, 0)); /* 64 + 16: a wgmma launch first */
     dev.num_sms = 78;
@@ -238,6 +276,7 @@ int main(void)
     tcase_add_test(tc, test_split_covers_topk);
     tcase_add_test(tc, test_split_choices);
     tcase_add_test(tc, test_split_measured_best);
+    tcase_add_test(tc, test_split_small_tiles);
     tcase_add_test(tc, test_inplace_rule);
     tcase_add_test(tc, test_halves_rule);
     suite_add_tcase(s, tc);
