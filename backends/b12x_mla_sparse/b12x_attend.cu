@@ -2060,8 +2060,8 @@ extern "C" int b12x_attend_setup(b12x_dev *out, mlart_error_fn err)
  * heads (0: the full 64-head tiles, 1: the last partial tile), as
  * b12x_attend_launch_tuned launches it and b12x_attend_inplace_ok checks
  * it.  `tile` (b12x_tune.tile) puts a partial tile of 17..63 heads on the
- * general kernel (1), the wgmma kernel (2) or the small-head kernel in
- * 16-row tiles (3); 0 lets the rule decide. */
+ * general kernel (1) or the wgmma kernel (2), or the whole step in 16-row
+ * tiles on the small-head kernel (3); 0 lets the rule decide. */
 namespace {
 enum PartKernel { PK_WGMMA, PK_SWG, PK_SMALL, PK_GENERAL };
 
@@ -2070,43 +2070,52 @@ enum PartKernel { PK_WGMMA, PK_SWG, PK_SMALL, PK_GENERAL };
  * T = 4 it beats the general kernel at 24 to 56 heads in both formats
  * (6-41% a call in the bench, 2-32% a decode step); at T = 1 and 2 it is
  * 1-6% faster at 32 heads and level in a decode step at 24 and 32, but
- * 5-7% slower at 48 (docs/attention.md, the wgmma kernel).  Before
- * either, below 64 heads, a partial tile runs as 16-row tiles on the
- * small-head kernel where those tiles number at most SMALL_TILES_T over
- * the step's T tokens, or where there are two of them (17..32 heads) and
- * T <= SMALL_PAIR_T: the step is then one of <= 16 heads and T x tiles
- * tokens to the split model and the kernel.  In the bench (docs/PERF.md,
- * "Partial head tiles", 2026-12-03) that took 32 heads at T = 1 from 9.4
- * to 6.2 us, and was the fastest of the three kernels at every such row
- * but one (fp8 T = 16, 0.4% behind); at three tiles and T = 8 it is 16%
- * slower than wgmma, at four and T = 4 level. */
+ * 5-7% slower at 48 (docs/attention.md, the wgmma kernel).  Before any
+ * of that, a step of more than 16 heads runs whole as 16-row tiles on the
+ * small-head kernel (step_tiled) where those tiles number at most
+ * SMALL_TILES_T over its T tokens, or where there are two of them (17..32
+ * heads) and T <= SMALL_PAIR_T: the step is then one of <= 16 heads and
+ * T x tiles tokens to the split model and the kernel.  In the bench
+ * (docs/PERF.md, "16-row tiles", 2026-12-03) that took 32 heads at T = 1
+ * from 9.4 to 6.2 us, and was the fastest of the three kernels at every
+ * such row but one (fp8 T = 16, 0.4% behind); at three tiles and T = 8 it
+ * is 16% slower than wgmma, at four and T = 4 level. */
 constexpr int WG_PARTIAL_T = 4;
 constexpr int WG_PARTIAL_ROWS = 32;
 constexpr int SMALL_TILES_T = 12;
 constexpr int SMALL_PAIR_T = 64;
 
+bool step_tiled(int T, int heads, int tile)
+{
+    if (heads <= 16)
+        return false; /* one tile: the small-head kernel's own case */
+    if (tile)
+        return tile == 3;
+    const int tiles = (heads + 15) / 16;
+    return b12x_wgmma_mode() == 1 && ((int64_t)T * tiles <= SMALL_TILES_T || (tiles == 2 && T <= SMALL_PAIR_T));
+}
+
 PartKernel part_kernel(int T, int heads, int part, int tile = 0)
 {
     const int wmode = b12x_wgmma_mode(), rt = part == 0 ? 4 : (heads % HEAD_TILE + 15) / 16;
+    if (step_tiled(T, heads, tile))
+        return PK_SMALL;
     if (part == 1 && rt > 1 && tile)
-        return tile == 3 ? PK_SMALL : tile == 2 ? PK_WGMMA : PK_GENERAL;
+        return tile == 2 ? PK_WGMMA : PK_GENERAL;
     if (wmode == 2 || (wmode == 1 && part == 0))
         return PK_WGMMA;
     if (rt == 1)
         return b12x_swg_mode() ? PK_SWG : PK_SMALL;
-    if (wmode == 1 && heads < HEAD_TILE && ((int64_t)T * rt <= SMALL_TILES_T || (rt == 2 && T <= SMALL_PAIR_T)))
-        return PK_SMALL;
     return wmode == 1 && (heads % HEAD_TILE <= WG_PARTIAL_ROWS || T >= WG_PARTIAL_T) ? PK_WGMMA : PK_GENERAL;
 }
 
-/* The launches of part `part` (its tile count and, for the small-head
- * kernel, the tokens it counts as: T x its 16-row tiles). */
-int part_tiles(int heads, int part, PartKernel kind)
+/* The tiles of part `part`'s launch: a tiled step is one launch of all its
+ * 16-row tiles (part 0, from head 0). */
+int part_tiles(int T, int heads, int part, int tile)
 {
-    const int full = heads / HEAD_TILE, rem = heads % HEAD_TILE;
-    if (part == 0)
-        return full;
-    return rem == 0 ? 0 : kind == PK_SMALL ? (rem + 15) / 16 : 1;
+    if (step_tiled(T, heads, tile))
+        return part == 0 ? (heads + 15) / 16 : 0;
+    return part == 0 ? heads / HEAD_TILE : (heads % HEAD_TILE ? 1 : 0);
 }
 } /* namespace */
 
@@ -2128,6 +2137,8 @@ extern "C" int b12x_attend_inplace_ok(const b12x_dev *dev, int T, int heads, int
         const int tiles = part == 0 ? full : (rem ? 1 : 0), rows = part == 0 ? HEAD_TILE : rem;
         if (tiles == 0)
             continue;
+        if (step_tiled(T, heads, 0)) /* 16-row tiles: a token's tiles would share barrier words */
+            return 0;
         /* each kind's residency and the ZB of its combine (the kernel's
          * largest tile: wgmma 64 rows, general 16 x RT, small-head 16) */
         int cap, zb;
@@ -2136,8 +2147,6 @@ extern "C" int b12x_attend_inplace_ok(const b12x_dev *dev, int T, int heads, int
             cap = dev->resident_wg, zb = b12x::combine_zb(HEAD_TILE, NTHREADS);
             break;
         case PK_SMALL:
-            if (rows > 16) /* several 16-row tiles: their barriers would share words */
-                return 0;
             cap = dev->resident, zb = b12x::combine_zb(16, NTHREADS);
             break;
         case PK_GENERAL:
@@ -2210,12 +2219,11 @@ b12x_split split_model(int64_t work, int r16, bool small_bf16, int topk, int num
 }
 
 /* The split of a step as launched with b12x_tune.tile `tile`: the model
- * over its (token, head tile) pairs; a partial tile of 17..63 heads in
- * 16-row tiles on the small-head kernel counts as a step of <= 16 heads
- * and T x tiles tokens. */
+ * over its (token, head tile) pairs; a step in 16-row tiles on the
+ * small-head kernel counts as one of <= 16 heads and T x tiles tokens. */
 b12x_split split_for(int T, int heads, int topk, int fp8, int num_sms, int tile)
 {
-    if (heads > 16 && heads < HEAD_TILE && part_kernel(T, heads, 1, tile) == PK_SMALL)
+    if (step_tiled(T, heads, tile))
         return split_model((int64_t)T * ((heads + 15) / 16), 1, !fp8, topk, num_sms);
     const int tiles = (heads + HEAD_TILE - 1) / HEAD_TILE;
     return split_model((int64_t)T * tiles, ((heads + tiles - 1) / tiles + 15) / 16, heads <= 16 && !fp8, topk, num_sms);
@@ -2274,9 +2282,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
                  tune->tile > 3))
         return err(MLART_EINVAL, "b12x_mla_sparse: tuning values out of range");
     const int tile = tune ? tune->tile : 0;
-    /* the partial tile's kernel (the full tiles' is the wgmma one, or with
-     * MLART_B12X_WGMMA=0 the general one) */
-    const bool small_tiles = H > 16 && H < HEAD_TILE && part_kernel(T, H, 1, tile) == PK_SMALL;
+    const bool small_tiles = step_tiled(T, H, tile);
     b12x_split sp = split_for(T, H, g->topk, fp8, num_sms, tile);
     if (tune && tune->splits > 0) {
         const int nblk = (g->topk + BN - 1) / BN;
@@ -2323,7 +2329,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
     if (inplace && !(tune && tune->parts == 1))
         a.bar = dev->bar;
 #ifdef B12X_PROFILE
-    prof_main_blocks = T * (full + part_tiles(H, 1, part_kernel(T, H, 1, tile))) * sp.splits; /* tile 0 first */
+    prof_main_blocks = T * (part_tiles(T, H, 0, tile) + part_tiles(T, H, 1, tile)) * sp.splits; /* tile 0 first */
     prof_cb_blocks = sp.splits > 1 && !inplace ? T * H * (combine == 1 ? 1 : KV_L / 128) : 0;
     prof_inplace = 0; /* set below when a kernel of this file (they stamp) combines in place */
     prof_inner = 1;   /* cleared below by an in-place launch of another kernel */
@@ -2334,7 +2340,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
     cudaError_t e = cudaSuccess;
     for (int part = 0; part < 2 && (parts & 1) && e == cudaSuccess; part++) {
         const PartKernel kind = part_kernel(T, H, part, tile);
-        const int tiles = part_tiles(H, part, kind);
+        const int tiles = part_tiles(T, H, part, tile);
         if (tiles == 0)
             continue;
         const int rt = part == 0 ? 4 : (rem + 15) / 16;

@@ -436,13 +436,13 @@ START_TEST(test_half)
 }
 END_TEST
 
-/* A partial tile of 17..63 heads whose 16-row tiles number at most 12 over
- * the step's tokens, or with two such tiles at most 64 tokens
- * (DeepSeek-V3.2 at tensor parallel 4: 32 heads a rank), runs on the
- * small-head kernel in those tiles: the main kernel's grid is (T, tiles,
- * splits) with the split of b12x_attend_split, against (T, 1, splits) on
- * the wgmma kernel past the rule; every step against the CUDA reference
- * (and the host one where cheap).  The last tile short of 16 rows, top-k
+/* A step of more than 16 heads whose 16-row tiles number at most 12 over
+ * its tokens, or with two such tiles at most 64 tokens (DeepSeek-V3.2 at
+ * tensor parallel 4: 32 heads a rank; GLM-5 at 64 heads, T <= 3), runs on
+ * the small-head kernel in those tiles: the main kernel's grid is (T,
+ * tiles, splits) with the split of b12x_attend_split, against (T, 64-head
+ * tiles or 1, splits) on the wgmma kernel past the rule; every step
+ * against the CUDA reference (and the host one where cheap).  The last tile short of 16 rows, top-k
  * not a multiple of 32, empty rows, shared requests, out-of-range indices,
  * chunks with no valid slot, and 8 or more (token, tile) pairs (fp8: the
  * register-conversion kernel). */
@@ -469,6 +469,12 @@ START_TEST(test_small_tiles)
         {5, 40, 2048, fmt, 1, 0, 0, 0.0417f, 0},    /* fifteen pairs: the wgmma kernel */
         {4, 56, 2048, fmt, 1, 0, 0, 0.0417f, 0},    /* sixteen: wgmma */
         {65, 24, 64, fmt, 1, 0, 0, 0.0417f, 0},     /* two tiles past 64 tokens: wgmma */
+        {1, 64, 2048, fmt, 1, 0, 0, 0.0417f, 0},    /* 64 heads: four tiles */
+        {3, 64, 576, fmt, 1, 1, 1, 0.0417f, 0},     /* twelve pairs */
+        {1, 128, 2048, fmt, 2, 0, 0, 0.0417f, 0},   /* eight tiles; a shared request */
+        {2, 80, 2048, fmt, 1, 0, 0, 0.3f, 0},       /* five tiles, the last of 16 rows */
+        {4, 64, 2048, fmt, 1, 0, 0, 0.0417f, 0},    /* sixteen pairs: wgmma */
+        {2, 127, 2048, fmt, 1, 0, 0, 0.0417f, 0},   /* sixteen: wgmma, then the general kernel */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const attn_shape *sh = &shapes[i];
@@ -476,6 +482,7 @@ START_TEST(test_small_tiles)
         attn_dev d;
         b12x_run run;
         const int rt = (sh->H + 15) / 16, small = sh->T * rt <= 12 || (rt == 2 && sh->T <= 64);
+        const int first_y = small ? rt : sh->H >= 64 ? sh->H / 64 : 1; /* the first launch's tiles */
         const b12x_split sp = b12x_attend_split(sh->T, sh->H, sh->topk, fp8, sms);
         attn_host_make(&h, sh, c.host, &rng);
         attn_dev_upload(&d, &h, c.dev);
@@ -484,15 +491,15 @@ START_TEST(test_small_tiles)
         run.vt->destroy(run.state);
         attn_dev_free(&d);
         attn_host_free(&h);
-        ck_assert_msg((int)grid.x == sh->T && (int)grid.y == (small ? rt : 1) && (int)grid.z == sp.splits,
+        ck_assert_msg((int)grid.x == sh->T && (int)grid.y == first_y && (int)grid.z == sp.splits,
                       "T=%d H=%d: grid %u x %u x %u, the rule says %d x %d x %d", sh->T, sh->H, grid.x, grid.y,
-                      grid.z, sh->T, small ? rt : 1, sp.splits);
+                      grid.z, sh->T, first_y, sp.splits);
         printf("  %s T=%d H=%d: grid %u x %u x %u (%s)\n", mlart_kv_format_name(fmt), sh->T, sh->H, grid.x, grid.y,
                grid.z, small ? "16-row tiles" : "one tile");
         tiled += small;
         check_step(sh, c.host, c.dev, &rng, st);
     }
-    ck_assert_int_eq(tiled, 8);
+    ck_assert_int_eq(tiled, 12);
     printf("%s partial tiles: %zu shapes match, %d of them in 16-row tiles (seed 0x%llx)\n",
            mlart_kv_format_name(fmt), sizeof shapes / sizeof shapes[0], tiled, (unsigned long long)g_seed);
     cache_close(&c);
@@ -502,10 +509,11 @@ END_TEST
 
 /* Split steps with MLART_B12X_INPLACE=1 (read when the backend is
  * created; each test runs in its own process): the combine inside the
- * small-head kernels (<= 16 heads), the wgmma kernel (64 and 128 heads;
- * 40 heads at 5 tokens), the general kernel (the 36-head tile of 100 heads
- * at 1 and 2 tokens), never the 16-row tiles of 32 and 40 heads at 1 and 3
- * tokens, and both launches of a step with a
+ * small-head kernels (<= 16 heads), the wgmma kernel (64 heads at 4
+ * tokens, 128 at 2; 40 heads at 5 tokens), the general kernel (the 36-head
+ * tile of 100 heads at 2 tokens), never the 16-row tiles (32 and 40 heads
+ * at 1 and 3 tokens, 64 at 1: the combine kernel), and both launches of a
+ * step with a
  * partial last tile (80, 100, 127 heads), wherever the launch rule takes
  * it; with =0 the combine kernel (the default).  64 chunks of one block
  * (T = 1, 2), 32 and 16 chunks, 11 heads and 1 head (slices that do not
@@ -536,7 +544,8 @@ START_TEST(test_inplace)
         {9, 16, 2048, fmt, 1, 1, 1, 0.0417f, 0},  /* out-of-range indices */
         {64, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0}, /* two chunks: resident, but four round trips (kernel) */
         {5, 16, 100, fmt, 1, 1, 0, 0.0417f, 0},   /* topk % 32 != 0 */
-        {1, 64, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* wgmma kernel, 64 chunks */
+        {1, 64, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* four 16-row tiles: the combine kernel either way */
+        {4, 64, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* wgmma kernel */
         {2, 128, 2048, fmt, 1, 0, 0, 0.3f, 0},    /* two tiles */
         {4, 64, 2048, fmt, 4, 1, 1, 0.0417f, 0},  /* shared requests, out of range */
         {24, 128, 2048, fmt, 1, 1, 0, 0.0417f, 0}, /* splits, but not resident at once */
@@ -544,8 +553,8 @@ START_TEST(test_inplace)
         {3, 40, 2048, fmt, 1, 1, 0, 0.3f, 0},
         {5, 40, 2048, fmt, 1, 1, 0, 0.0417f, 0},  /* a partial tile on the wgmma kernel */
         {2, 100, 2048, fmt, 1, 0, 0, 0.0417f, 0}, /* 64 on wgmma + 36 on the general kernel */
-        {1, 80, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* 64 heads on wgmma + 16 on a small-head kernel */
-        {1, 127, 2048, fmt, 1, 0, 0, 0.0417f, 0}, /* 64 on wgmma + 63 on the general kernel */
+        {3, 80, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* 64 heads on wgmma + 16 on a small-head kernel */
+        {2, 127, 2048, fmt, 1, 0, 0, 0.0417f, 0}, /* 64 on wgmma + 63 on the general kernel */
         {2, 100, 576, fmt, 1, 1, 1, 0.0417f, 0},  /* 64 + 36, out-of-range indices */
         {3, 128, 576, fmt, 1, 1, 0, 0.0417f, 0},  /* 9 splits: four round trips (kernel) */
         {24, 80, 2048, fmt, 1, 1, 0, 0.0417f, 0}, /* two launches, 5 splits: the combine kernel */
@@ -557,28 +566,28 @@ START_TEST(test_inplace)
         const int fp8 = fmt == MLART_KV_FP8_DS_MLA;
         ck_assert_msg(b12x_attend_setup(&dev, attn_error_cb) == 0, "setup: %s", attn_last_msg);
         const b12x_split s16 = b12x_attend_split(1, 16, 2048, fp8, dev.num_sms);
-        const b12x_split s64 = b12x_attend_split(1, 64, 2048, fp8, dev.num_sms);
+        const b12x_split s64 = b12x_attend_split(4, 64, 2048, fp8, dev.num_sms);
         const b12x_split s24 = b12x_attend_split(24, 128, 2048, fp8, dev.num_sms);
-        printf("in place: resident %d / %d blocks; T=1 H=16 %d chunks: %d; T=1 H=64 %d chunks: %d; T=24 H=128 "
+        printf("in place: resident %d / %d blocks; T=1 H=16 %d chunks: %d; T=4 H=64 %d chunks: %d; T=24 H=128 "
                "%d chunks: %d\n",
                dev.resident, dev.resident_wg, s16.splits, b12x_attend_inplace_ok(&dev, 1, 16, s16.splits), s64.splits,
-               b12x_attend_inplace_ok(&dev, 1, 64, s64.splits), s24.splits,
+               b12x_attend_inplace_ok(&dev, 4, 64, s64.splits), s24.splits,
                b12x_attend_inplace_ok(&dev, 24, 128, s24.splits));
-        ck_assert_msg(b12x_attend_inplace_ok(&dev, 1, 16, s16.splits) && b12x_attend_inplace_ok(&dev, 1, 64, s64.splits),
-                      "T = 1 at 16 and 64 heads should combine in place");
+        ck_assert_msg(b12x_attend_inplace_ok(&dev, 1, 16, s16.splits) && b12x_attend_inplace_ok(&dev, 4, 64, s64.splits),
+                      "T = 1 at 16 heads and T = 4 at 64 heads should combine in place");
         const b12x_split s40 = b12x_attend_split(5, 40, 2048, fp8, dev.num_sms);
-        const b12x_split s80 = b12x_attend_split(1, 80, 2048, fp8, dev.num_sms);
-        const b12x_split s127 = b12x_attend_split(1, 127, 2048, fp8, dev.num_sms);
+        const b12x_split s80 = b12x_attend_split(3, 80, 2048, fp8, dev.num_sms);
+        const b12x_split s127 = b12x_attend_split(2, 127, 2048, fp8, dev.num_sms);
         const b12x_split t40 = b12x_attend_split(1, 40, 2048, fp8, dev.num_sms);
-        printf("in place: resident general %d; T=5 H=40 %d chunks: %d; T=1 H=80 %d: %d; H=127 %d: %d; H=40 "
-               "(16-row tiles) %d: %d\n",
+        printf("in place: resident general %d; T=5 H=40 %d chunks: %d; T=3 H=80 %d: %d; T=2 H=127 %d: %d; T=1 "
+               "H=40 (16-row tiles) %d: %d\n",
                dev.resident_gen, s40.splits, b12x_attend_inplace_ok(&dev, 5, 40, s40.splits), s80.splits,
-               b12x_attend_inplace_ok(&dev, 1, 80, s80.splits), s127.splits,
-               b12x_attend_inplace_ok(&dev, 1, 127, s127.splits), t40.splits,
+               b12x_attend_inplace_ok(&dev, 3, 80, s80.splits), s127.splits,
+               b12x_attend_inplace_ok(&dev, 2, 127, s127.splits), t40.splits,
                b12x_attend_inplace_ok(&dev, 1, 40, t40.splits));
-        ck_assert_msg(b12x_attend_inplace_ok(&dev, 1, 80, s80.splits) &&
-                          b12x_attend_inplace_ok(&dev, 1, 127, s127.splits),
-                      "T = 1 at 80 and 127 heads should combine in place");
+        ck_assert_msg(b12x_attend_inplace_ok(&dev, 3, 80, s80.splits) &&
+                          b12x_attend_inplace_ok(&dev, 2, 127, s127.splits),
+                      "T = 3 at 80 and T = 2 at 127 heads should combine in place");
         ck_assert_msg(!b12x_attend_inplace_ok(&dev, 1, 40, t40.splits),
                       "T = 1 at 40 heads runs in 16-row tiles, never in place");
         ck_assert_msg(s24.splits > 1 && !b12x_attend_inplace_ok(&dev, 24, 128, s24.splits),
@@ -600,7 +609,8 @@ END_TEST
  * counts to different totals), then, on a poisoned workspace, the full
  * step, which must equal the reference and a fresh backend's result bit
  * for bit.  16 heads (the small-head kernels) and 128 heads (the wgmma
- * kernel, two tiles). */
+ * kernel, two tiles, at 2..4 tokens; at one token eight 16-row tiles and
+ * the combine kernel between them). */
 START_TEST(test_inplace_repeat)
 {
     const mlart_kv_format fmt = g_fmts[_i % 2];
@@ -752,7 +762,8 @@ START_TEST(test_graph)
         {3, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0},   /* split + combine */
         {64, 128, 2048, fmt, 1, 1, 0, 0.0417f, 0}, /* one pass, two head tiles */
         {16, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0},  /* small-head kernel, 8 splits */
-        {1, 128, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* wgmma kernel, two tiles, split */
+        {1, 128, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* eight 16-row tiles, split */
+        {2, 128, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* wgmma kernel, two tiles, split */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         attn_host h, h2;

@@ -33,15 +33,15 @@ run decode_glm5_verify "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device
 run decode_dsv32_verify "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda --batch 8 --context 4096 --steps 4 --verify
 run decode_dsv32_direct_verify "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda --batch 8 --context 4096 --steps 4 --verify --no-graph
 run decode_glm5_bf16_verify "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --kv-format bf16 --batch 4 --context 3000 --steps 2 --verify
-# 16 heads a rank at T = 1 and 4, 64 (glm5 heads=256 over tp 4) at T = 2, with the in-place combine
-# (opt-in, docs/attention.md)
+# 16 heads a rank at T = 1 and 4, 64 (glm5 heads=256 over tp 4) at T = 4, with the in-place combine
+# (opt-in, docs/attention.md; 64 heads at T <= 3 run in 16-row tiles, never in place)
 run decode_dsv32_inplace_verify env MLART_B12X_INPLACE=1 "$dec" --config "$src/configs/deepseek-v32-tp8.ini" \
   --device cuda --batch 1 --context 2048 --steps 2 --verify
 run decode_dsv32_bf16_inplace_verify env MLART_B12X_INPLACE=1 "$dec" --config "$src/configs/deepseek-v32-tp8.ini" \
   --device cuda --kv-format bf16 --batch 4 --context 2048 --steps 2 --verify
 run decode_glm5_inplace_verify env MLART_B12X_INPLACE=1 "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" \
-  --device cuda --set heads=256 --batch 2 --context 2048 --steps 2 --verify
-# compute-sanitizer memcheck on the in-place kernels (16, 64 and 32 heads; when the toolkit is there)
+  --device cuda --set heads=256 --batch 4 --context 2048 --steps 2 --verify
+# compute-sanitizer memcheck on the in-place kernels (16, 64 and 64 + 36 heads; when the toolkit is there)
 san=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
 if [ -x "$san" ]; then
   run memcheck_inplace_small env MLART_B12X_INPLACE=1 "$san" --tool memcheck --error-exitcode 1 \
@@ -49,11 +49,16 @@ if [ -x "$san" ]; then
     --batch 2 --context 2048 --steps 1 --verify
   run memcheck_inplace_wgmma env MLART_B12X_INPLACE=1 "$san" --tool memcheck --error-exitcode 1 \
     --kernel-name kns=b12x_wgmma "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda \
-    --set heads=256 --batch 1 --context 2048 --steps 1 --verify
-  # 32 heads a rank: the general kernel
+    --set heads=256 --batch 4 --context 2048 --steps 1 --verify
+  # 100 heads a rank at T = 2: the 36-head tile on the general kernel
   run memcheck_inplace_general env MLART_B12X_INPLACE=1 "$san" --tool memcheck --error-exitcode 1 \
     --kernel-name kns=b12x_attend "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda \
-    --set heads=256 --batch 2 --context 2048 --steps 1 --verify
+    --set heads=800 --batch 2 --context 2048 --steps 1 --verify
+  # 16-row tiles: 64 heads a rank at T = 2 and 32 at T = 1 on the small-head kernel
+  run memcheck_tiles_h64 "$san" --tool memcheck --error-exitcode 1 --kernel-name kns=b12x_small "$dec" \
+    --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --set heads=256 --batch 2 --context 2048 --steps 1 --verify
+  run memcheck_tiles_h32 "$san" --tool memcheck --error-exitcode 1 --kernel-name kns=b12x_small "$dec" \
+    --config "$src/configs/deepseek-v32-tp4.ini" --device cuda --batch 1 --context 2048 --steps 1 --verify
   # the V up-projection on the swap path, launched by the layer step with programmatic
   # dependent launch (16 heads a rank at T = 4)
   run memcheck_swap env "$san" --tool memcheck --error-exitcode 1 --kernel-name kns=bmm_swap "$dec" \
