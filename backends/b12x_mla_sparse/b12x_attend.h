@@ -90,9 +90,11 @@ int b12x_attend_launch(const mlart_step *s, const b12x_dev *dev, void *stream, m
  * launch before its dependency wait, -1 after it, 0 as the launch
  * decides (before, where the combine is capped); `tile` 1 runs a partial
  * head tile of 17..63 heads on the general mma.sync kernel, 2 on the wgmma
- * kernel, 3 on the small-head kernel in 16-row tiles (split as a step of
- * <= 16 heads and T x tiles tokens), 0 as the launch decides (with 1..3 the
- * step runs the combine kernel, never the in-place one). */
+ * kernel (1 and 2: the full 64-head tiles on their kernel, never in 16-row
+ * tiles), 3 the whole step of more than 16 heads on the small-head kernel
+ * in 16-row tiles (split as a step of <= 16 heads and T x tiles tokens), 0
+ * as the launch decides (with 1..3 the step runs the combine kernel, never
+ * the in-place one). */
 typedef struct b12x_tune {
     int splits;
     int parts;
@@ -109,10 +111,10 @@ int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev, const b12
 /* The wgmma kernel (b12x_wgmma.cu, sm_90a) for tiles of up to 64 heads.
  * Setup raises its shared-memory limit and reads MLART_B12X_WGMMA (0: never
  * used, 1: full 64-head tiles, partial tiles of 17..32 heads and, in steps
- * of at least 4 tokens, of 33..63 heads, unless a partial tile below 64
- * heads runs in 16-row tiles on the small-head kernel (at most 12 such
- * tiles over the step's tokens, or two tiles and at most 64 tokens; only
- * in mode 1), 2: every tile; default 1) for
+ * of at least 4 tokens, of 33..63 heads, unless the step (more than 16
+ * heads) runs whole in 16-row tiles on the small-head kernel (at most 12
+ * such tiles over its tokens, or two tiles and at most 64 tokens; only in
+ * mode 1), 2: every tile; default 1) for
  * b12x_wgmma_mode().  Launch covers head tiles [tile_base, tile_base +
  * tiles) of the step with the given split (bf16 partials, as bits, into
  * ws_o and their fp32 LSEs into ws_lse, in the mma.sync kernel's layout,
