@@ -801,8 +801,8 @@ __device__ __forceinline__ void load_sync()
  * physical slots resolved into s_slot by all 512 threads (before the
  * dependency wait: load_query's comment says why that is safe).  The
  * block's 16 head rows start 16 x blockIdx.y rows into head tile
- * a.tile_base: a partial tile of 17..63 heads runs as several 16-row
- * tiles (part_kernel), one of <= 16 heads as one. */
+ * a.tile_base: a step of more than 16 heads can run as several 16-row
+ * tiles (step_tiled), one of <= 16 heads runs as one. */
 __device__ __forceinline__ b12x::Chunk small_start(const AttendArgs &a, int32_t *s_slot)
 {
     b12x::Chunk ck = b12x::chunk_of(a, HEAD_TILE, 16);
@@ -2378,8 +2378,8 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
             continue;
         }
         if (kind == PK_SMALL) {
-            /* one row tile: eight math warps on each block, eight load
-             * warps ahead of them (b12x_small_kernel) */
+            /* 16-row tiles (one, or a tiled step's): eight math warps on
+             * each block, eight load warps ahead of them (b12x_small_kernel) */
             fn = pick_small(fp8, ts <= SMALL_SHORT_T, a.bar != nullptr, chunk, &smem);
             if (fp8 && g_rc && ts >= SMALL_RC_T) {
                 fn = pick_rc(a.bar != nullptr);
