@@ -1008,6 +1008,15 @@ START_TEST(test_bad_input)
 }
 END_TEST
 
+/* A case of one loop test, _i in [0, n), with the suite's timeout. */
+static void add_case(Suite *s, const char *name, const TTest *test, int n)
+{
+    TCase *tc = tcase_create(name);
+    tcase_set_timeout(tc, 240);
+    tcase_add_loop_test(tc, test, 0, n);
+    suite_add_tcase(s, tc);
+}
+
 int main(void)
 {
     Suite *s;
@@ -1024,26 +1033,11 @@ int main(void)
     tcase_add_loop_test(tc, test_back_to_back, 0, 2);
     tcase_add_test(tc, test_bad_input);
     suite_add_tcase(s, tc);
-    tc = tcase_create("wgmma");
-    tcase_set_timeout(tc, 240);
-    tcase_add_loop_test(tc, test_wgmma, 0, 12);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("swg");
-    tcase_set_timeout(tc, 240);
-    tcase_add_loop_test(tc, test_swg, 0, 2);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("rc");
-    tcase_set_timeout(tc, 240);
-    tcase_add_loop_test(tc, test_rc, 0, 2);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("half");
-    tcase_set_timeout(tc, 240);
-    tcase_add_loop_test(tc, test_half, 0, 2);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("tiles");
-    tcase_set_timeout(tc, 240);
-    tcase_add_loop_test(tc, test_small_tiles, 0, 2);
-    suite_add_tcase(s, tc);
+    add_case(s, "wgmma", test_wgmma, 12);
+    add_case(s, "swg", test_swg, 2);
+    add_case(s, "rc", test_rc, 2);
+    add_case(s, "half", test_half, 2);
+    add_case(s, "tiles", test_small_tiles, 2);
     tc = tcase_create("inplace");
     tcase_set_timeout(tc, 240);
     tcase_add_loop_test(tc, test_inplace, 0, 4);
