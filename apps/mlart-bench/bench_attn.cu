@@ -59,8 +59,10 @@
  * environment: no write, the columns as before 2026-12-02 14:30).
  * With MLART_BENCH_ATTN_VARIANTS=1 in the environment a tuning table
  * follows (bench_attn_variants).  Then the partial head tiles' table
- * (bench_attn_partial): 32 and 48 heads on the launch's kernel, the general
- * and the wgmma kernel. */
+ * (bench_attn_choice): 32, 40, 48 and 56 heads on the launch's kernel, the
+ * general, the wgmma and the small-head kernel; and the same four columns
+ * for whole steps of 64..128 heads at small T (the `attn tiles` table,
+ * where the 16-row tiles' bound lies). */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <math.h>
@@ -908,9 +910,23 @@ const mlart_bench_table kPartTable = {"attn partial head tiles: the launch's ker
                                       "wgmma and the small-head kernel (topk 2048, each token its own request)",
                                       "shape", 34, kPartCols, 7};
 
-/* The partial table's running figures for its summary line. */
+/* Whole steps of 64..128 heads at small T, the same columns: where the
+ * 16-row tiles on the small-head kernel (step_tiled in b12x_attend.cu:
+ * at most 12 tiles over the step's tokens) stop beating the wgmma kernel
+ * and, for the partial tile of 80..100 heads, the general one. */
+const int kTileHs[5] = {64, 80, 96, 100, 128};
+const int kTileTs[6] = {1, 2, 3, 4, 6, 0};
+const Grid kTileGrid = {"attn tiles", 5, kTileHs, kTileTs, 0, 0x71E5};
+const mlart_bench_table kTileTable = {"attn tiles: steps of 64..128 heads, the launch's kernel against the general, "
+                                      "the wgmma and the small-head kernel in 16-row tiles (topk 2048, each token its "
+                                      "own request)",
+                                      "shape", 34, kPartCols, 7};
+
+/* A kernel-choice table's running figures for its summary line. */
 struct PartStats {
     const mlart_bench_opts *o;
+    const mlart_bench_table *table;
+    size_t prefix; /* of the row names, left out of worst_name */
     int rows;
     double worst_best, log_gen[2];
     int n_gen[2];
@@ -941,21 +957,25 @@ int partial_row(void *arg, Ctx &c, const b12x_dev &dev, const char *name, int ns
     vals[4] = vals[1] / vals[0];
     vals[5] = fmin(fmin(vals[1], vals[2]), vals[3]) / vals[0];
     vals[6] = err;
-    mlart_bench_table_row(ps->o, &kPartTable, name, vals);
+    mlart_bench_table_row(ps->o, ps->table, name, vals);
     if (++ps->rows == 1 || vals[5] < ps->worst_best) {
         ps->worst_best = vals[5];
-        snprintf(ps->worst_name, sizeof ps->worst_name, "%s", name + 13);
+        snprintf(ps->worst_name, sizeof ps->worst_name, "%s", name + ps->prefix);
     }
     ps->log_gen[c.T >= 4] += log(vals[4]);
     ps->n_gen[c.T >= 4]++;
     return 0;
 }
 
-int bench_attn_partial(const mlart_bench_opts *o)
+/* One kernel-choice table (partial tiles or whole tiled steps) over the
+ * rows of g that --filter selects. */
+int bench_attn_choice(const mlart_bench_opts *o, const Grid &g, const mlart_bench_table *table)
 {
-    PartStats ps = {o, 0, 0, {0, 0}, {0, 0}, ""};
-    mlart_bench_table_head(o, &kPartTable);
-    const int wrong = grid_run(o, kPartGrid, partial_row, &ps);
+    PartStats ps = {o, table, strlen(g.prefix) + 1, 0, 0, {0, 0}, {0, 0}, ""};
+    if (!grid_match(o, g))
+        return 0;
+    mlart_bench_table_head(o, table);
+    const int wrong = grid_run(o, g, partial_row, &ps);
     if (ps.rows) {
         char line[320];
         snprintf(line, sizeof line,
@@ -963,7 +983,7 @@ int bench_attn_partial(const mlart_bench_opts *o)
                  "the general kernel geomean %.2fx at T < 4, %.2fx at T >= 4",
                  ps.rows, ps.worst_best, ps.worst_name, ps.n_gen[0] ? exp(ps.log_gen[0] / ps.n_gen[0]) : NAN,
                  ps.n_gen[1] ? exp(ps.log_gen[1] / ps.n_gen[1]) : NAN);
-        mlart_bench_summary(o, kPartTable.title, line);
+        mlart_bench_summary(o, table->title, line);
     }
     return wrong;
 }
@@ -1018,7 +1038,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     const int variants = ev && *ev && strcmp(ev, "0");
     const char *kv_env = getenv("MLART_BENCH_ATTN_KVW");
     const int kvw = !(kv_env && !strcmp(kv_env, "0"));
-    const int partial = grid_match(o, kPartGrid);
+    const int partial = grid_match(o, kPartGrid) || grid_match(o, kTileGrid);
     if (!any && !partial && !(variants && grid_match(o, kVarGrid)))
         return 0;
 
@@ -1264,8 +1284,8 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
         wrong += rc < 0 ? 1 : rc;
     }
     if (partial) {
-        const int rc = bench_attn_partial(o);
-        wrong += rc < 0 ? 1 : rc;
+        const int rc = bench_attn_choice(o, kPartGrid, &kPartTable), rt = bench_attn_choice(o, kTileGrid, &kTileTable);
+        wrong += (rc < 0 ? 1 : rc) + (rt < 0 ? 1 : rt);
     }
     char bare[160] = "";
     if (kvw)

@@ -8,12 +8,14 @@
 # mlart-decode steps that take each kernel family (16 heads a rank: the
 # small-head kernel at one block a chunk and with its stages reused, the
 # register-conversion kernel for fp8 at T >= 8, the column halves at T = 1;
-# 64 and 128 heads a rank: the wgmma kernel), each with --verify, and on
+# 64 heads a rank at batch 2 and 128 at batch 1: the small-head kernel in
+# 16-row tiles (8 tiles over the step's tokens); 64 heads at batch 4 and
+# 128 at batch 2: the wgmma kernel), each with --verify, and on
 # the test cases of the column halves (racecheck) and the wgmma kernel
 # (memcheck; racecheck on that case takes over 300 s).  One log per run in
 # OUT_DIR; prints a line per run (errors or hazards counted from the
 # tool's summary) and exits non-zero when any run failed, reported an
-# error or hazard, or did not finish in time.  About 170 s on an H200.
+# error or hazard, or did not finish in time.  About 230 s on an H200.
 set -uo pipefail
 build=${1:?usage: sanitize.sh BUILD_DIR OUT_DIR [TIME_BUDGET_S]}
 out=${2:?usage: sanitize.sh BUILD_DIR OUT_DIR [TIME_BUDGET_S]}
@@ -53,8 +55,10 @@ for tool in racecheck synccheck memcheck; do
   for fmt in bf16 fp8_ds_mla; do
     run "${tool}_h16_${fmt}_b1" "$tool" 90 "${dec[@]}" --kv-format "$fmt" --batch 1
     run "${tool}_h16_${fmt}_b16" "$tool" 120 "${dec[@]}" --kv-format "$fmt" --batch 16
-    run "${tool}_h64_${fmt}_b2" "$tool" 120 "${dec[@]}" --kv-format "$fmt" --batch 2 --set tp_size=2
-    run "${tool}_h128_${fmt}_b1" "$tool" 120 "${dec[@]}" --kv-format "$fmt" --batch 1 --set tp_size=1
+    run "${tool}_tiles_h64_${fmt}_b2" "$tool" 120 "${dec[@]}" --kv-format "$fmt" --batch 2 --set tp_size=2
+    run "${tool}_tiles_h128_${fmt}_b1" "$tool" 120 "${dec[@]}" --kv-format "$fmt" --batch 1 --set tp_size=1
+    run "${tool}_h64_${fmt}_b4" "$tool" 120 "${dec[@]}" --kv-format "$fmt" --batch 4 --set tp_size=2
+    run "${tool}_h128_${fmt}_b2" "$tool" 120 "${dec[@]}" --kv-format "$fmt" --batch 2 --set tp_size=1
   done
 done
 # attn_backend_gpu runs each test in a child process whatever CK_FORK says
