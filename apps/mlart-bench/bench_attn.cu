@@ -914,9 +914,9 @@ const mlart_bench_table kPartTable = {"attn partial head tiles: the launch's ker
  * 16-row tiles on the small-head kernel (step_tiled in b12x_attend.cu:
  * at most 12 tiles over the step's tokens) stop beating the wgmma kernel
  * and, for the partial tile of 80..100 heads, the general one. */
-const int kTileHs[5] = {64, 80, 96, 100, 128};
-const int kTileTs[6] = {1, 2, 3, 4, 6, 0};
-const Grid kTileGrid = {"attn tiles", 5, kTileHs, kTileTs, 0, 0x71E5};
+const int kTileHs[7] = {64, 72, 80, 96, 100, 112, 128};
+const int kTileTs[11] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 0};
+const Grid kTileGrid = {"attn tiles", 7, kTileHs, kTileTs, 0, 0x71E5};
 const mlart_bench_table kTileTable = {"attn tiles: steps of 64..128 heads, the launch's kernel against the general, "
                                       "the wgmma and the small-head kernel in 16-row tiles (topk 2048, each token its "
                                       "own request)",

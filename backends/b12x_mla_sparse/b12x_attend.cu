@@ -2074,16 +2074,22 @@ enum PartKernel { PK_WGMMA, PK_SWG, PK_SMALL, PK_GENERAL };
  * of that, a step of more than 16 heads runs whole as 16-row tiles on the
  * small-head kernel (step_tiled) where those tiles number at most
  * SMALL_TILES_T over its T tokens, or where there are two of them (17..32
- * heads) and T <= SMALL_PAIR_T: the step is then one of <= 16 heads and
- * T x tiles tokens to the split model and the kernel.  In the bench
- * (docs/PERF.md, "16-row tiles", 2026-12-03) that took 32 heads at T = 1
- * from 9.4 to 6.2 us, and was the fastest of the three kernels at every
- * such row but one (fp8 T = 16, 0.4% behind); at three tiles and T = 8 it
- * is 16% slower than wgmma, at four and T = 4 level. */
+ * heads) and T <= SMALL_PAIR_T, or where the step has a full 64-head
+ * tile and a partial one (65..127 heads, not 128) and T <= SMALL_PART_T:
+ * the step is then one of <= 16 heads and T x tiles tokens to the split
+ * model and the kernel.  In the bench (docs/PERF.md, "16-row tiles",
+ * 2026-12-03) that took 32 heads at T = 1 from 9.4 to 6.2 us, and was the
+ * fastest of the three kernels at every such row but one (fp8 T = 16,
+ * 0.4% behind); at three tiles and T = 8 it is 16% slower than wgmma, at
+ * four and T = 4 level.  At 72..112 heads the two launches of a full and a
+ * partial tile (each with the step's split) took 1.1-1.7x the tiles' time
+ * at every T from 3 to 16, both formats (the `attn tiles` table), and were
+ * faster at T = 24 only. */
 constexpr int WG_PARTIAL_T = 4;
 constexpr int WG_PARTIAL_ROWS = 32;
 constexpr int SMALL_TILES_T = 12;
 constexpr int SMALL_PAIR_T = 64;
+constexpr int SMALL_PART_T = 16;
 
 bool step_tiled(int T, int heads, int tile)
 {
@@ -2092,7 +2098,8 @@ bool step_tiled(int T, int heads, int tile)
     if (tile)
         return tile == 3;
     const int tiles = (heads + 15) / 16;
-    return b12x_wgmma_mode() == 1 && ((int64_t)T * tiles <= SMALL_TILES_T || (tiles == 2 && T <= SMALL_PAIR_T));
+    return b12x_wgmma_mode() == 1 && ((int64_t)T * tiles <= SMALL_TILES_T || (tiles == 2 && T <= SMALL_PAIR_T) ||
+                                      (heads > HEAD_TILE && heads % HEAD_TILE && T <= SMALL_PART_T));
 }
 
 PartKernel part_kernel(int T, int heads, int part, int tile = 0)

@@ -214,8 +214,10 @@ START_TEST(test_awkward)
     cache_open(&c, g_fmts[_i], &rng);
     const attn_shape shapes[] = {
         {5, 20, 100, g_fmts[_i], 1, 1, 0, 0.0417f, 0},   /* topk % 32 != 0, 20 heads */
-        {4, 100, 576, g_fmts[_i], 1, 0, 0, 0.0417f, 0},  /* tiles of 64 + 36 heads */
-        {7, 80, 2048, g_fmts[_i], 1, 1, 0, 0.1f, 0},     /* tiles of 64 + 16 heads */
+        {4, 100, 576, g_fmts[_i], 1, 0, 0, 0.0417f, 0},  /* seven 16-row tiles, the last of 4 rows */
+        {7, 80, 2048, g_fmts[_i], 1, 1, 0, 0.1f, 0},     /* five 16-row tiles */
+        {17, 100, 576, g_fmts[_i], 1, 0, 0, 0.0417f, 0}, /* tiles of 64 + 36 heads (wgmma twice) */
+        {18, 80, 2048, g_fmts[_i], 1, 1, 0, 0.1f, 0},    /* 64 + 16 heads: wgmma, then a small-head kernel */
         {12, 16, 2048, g_fmts[_i], 4, 1, 0, 0.0417f, 0}, /* 4 tokens per request */
         {9, 16, 2048, g_fmts[_i], 1, 1, 1, 0.0417f, 0},  /* out-of-range indices */
         {75, 128, 64, g_fmts[_i], 3, 1, 1, 0.5f, 0},
@@ -438,7 +440,8 @@ END_TEST
 
 /* A step of more than 16 heads whose 16-row tiles number at most 12 over
  * its tokens, or with two such tiles at most 64 tokens (DeepSeek-V3.2 at
- * tensor parallel 4: 32 heads a rank; GLM-5 at 64 heads, T <= 3), runs on
+ * tensor parallel 4: 32 heads a rank; GLM-5 at 64 heads, T <= 3), or of
+ * 65..127 heads at most 16 tokens (a full and a partial 64-head tile), runs on
  * the small-head kernel in those tiles: the main kernel's grid is (T,
  * tiles, splits) with the split of b12x_attend_split, against (T, 64-head
  * tiles or 1, splits) on the wgmma kernel past the rule; every step
@@ -474,14 +477,18 @@ START_TEST(test_small_tiles)
         {1, 128, 2048, fmt, 2, 0, 0, 0.0417f, 0},   /* eight tiles; a shared request */
         {2, 80, 2048, fmt, 1, 0, 0, 0.3f, 0},       /* five tiles, the last of 16 rows */
         {4, 64, 2048, fmt, 1, 0, 0, 0.0417f, 0},    /* sixteen pairs: wgmma */
-        {2, 127, 2048, fmt, 1, 0, 0, 0.0417f, 0},   /* sixteen: wgmma, then the general kernel */
+        {2, 127, 2048, fmt, 1, 0, 0, 0.0417f, 0},   /* sixteen pairs of 65..127 heads: tiles */
+        {16, 100, 576, fmt, 4, 1, 1, 0.0417f, 0},   /* 112 pairs at 16 tokens: tiles */
+        {17, 72, 2048, fmt, 1, 0, 0, 0.0417f, 0},   /* 17 tokens: wgmma, then a small-head kernel */
+        {3, 128, 2048, fmt, 1, 0, 0, 0.0417f, 0},   /* 24 pairs of 128 heads: wgmma */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const attn_shape *sh = &shapes[i];
         attn_host h;
         attn_dev d;
         b12x_run run;
-        const int rt = (sh->H + 15) / 16, small = sh->T * rt <= 12 || (rt == 2 && sh->T <= 64);
+        const int rt = (sh->H + 15) / 16,
+                  small = sh->T * rt <= 12 || (rt == 2 && sh->T <= 64) || (sh->H > 64 && sh->H < 128 && sh->T <= 16);
         const int first_y = small ? rt : sh->H >= 64 ? sh->H / 64 : 1; /* the first launch's tiles */
         const b12x_split sp = b12x_attend_split(sh->T, sh->H, sh->topk, fp8, sms);
         attn_host_make(&h, sh, c.host, &rng);
@@ -499,7 +506,7 @@ START_TEST(test_small_tiles)
         tiled += small;
         check_step(sh, c.host, c.dev, &rng, st);
     }
-    ck_assert_int_eq(tiled, 12);
+    ck_assert_int_eq(tiled, 14);
     printf("%s partial tiles: %zu shapes match, %d of them in 16-row tiles (seed 0x%llx)\n",
            mlart_kv_format_name(fmt), sizeof shapes / sizeof shapes[0], tiled, (unsigned long long)g_seed);
     cache_close(&c);
@@ -510,12 +517,11 @@ END_TEST
 /* Split steps with MLART_B12X_INPLACE=1 (read when the backend is
  * created; each test runs in its own process): the combine inside the
  * small-head kernels (<= 16 heads), the wgmma kernel (64 heads at 4
- * tokens, 128 at 2; 40 heads at 5 tokens), the general kernel (the 36-head
- * tile of 100 heads at 2 tokens), never the 16-row tiles (32 and 40 heads
- * at 1 and 3 tokens, 64 at 1: the combine kernel), and both launches of a
- * step with a
- * partial last tile (80, 100, 127 heads), wherever the launch rule takes
- * it; with =0 the combine kernel (the default).  64 chunks of one block
+ * tokens, 128 at 2; 40 heads at 5 tokens), never the 16-row tiles (32 and
+ * 40 heads at 1 and 3 tokens, 64 at 1, 80, 100 and 127 heads at 2 and 3:
+ * the combine kernel), wherever the launch rule takes it (both launches of
+ * a step with a partial last tile: test_inplace_parts); with =0 the
+ * combine kernel (the default).  64 chunks of one block
  * (T = 1, 2), 32 and 16 chunks, 11 heads and 1 head (slices that do not
  * divide evenly: 128 units over 18 chunks), a partial last block, shared
  * requests, out-of-range indices, empty rows; fp8 at T >= 8 on the
@@ -552,10 +558,10 @@ START_TEST(test_inplace)
         {1, 32, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* 16-row tiles: the combine kernel either way */
         {3, 40, 2048, fmt, 1, 1, 0, 0.3f, 0},
         {5, 40, 2048, fmt, 1, 1, 0, 0.0417f, 0},  /* a partial tile on the wgmma kernel */
-        {2, 100, 2048, fmt, 1, 0, 0, 0.0417f, 0}, /* 64 on wgmma + 36 on the general kernel */
-        {3, 80, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* 64 heads on wgmma + 16 on a small-head kernel */
-        {2, 127, 2048, fmt, 1, 0, 0, 0.0417f, 0}, /* 64 on wgmma + 63 on the general kernel */
-        {2, 100, 576, fmt, 1, 1, 1, 0.0417f, 0},  /* 64 + 36, out-of-range indices */
+        {2, 100, 2048, fmt, 1, 0, 0, 0.0417f, 0}, /* 16-row tiles: the combine kernel either way */
+        {3, 80, 2048, fmt, 1, 0, 0, 0.0417f, 0},
+        {2, 127, 2048, fmt, 1, 0, 0, 0.0417f, 0},
+        {2, 100, 576, fmt, 1, 1, 1, 0.0417f, 0},  /* out-of-range indices */
         {3, 128, 576, fmt, 1, 1, 0, 0.0417f, 0},  /* 9 splits: four round trips (kernel) */
         {24, 80, 2048, fmt, 1, 1, 0, 0.0417f, 0}, /* two launches, 5 splits: the combine kernel */
         {24, 127, 2048, fmt, 1, 1, 0, 0.0417f, 0},
@@ -585,9 +591,11 @@ START_TEST(test_inplace)
                b12x_attend_inplace_ok(&dev, 3, 80, s80.splits), s127.splits,
                b12x_attend_inplace_ok(&dev, 2, 127, s127.splits), t40.splits,
                b12x_attend_inplace_ok(&dev, 1, 40, t40.splits));
-        ck_assert_msg(b12x_attend_inplace_ok(&dev, 3, 80, s80.splits) &&
-                          b12x_attend_inplace_ok(&dev, 2, 127, s127.splits),
-                      "T = 3 at 80 and T = 2 at 127 heads should combine in place");
+        ck_assert_msg(b12x_attend_inplace_ok(&dev, 5, 40, s40.splits),
+                      "T = 5 at 40 heads (a partial tile on the wgmma kernel) should combine in place");
+        ck_assert_msg(!b12x_attend_inplace_ok(&dev, 3, 80, s80.splits) &&
+                          !b12x_attend_inplace_ok(&dev, 2, 127, s127.splits),
+                      "T = 3 at 80 and T = 2 at 127 heads run in 16-row tiles, never in place");
         ck_assert_msg(!b12x_attend_inplace_ok(&dev, 1, 40, t40.splits),
                       "T = 1 at 40 heads runs in 16-row tiles, never in place");
         ck_assert_msg(s24.splits > 1 && !b12x_attend_inplace_ok(&dev, 24, 128, s24.splits),
@@ -598,6 +606,48 @@ START_TEST(test_inplace)
         check_step(&shapes[i], c.host, c.dev, &rng, st);
     printf("split steps, MLART_B12X_INPLACE=%d, %s: %zu shapes match (seed 0x%llx)\n", inplace,
            mlart_kv_format_name(fmt), sizeof shapes / sizeof shapes[0], (unsigned long long)g_seed);
+    cache_close(&c);
+    cudaStreamDestroy(st);
+}
+END_TEST
+
+/* Both launches of a step with a full and a partial 64-head tile (80, 100,
+ * 127 heads: the wgmma kernel, then a small-head kernel at 16 rows or the
+ * wgmma kernel again) combining in place.  Such a step runs them only past
+ * the 16-row tiles' rule (more than 16 tokens), with 3 splits, where a
+ * block's combine takes more L2 round trips (up to 11) than the default
+ * cap of 2; this case lifts it (MLART_B12X_INPLACE_TRIPS=16, read when the
+ * backend is created; each test runs in its own process), and the launch's
+ * own rule must take the path at every shape. */
+START_TEST(test_inplace_parts)
+{
+    const mlart_kv_format fmt = g_fmts[_i];
+    const int fp8 = fmt == MLART_KV_FP8_DS_MLA;
+    uint64_t rng = g_seed ^ (uint64_t)(_i + 67) * 0x9E3779B97F4A7C15ull;
+    shared_cache c;
+    cudaStream_t st;
+    b12x_dev dev;
+    setenv("MLART_B12X_INPLACE", "1", 1);
+    setenv("MLART_B12X_INPLACE_TRIPS", "16", 1);
+    GPU_CUDA(cudaStreamCreate(&st));
+    cache_open(&c, fmt, &rng);
+    const attn_shape shapes[] = {
+        {17, 80, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* 64 heads on wgmma + 16 on a small-head kernel */
+        {17, 127, 2048, fmt, 1, 1, 0, 0.0417f, 0}, /* 64 + 63, wgmma twice */
+        {20, 100, 576, fmt, 1, 1, 1, 0.0417f, 0},  /* 64 + 36, out-of-range indices */
+    };
+    const size_t n = sizeof shapes / sizeof shapes[0];
+    ck_assert_msg(b12x_attend_setup(&dev, attn_error_cb) == 0, "setup: %s", attn_last_msg);
+    for (size_t i = 0; i < n; i++) {
+        const b12x_split sp = b12x_attend_split(shapes[i].T, shapes[i].H, shapes[i].topk, fp8, dev.num_sms);
+        ck_assert_msg(b12x_attend_inplace_ok(&dev, shapes[i].T, shapes[i].H, sp.splits),
+                      "T=%d H=%d, %d splits: should combine in place", shapes[i].T, shapes[i].H, sp.splits);
+    }
+    b12x_attend_teardown(&dev);
+    for (size_t i = 0; i < n; i++)
+        check_step(&shapes[i], c.host, c.dev, &rng, st);
+    printf("both launches in place, %s: %zu shapes match (seed 0x%llx)\n", mlart_kv_format_name(fmt), n,
+           (unsigned long long)g_seed);
     cache_close(&c);
     cudaStreamDestroy(st);
 }
@@ -1042,6 +1092,7 @@ int main(void)
     tcase_set_timeout(tc, 240);
     tcase_add_loop_test(tc, test_inplace, 0, 4);
     tcase_add_loop_test(tc, test_inplace_repeat, 0, 4);
+    tcase_add_loop_test(tc, test_inplace_parts, 0, 2);
     suite_add_tcase(s, tc);
     return check_run(s, CK_FORK);
 }

@@ -108,10 +108,11 @@ START_TEST(test_split_measured_best)
 END_TEST
 
 /* A step of more than 16 heads whose 16-row tiles number at most 12 over
- * its tokens, or that has two of them and at most 64 tokens, runs on the
- * small-head kernel in those tiles, and the split is then the one of a
- * step of 16 heads and T x tiles tokens; other steps keep the model of
- * their 64-head tiles (default kernel modes). */
+ * its tokens, or that has two of them and at most 64 tokens, or that has
+ * 65..127 heads and at most 16 tokens, runs on the small-head kernel in
+ * those tiles, and the split is then the one of a step of 16 heads and T x
+ * tiles tokens; other steps keep the model of their 64-head tiles (default
+ * kernel modes). */
 START_TEST(test_split_small_tiles)
 {
     int small = 0, other = 0;
@@ -120,7 +121,7 @@ START_TEST(test_split_small_tiles)
             for (int T = 1; T <= 80; T++) {
                 const int rt = (H + 15) / 16;
                 const b12x_split a = b12x_attend_split(T, H, 2048, fp8, 132);
-                if (T * rt <= 12 || (rt == 2 && T <= 64)) {
+                if (T * rt <= 12 || (rt == 2 && T <= 64) || (H > 64 && H < 128 && T <= 16)) {
                     const b12x_split b = b12x_attend_split(T * rt, 16, 2048, fp8, 132);
                     ck_assert_msg(a.splits == b.splits && a.blocks_per_split == b.blocks_per_split,
                                   "H=%d T=%d: %d splits, a 16-head step of %d tokens %d", H, T, a.splits, T * rt,
@@ -135,6 +136,9 @@ START_TEST(test_split_small_tiles)
     ck_assert_int_eq(b12x_attend_split(1, 32, 2048, 1, 132).splits, 64);
     /* 64 heads at one token: four tiles, the split of 16 heads at T = 4 (32) */
     ck_assert_int_eq(b12x_attend_split(1, 64, 2048, 0, 132).splits, 32);
+    /* 80 heads at 16 tokens: five tiles, the split of 16 heads at T = 80 */
+    ck_assert_int_eq(b12x_attend_split(16, 80, 2048, 0, 132).splits, b12x_attend_split(80, 16, 2048, 0, 132).splits);
+    ck_assert_int_eq(b12x_attend_split(16, 80, 2048, 1, 132).splits, b12x_attend_split(80, 16, 2048, 1, 132).splits);
     printf("attn split: %d steps of 17..128 heads split as 16-row tiles, %d as 64-head tiles\n", small, other);
 }
 END_TEST
@@ -162,19 +166,22 @@ START_TEST(test_inplace_rule)
     ck_assert(b12x_attend_inplace_ok(&dev, 2, 128, 32));  /* 128 */
     ck_assert(!b12x_attend_inplace_ok(&dev, 2, 128, 64)); /* 256 */
     ck_assert(!b12x_attend_inplace_ok(&dev, 75, 128, 2));
-    /* 64 + 36 heads at 2 tokens: the partial tile on the general kernel */
-    ck_assert(b12x_attend_inplace_ok(&dev, 2, 100, 32)); /* 64 + 64 blocks */
-    /* a partial tile: two launches, each grid resident by itself */
-    ck_assert(b12x_attend_inplace_ok(&dev, 3, 80, 32));   /* 96 + 96 blocks */
-    ck_assert(b12x_attend_inplace_ok(&dev, 2, 127, 64));  /* 128 + 128 */
-    ck_assert(!b12x_attend_inplace_ok(&dev, 3, 100, 64)); /* 192 + 192 */
+    /* a full and a partial tile past the 16-row tiles' rule (more than 16
+     * tokens): two launches, each grid resident by itself; so few splits
+     * combine in more round trips than the default cap, lifted here */
+    dev.max_trips = 64;
+    ck_assert(b12x_attend_inplace_ok(&dev, 17, 80, 7));   /* 119 + 119 blocks */
+    ck_assert(b12x_attend_inplace_ok(&dev, 17, 127, 7));  /* the same, wgmma twice */
+    ck_assert(!b12x_attend_inplace_ok(&dev, 17, 100, 8)); /* 136 + 136 */
+    ck_assert(!b12x_attend_inplace_ok(&dev, 16, 80, 7));  /* 16 tokens: 16-row tiles */
+    dev.max_trips = 2;
+    ck_assert(!b12x_attend_inplace_ok(&dev, 17, 80, 7)); /* the 64-head launch's combine: too many trips */
     /* few splits of many rows: a combine of more than two L2 round trips, refused */
     ck_assert(b12x_attend_inplace_ok(&dev, 1, 16, 4));   /* 512 units a block: 2 passes */
     ck_assert(!b12x_attend_inplace_ok(&dev, 1, 16, 2));  /* 1024: 4 */
     ck_assert(b12x_attend_inplace_ok(&dev, 4, 64, 16));  /* 512: 2 */
     ck_assert(!b12x_attend_inplace_ok(&dev, 4, 64, 8));  /* 1024: 4 */
     ck_assert(!b12x_attend_inplace_ok(&dev, 60, 64, 2)); /* resident, but 16 passes */
-    ck_assert(!b12x_attend_inplace_ok(&dev, 3, 80, 8));  /* the 64-head launch: 4 */
     ck_assert(b12x_attend_inplace_ok(&dev, 4, 11, 33));  /* 1 pass, 9 splits a lane: 2 batches of 8 */
     dev.max_trips = 1;
     ck_assert(!b12x_attend_inplace_ok(&dev, 4, 11, 33));
@@ -186,30 +193,36 @@ START_TEST(test_inplace_rule)
     /* a kernel without room: every step that has a launch on it */
     dev.resident = 0;
     ck_assert(!b12x_attend_inplace_ok(&dev, 1, 16, 16));
-    ck_assert(!b12x_attend_inplace_ok(&dev, 3, 80, 16));
     ck_assert(b12x_attend_inplace_ok(&dev, 4, 64, 16));
-    ck_assert(b12x_attend_inplace_ok(&dev, 2, 100, 16));
+    dev.max_trips = 64;
+    ck_assert(!b12x_attend_inplace_ok(&dev, 17, 80, 7)); /* 16 heads on a small-head kernel */
+    ck_assert(b12x_attend_inplace_ok(&dev, 17, 127, 7)); /* 63 on the wgmma kernel */
+    dev.max_trips = 2;
     dev.resident = 132;
+    /* the general kernel takes no tile in this mode: partial tiles of
+     * 17..32 heads, and of 33..63 from 4 tokens on, run on the wgmma
+     * kernel, and the rest in 16-row tiles */
     dev.resident_gen = 0;
-    ck_assert(!b12x_attend_inplace_ok(&dev, 2, 100, 16));
-    ck_assert(b12x_attend_inplace_ok(&dev, 3, 80, 16));
-    /* partial tiles of 17..32 heads, and of 33..63 from 4 tokens on, run on
-     * the wgmma kernel (past the 16-row tiles' rule) */
-    ck_assert(!b12x_attend_inplace_ok(&dev, 3, 100, 16));
-    ck_assert(b12x_attend_inplace_ok(&dev, 4, 100, 16));
-    ck_assert(b12x_attend_inplace_ok(&dev, 3, 96, 16));
-    ck_assert(b12x_attend_inplace_ok(&dev, 3, 90, 16));
     ck_assert(b12x_attend_inplace_ok(&dev, 5, 40, 16));
     ck_assert(b12x_attend_inplace_ok(&dev, 4, 56, 16));
+    ck_assert(b12x_attend_inplace_ok(&dev, 4, 64, 16));
+    dev.max_trips = 64;
+    ck_assert(b12x_attend_inplace_ok(&dev, 17, 100, 7));
+    ck_assert(b12x_attend_inplace_ok(&dev, 17, 90, 7));
+    dev.max_trips = 2;
     dev.resident_gen = 132;
     dev.resident_wg = 0;
     ck_assert(!b12x_attend_inplace_ok(&dev, 5, 40, 16));
     ck_assert(!b12x_attend_inplace_ok(&dev, 4, 56, 16));
     ck_assert(!b12x_attend_inplace_ok(&dev, 4, 64, 16));
     ck_assert(b12x_attend_inplace_ok(&dev, 4, 16, 16));
+    dev.max_trips = 64;
+    ck_assert(!b12x_attend_inplace_ok(&dev, 17, 80, 7));
+    dev.max_trips = 2;
     dev.resident_wg = 132;
     /* except steps of more than 16 heads whose 16-row tiles number at most
-     * 12 over the tokens, or two tiles up to 64 tokens: the small-head kernel
+     * 12 over the tokens, or two tiles up to 64 tokens, or 65..127 heads up
+     * to 16 tokens: the small-head kernel
      * in tiles, which never combines in place (a token's tiles would share
      * barrier words), whatever room there is */
     ck_assert(!b12x_attend_inplace_ok(&dev, 1, 17, 16));
@@ -223,6 +236,10 @@ START_TEST(test_inplace_rule)
     ck_assert(!b12x_attend_inplace_ok(&dev, 3, 64, 16));
     ck_assert(!b12x_attend_inplace_ok(&dev, 2, 80, 32));
     ck_assert(!b12x_attend_inplace_ok(&dev, 1, 100, 64));
+    ck_assert(!b12x_attend_inplace_ok(&dev, 2, 100, 32));
+    ck_assert(!b12x_attend_inplace_ok(&dev, 3, 80, 32));
+    ck_assert(!b12x_attend_inplace_ok(&dev, 2, 127, 64));
+    ck_assert(!b12x_attend_inplace_ok(&dev, 4, 100, 16));
     ck_assert(!b12x_attend_inplace_ok(&dev, 1, 128, 32));
     /* no barriers: never */
     dev.bar = NULL;
@@ -265,7 +282,7 @@ START_TEST(test_halves_rule)
     ck_assert(!b12x_attend_halves(&dev, 1, 40, 16, 0, 0));
     ck_assert(!b12x_attend_halves(&dev, 1, 64, 64, 0, 0)); /* 16-row tiles */
     ck_assert(!b12x_attend_halves(&dev, 4, 64, 16, 0, 0)); /* the wgmma kernel */
-    ck_assert(!b12x_attend_halves(&dev, 3, 80, 16, 0, 0)); /* 64 + 16: a wgmma launch first */
+    ck_assert(!b12x_attend_halves(&dev, 3, 80, 16, 0, 0)); /* 80 heads: 16-row tiles */
     dev.num_sms = 78;
     ck_assert(!b12x_attend_halves(&dev, 1, 16, 64, 0, 0));
     ck_assert(b12x_attend_halves(&dev, 1, 16, 32, 0, 0));

@@ -50,8 +50,9 @@ if [ -x "$san" ]; then
   run memcheck_inplace_wgmma env MLART_B12X_INPLACE=1 "$san" --tool memcheck --error-exitcode 1 \
     --kernel-name kns=b12x_wgmma "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda \
     --set heads=256 --batch 4 --context 2048 --steps 1 --verify
-  # 100 heads a rank at T = 2: the 36-head tile on the general kernel
-  run memcheck_inplace_general env MLART_B12X_INPLACE=1 "$san" --tool memcheck --error-exitcode 1 \
+  # 100 heads a rank at T = 2 with MLART_B12X_WGMMA=0: both tiles on the general kernel (the default
+  # runs that step in 16-row tiles, which never combine in place)
+  run memcheck_inplace_general env MLART_B12X_INPLACE=1 MLART_B12X_WGMMA=0 "$san" --tool memcheck --error-exitcode 1 \
     --kernel-name kns=b12x_attend "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda \
     --set heads=800 --batch 2 --context 2048 --steps 1 --verify
   # 16-row tiles: 64 heads a rank at T = 2 and 32 at T = 1 on the small-head kernel
@@ -59,6 +60,10 @@ if [ -x "$san" ]; then
     --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --set heads=256 --batch 2 --context 2048 --steps 1 --verify
   run memcheck_tiles_h32 "$san" --tool memcheck --error-exitcode 1 --kernel-name kns=b12x_small "$dec" \
     --config "$src/configs/deepseek-v32-tp4.ini" --device cuda --batch 1 --context 2048 --steps 1 --verify
+  # 100 heads a rank at T = 16: seven tiles, 112 pairs (fp8: the register-conversion kernel)
+  run memcheck_tiles_h100 "$san" --tool memcheck --error-exitcode 1 --kernel-name kns=b12x_small "$dec" \
+    --config "$src/configs/deepseek-v32-tp8.ini" --device cuda --set heads=800 --batch 16 --context 2048 --steps 1 \
+    --verify
   # the V up-projection on the swap path, launched by the layer step with programmatic
   # dependent launch (16 heads a rank at T = 4)
   run memcheck_swap env "$san" --tool memcheck --error-exitcode 1 --kernel-name kns=bmm_swap "$dec" \
