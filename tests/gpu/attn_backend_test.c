@@ -614,9 +614,9 @@ END_TEST
 /* Both launches of a step with a full and a partial 64-head tile (80, 100,
  * 127 heads: the wgmma kernel, then a small-head kernel at 16 rows or the
  * wgmma kernel again) combining in place.  Such a step runs them only past
- * the 16-row tiles' rule (more than 16 tokens), with 3 splits, where a
- * block's combine takes more L2 round trips (up to 11) than the default
- * cap of 2; this case lifts it (MLART_B12X_INPLACE_TRIPS=16, read when the
+ * the 16-row tiles' rule (more than 16 tokens), with 6 or 7 splits, where a
+ * block's combine takes more L2 round trips (5 or 6) than the default cap
+ * of 2; this case lifts it (MLART_B12X_INPLACE_TRIPS=16, read when the
  * backend is created; each test runs in its own process), and the launch's
  * own rule must take the path at every shape. */
 START_TEST(test_inplace_parts)
