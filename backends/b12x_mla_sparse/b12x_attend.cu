@@ -2081,15 +2081,16 @@ enum PartKernel { PK_WGMMA, PK_SWG, PK_SMALL, PK_GENERAL };
  * 2026-12-03) that took 32 heads at T = 1 from 9.4 to 6.2 us, and was the
  * fastest of the three kernels at every such row but one (fp8 T = 16,
  * 0.4% behind); at three tiles and T = 8 it is 16% slower than wgmma, at
- * four and T = 4 level.  At 72..112 heads the two launches of a full and a
- * partial tile (each with the step's split) took 1.1-1.7x the tiles' time
- * at every T from 3 to 16, both formats (the `attn tiles` table), and were
- * faster at T = 24 only. */
+ * four and T = 4 level.  At 72..112 heads, against the two launches of a
+ * full and a partial tile (each split for one launch's T pairs, split_for)
+ * the tiles are 1.1-2.3x faster at T <= 4, from 1% slower to 7% faster
+ * at T = 6, and 4-30% slower from T = 8 (the `attn tiles` table,
+ * docs/PERF.md, 2026-12-03 17:40 UTC). */
 constexpr int WG_PARTIAL_T = 4;
 constexpr int WG_PARTIAL_ROWS = 32;
 constexpr int SMALL_TILES_T = 12;
 constexpr int SMALL_PAIR_T = 64;
-constexpr int SMALL_PART_T = 16;
+constexpr int SMALL_PART_T = 6;
 
 bool step_tiled(int T, int heads, int tile)
 {

@@ -114,7 +114,7 @@ int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev, const b12
  * of at least 4 tokens, of 33..63 heads, unless the step (more than 16
  * heads) runs whole in 16-row tiles on the small-head kernel (at most 12
  * such tiles over its tokens, or two tiles and at most 64 tokens, or 65..127
- * heads and at most 16 tokens; only in mode 1), 2: every tile; default 1) for
+ * heads and at most 6 tokens; only in mode 1), 2: every tile; default 1) for
  * b12x_wgmma_mode().  Launch covers head tiles [tile_base, tile_base +
  * tiles) of the step with the given split (bf16 partials, as bits, into
  * ws_o and their fp32 LSEs into ws_lse, in the mma.sync kernel's layout,

@@ -215,7 +215,7 @@ START_TEST(test_awkward)
     const attn_shape shapes[] = {
         {5, 20, 100, g_fmts[_i], 1, 1, 0, 0.0417f, 0},   /* topk % 32 != 0, 20 heads */
         {4, 100, 576, g_fmts[_i], 1, 0, 0, 0.0417f, 0},  /* seven 16-row tiles, the last of 4 rows */
-        {7, 80, 2048, g_fmts[_i], 1, 1, 0, 0.1f, 0},     /* five 16-row tiles */
+        {7, 80, 2048, g_fmts[_i], 1, 1, 0, 0.1f, 0},     /* 64 + 16 heads at 7 tokens: two launches */
         {17, 100, 576, g_fmts[_i], 1, 0, 0, 0.0417f, 0}, /* tiles of 64 + 36 heads (wgmma twice) */
         {18, 80, 2048, g_fmts[_i], 1, 1, 0, 0.1f, 0},    /* 64 + 16 heads: wgmma, then a small-head kernel */
         {12, 16, 2048, g_fmts[_i], 4, 1, 0, 0.0417f, 0}, /* 4 tokens per request */
@@ -441,7 +441,7 @@ END_TEST
 /* A step of more than 16 heads whose 16-row tiles number at most 12 over
  * its tokens, or with two such tiles at most 64 tokens (DeepSeek-V3.2 at
  * tensor parallel 4: 32 heads a rank; GLM-5 at 64 heads, T <= 3), or of
- * 65..127 heads at most 16 tokens (a full and a partial 64-head tile), runs on
+ * 65..127 heads at most 6 tokens (a full and a partial 64-head tile), runs on
  * the small-head kernel in those tiles: the main kernel's grid is (T,
  * tiles, splits) with the split of b12x_attend_split, against (T, 64-head
  * tiles or 1, splits) on the wgmma kernel past the rule; every step
@@ -478,7 +478,8 @@ START_TEST(test_small_tiles)
         {2, 80, 2048, fmt, 1, 0, 0, 0.3f, 0},       /* five tiles, the last of 16 rows */
         {4, 64, 2048, fmt, 1, 0, 0, 0.0417f, 0},    /* sixteen pairs: wgmma */
         {2, 127, 2048, fmt, 1, 0, 0, 0.0417f, 0},   /* sixteen pairs of 65..127 heads: tiles */
-        {16, 100, 576, fmt, 4, 1, 1, 0.0417f, 0},   /* 112 pairs at 16 tokens: tiles */
+        {6, 100, 576, fmt, 3, 1, 1, 0.0417f, 0},    /* 42 pairs at 6 tokens: tiles */
+        {7, 100, 576, fmt, 1, 1, 0, 0.0417f, 0},    /* 7 tokens: wgmma twice */
         {17, 72, 2048, fmt, 1, 0, 0, 0.0417f, 0},   /* 17 tokens: wgmma, then a small-head kernel */
         {3, 128, 2048, fmt, 1, 0, 0, 0.0417f, 0},   /* 24 pairs of 128 heads: wgmma */
     };
@@ -488,7 +489,7 @@ START_TEST(test_small_tiles)
         attn_dev d;
         b12x_run run;
         const int rt = (sh->H + 15) / 16,
-                  small = sh->T * rt <= 12 || (rt == 2 && sh->T <= 64) || (sh->H > 64 && sh->H < 128 && sh->T <= 16);
+                  small = sh->T * rt <= 12 || (rt == 2 && sh->T <= 64) || (sh->H > 64 && sh->H < 128 && sh->T <= 6);
         const int first_y = small ? rt : sh->H >= 64 ? sh->H / 64 : 1; /* the first launch's tiles */
         const b12x_split sp = b12x_attend_split(sh->T, sh->H, sh->topk, fp8, sms);
         attn_host_make(&h, sh, c.host, &rng);
@@ -614,7 +615,7 @@ END_TEST
 /* Both launches of a step with a full and a partial 64-head tile (80, 100,
  * 127 heads: the wgmma kernel, then a small-head kernel at 16 rows or the
  * wgmma kernel again) combining in place.  Such a step runs them only past
- * the 16-row tiles' rule (more than 16 tokens), with 6 or 7 splits, where a
+ * the 16-row tiles' rule (more than 6 tokens), here with 6 or 7 splits, where a
  * block's combine takes more L2 round trips (5 or 6) than the default cap
  * of 2; this case lifts it (MLART_B12X_INPLACE_TRIPS=16, read when the
  * backend is created; each test runs in its own process), and the launch's

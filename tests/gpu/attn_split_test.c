@@ -109,7 +109,7 @@ END_TEST
 
 /* A step of more than 16 heads whose 16-row tiles number at most 12 over
  * its tokens, or that has two of them and at most 64 tokens, or that has
- * 65..127 heads and at most 16 tokens, runs on the small-head kernel in
+ * 65..127 heads and at most 6 tokens, runs on the small-head kernel in
  * those tiles, and the split is then the one of a step of 16 heads and T x
  * tiles tokens; other steps keep the model of their 64-head tiles (default
  * kernel modes). */
@@ -121,7 +121,7 @@ START_TEST(test_split_small_tiles)
             for (int T = 1; T <= 80; T++) {
                 const int rt = (H + 15) / 16;
                 const b12x_split a = b12x_attend_split(T, H, 2048, fp8, 132);
-                if (T * rt <= 12 || (rt == 2 && T <= 64) || (H > 64 && H < 128 && T <= 16)) {
+                if (T * rt <= 12 || (rt == 2 && T <= 64) || (H > 64 && H < 128 && T <= 6)) {
                     const b12x_split b = b12x_attend_split(T * rt, 16, 2048, fp8, 132);
                     ck_assert_msg(a.splits == b.splits && a.blocks_per_split == b.blocks_per_split,
                                   "H=%d T=%d: %d splits, a 16-head step of %d tokens %d", H, T, a.splits, T * rt,
@@ -136,9 +136,13 @@ START_TEST(test_split_small_tiles)
     ck_assert_int_eq(b12x_attend_split(1, 32, 2048, 1, 132).splits, 64);
     /* 64 heads at one token: four tiles, the split of 16 heads at T = 4 (32) */
     ck_assert_int_eq(b12x_attend_split(1, 64, 2048, 0, 132).splits, 32);
-    /* 80 heads at 16 tokens: five tiles, the split of 16 heads at T = 80 */
-    ck_assert_int_eq(b12x_attend_split(16, 80, 2048, 0, 132).splits, b12x_attend_split(80, 16, 2048, 0, 132).splits);
-    ck_assert_int_eq(b12x_attend_split(16, 80, 2048, 1, 132).splits, b12x_attend_split(80, 16, 2048, 1, 132).splits);
+    /* 80 heads at 6 tokens: five tiles, the split of 16 heads at T = 30 */
+    ck_assert_int_eq(b12x_attend_split(6, 80, 2048, 0, 132).splits, b12x_attend_split(30, 16, 2048, 0, 132).splits);
+    ck_assert_int_eq(b12x_attend_split(6, 80, 2048, 1, 132).splits, b12x_attend_split(30, 16, 2048, 1, 132).splits);
+    /* at 7 tokens two launches, each split for its own 7 pairs: 16 splits,
+     * 112 blocks a launch (the same as 64 heads at 7 tokens) */
+    ck_assert_int_eq(b12x_attend_split(7, 80, 2048, 0, 132).splits, b12x_attend_split(7, 64, 2048, 0, 132).splits);
+    ck_assert_int_eq(b12x_attend_split(7, 100, 2048, 1, 132).splits, b12x_attend_split(7, 64, 2048, 1, 132).splits);
     printf("attn split: %d steps of 17..128 heads split as 16-row tiles, %d as 64-head tiles\n", small, other);
 }
 END_TEST
@@ -173,7 +177,8 @@ START_TEST(test_inplace_rule)
     ck_assert(b12x_attend_inplace_ok(&dev, 17, 80, 7));   /* 119 + 119 blocks */
     ck_assert(b12x_attend_inplace_ok(&dev, 17, 127, 7));  /* the same, wgmma twice */
     ck_assert(!b12x_attend_inplace_ok(&dev, 17, 100, 8)); /* 136 + 136 */
-    ck_assert(!b12x_attend_inplace_ok(&dev, 16, 80, 7));  /* 16 tokens: 16-row tiles */
+    ck_assert(b12x_attend_inplace_ok(&dev, 16, 80, 7));   /* 112 + 112 */
+    ck_assert(!b12x_attend_inplace_ok(&dev, 6, 80, 7));   /* 6 tokens: 16-row tiles */
     dev.max_trips = 2;
     ck_assert(!b12x_attend_inplace_ok(&dev, 17, 80, 7)); /* the 64-head launch's combine: too many trips */
     /* few splits of many rows: a combine of more than two L2 round trips, refused */
@@ -222,7 +227,7 @@ START_TEST(test_inplace_rule)
     dev.resident_wg = 132;
     /* except steps of more than 16 heads whose 16-row tiles number at most
      * 12 over the tokens, or two tiles up to 64 tokens, or 65..127 heads up
-     * to 16 tokens: the small-head kernel
+     * to 6 tokens: the small-head kernel
      * in tiles, which never combines in place (a token's tiles would share
      * barrier words), whatever room there is */
     ck_assert(!b12x_attend_inplace_ok(&dev, 1, 17, 16));

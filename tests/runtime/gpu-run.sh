@@ -60,9 +60,9 @@ if [ -x "$san" ]; then
     --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --set heads=256 --batch 2 --context 2048 --steps 1 --verify
   run memcheck_tiles_h32 "$san" --tool memcheck --error-exitcode 1 --kernel-name kns=b12x_small "$dec" \
     --config "$src/configs/deepseek-v32-tp4.ini" --device cuda --batch 1 --context 2048 --steps 1 --verify
-  # 100 heads a rank at T = 16: seven tiles, 112 pairs (fp8: the register-conversion kernel)
+  # 100 heads a rank at T = 6: seven tiles, 42 pairs (fp8: the register-conversion kernel)
   run memcheck_tiles_h100 "$san" --tool memcheck --error-exitcode 1 --kernel-name kns=b12x_small "$dec" \
-    --config "$src/configs/deepseek-v32-tp8.ini" --device cuda --set heads=800 --batch 16 --context 2048 --steps 1 \
+    --config "$src/configs/deepseek-v32-tp8.ini" --device cuda --set heads=800 --batch 6 --context 2048 --steps 1 \
     --verify
   # the V up-projection on the swap path, launched by the layer step with programmatic
   # dependent launch (16 heads a rank at T = 4)
