@@ -807,14 +807,19 @@ int grid_run(const mlart_bench_opts *o, const Grid &g, GridRow row, void *arg)
  * `cb-late`).  In a build with -DB12X_PROFILE each row is followed by the
  * phase stamps of its last call and by where that call's blocks started
  * against the call before (b12x_profile_dump).
- * 16 heads T = 1..300, 64 and 128 heads T = 1..16 and two larger T each.  Rows
+ * 16 heads T = 1..300, 64 and 128 heads T = 1..16 and two larger T each;
+ * steps of a full and a partial 64-head tile (80, 96, 112 heads) at
+ * T = 4..32, where the 16-row tiles hand over to two launches.  Rows
  * that produce the output are checked against the reference like the main
  * table (err, NMSE <= 1e-4). */
-const int kVarHs[3] = {16, 64, 128};
-const int kVarTs[3][20] = {{1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 48, 64, 75, 100, 128, 150, 200, 256, 300, 0},
+const int kVarHs[6] = {16, 64, 128, 80, 96, 112};
+const int kVarTs[6][20] = {{1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 48, 64, 75, 100, 128, 150, 200, 256, 300, 0},
                            {1, 2, 4, 8, 16, 48, 96, 0},
-                           {1, 2, 4, 8, 16, 24, 47, 0}};
-const Grid kVarGrid = {"attn", 3, kVarHs, kVarTs[0], 20, 0xA11};
+                           {1, 2, 4, 8, 16, 24, 47, 0},
+                           {4, 6, 7, 8, 12, 16, 24, 32, 0},
+                           {4, 6, 7, 8, 12, 16, 24, 32, 0},
+                           {4, 6, 7, 8, 12, 16, 24, 32, 0}};
+const Grid kVarGrid = {"attn", 6, kVarHs, kVarTs[0], 20, 0xA11};
 
 const mlart_bench_col kVarCols[] = {{"time", "us", 8, 2}, {"splits", "", 6, 0}, {"err", "nmse", 9, 7}};
 const mlart_bench_table kVarTable = {
