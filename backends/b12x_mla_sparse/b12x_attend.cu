@@ -2019,6 +2019,7 @@ extern "C" int b12x_attend_setup(b12x_dev *out, mlart_error_fn err)
     e = (cudaError_t)b12x_wgmma_resident(&wg_per_sm);
     if (e != cudaSuccess)
         return cuda_fail(err, "occupancy query", e);
+    out->log = nullptr;
     out->num_sms = sms;
     out->resident = resident * sms;
     out->resident_gen = gen * sms;
@@ -2258,6 +2259,23 @@ extern "C" size_t b12x_attend_workspace(int T, int heads, int topk, int fp8, int
     return rows * KV_L * sizeof(__nv_bfloat16) + rows * sizeof(float);
 }
 
+namespace {
+/* One launch of a step at MLART_LOG_DEBUG, when the backend handed over
+ * its log (b12x_dev.log): the kernel's name as the profilers and
+ * compute-sanitizer's --kernel-name see it, its grid, and the step's
+ * split.  Tests grep these lines to know which kernel a shape ran. */
+void trace_launch(const b12x_dev *dev, const mlart_step *s, int fp8, b12x_split sp, const char *kernel,
+                  const char *what, unsigned gx, unsigned gy, unsigned gz, bool in_place)
+{
+    if (!dev->log)
+        return;
+    dev->log(MLART_LOG_DEBUG,
+             "b12x_mla_sparse launch: T=%d heads=%d kv=%s splits=%d (%d slots each) kernel=%s (%s) grid %ux%ux%u%s",
+             s->T, (int)s->geom.heads, fp8 ? "fp8_ds_mla" : "bf16", sp.splits,
+             sp.blocks_per_split * BN, kernel, what, gx, gy, gz, in_place ? " in place" : "");
+}
+} /* namespace */
+
 extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev, const b12x_tune *tune,
                                         void *stream, mlart_error_fn err)
 {
@@ -2358,8 +2376,11 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
         if (tiles == 0)
             continue;
         const int rt = part == 0 ? 4 : (rem + 15) / 16;
+        const char *what = small_tiles ? "16-row tiles" : part == 0 ? "64-head tiles" : full ? "last tile" : "one tile";
         /* the tokens the small-head kernel counts as: T x its 16-row tiles */
         const int64_t ts = (int64_t)T * tiles;
+        /* fp8 steps of many tokens on the small-head path: the register-conversion kernel */
+        const bool rc_kernel = kind == PK_SMALL && fp8 && g_rc && ts >= SMALL_RC_T;
         size_t smem;
 #ifdef B12X_PROFILE
         if (a.bar && !(kind == PK_SMALL && !(fp8 && g_rc && ts >= SMALL_RC_T)))
@@ -2368,6 +2389,8 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
         /* 64-head tiles (every tile with MLART_B12X_WGMMA=2) on the wgmma
          * kernel, b12x_wgmma.cu */
         if (kind == PK_WGMMA) {
+            trace_launch(dev, s, fp8, sp, "b12x_wgmma_kernel", what, (unsigned)T, (unsigned)tiles,
+                         (unsigned)sp.splits, a.bar != nullptr);
             e = (cudaError_t)b12x_wgmma_launch(s, sp.splits, sp.blocks_per_split,
                                                part == 0 ? 0 : full, tiles,
                                                reinterpret_cast<uint16_t *>(a.ws_o), a.ws_lse,
@@ -2375,6 +2398,8 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
             continue;
         }
         if (kind == PK_SWG) {
+            trace_launch(dev, s, fp8, sp, "b12x_swg_kernel", "one tile, slots as M", (unsigned)T, 1,
+                         (unsigned)sp.splits, false);
             e = (cudaError_t)b12x_swg_launch(s, sp.splits, sp.blocks_per_split, part == 0 ? 0 : full,
                                              reinterpret_cast<uint16_t *>(a.ws_o), a.ws_lse, pdl, stream);
             continue;
@@ -2388,6 +2413,8 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
 #ifdef B12X_PROFILE
             prof_main_blocks *= 2;
 #endif
+            trace_launch(dev, s, fp8, sp, "b12x_small_kernel", "one tile, column halves", (unsigned)T, 2,
+                         (unsigned)sp.splits, false);
             e = launch(fn, dim3((unsigned)T, 2, (unsigned)sp.splits), SMALL_THREADS, smem, st, pdl, a);
             continue;
         }
@@ -2395,7 +2422,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
             /* 16-row tiles (one, or a tiled step's): eight math warps on
              * each block, eight load warps ahead of them (b12x_small_kernel) */
             fn = pick_small(fp8, ts <= SMALL_SHORT_T, a.bar != nullptr, chunk, &smem);
-            if (fp8 && g_rc && ts >= SMALL_RC_T) {
+            if (rc_kernel) {
                 fn = pick_rc(a.bar != nullptr);
                 smem = RcSmem::bytes(chunk);
 #ifdef B12X_PROFILE
@@ -2412,6 +2439,12 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
         if (kind != PK_SMALL)
             prof_tail = 0;
 #endif
+        trace_launch(dev, s, fp8, sp,
+                     kind == PK_SMALL ? (rc_kernel ? (a.bar ? "b12x_small_rc_ip_kernel" : "b12x_small_rc_kernel")
+                                                   : "b12x_small_kernel")
+                                      : (a.bar ? "b12x_attend_ip_kernel" : "b12x_attend_kernel"),
+                     what, (unsigned)T,
+                     (unsigned)tiles, (unsigned)sp.splits, a.bar != nullptr);
         e = launch(fn, dim3((unsigned)T, (unsigned)tiles, (unsigned)sp.splits), threads, smem, st,
                    pdl, a);
     }
@@ -2447,6 +2480,8 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
          * wait (a following call's indices, block table, lengths and cache,
          * the weights of the op kernels) no kernel of the step writes. */
         const bool early = tune && tune->cb_trigger ? tune->cb_trigger > 0 : small;
+        trace_launch(dev, s, fp8, sp, "b12x_combine_kernel", combine == 1 ? "whole rows" : "quarter rows",
+                     (unsigned)T, (unsigned)H, combine == 1 ? 1u : (unsigned)(KV_L / 128), false);
         if (combine == 1)
             e = launch(early ? b12x_combine_kernel<128, true> : b12x_combine_kernel<128, false>,
                        dim3((unsigned)T, (unsigned)H, 1), 128 * ng1, cb_smem, st, pdl, a);

@@ -45,6 +45,10 @@ typedef struct b12x_dev {
     unsigned *bar;
     int inplace;
     int max_trips;
+    /* when set (the backend hands over its init's log), every launch is
+     * reported at MLART_LOG_DEBUG: the kernel by name, its grid and the
+     * split (b12x_attend_launch_tuned); setup leaves it NULL */
+    mlart_log_fn log;
 } b12x_dev;
 
 /* Prepare the kernels on the current device (shared-memory limits), fill

@@ -44,6 +44,7 @@ static int b12x_create(const mlart_backend_init *init, void **state)
     }
     st->init = *init;
     st->dev = dev;
+    st->dev.log = init->log; /* each launch's kernels at MLART_LOG=debug */
     *state = st;
     return 0;
 }

@@ -14,8 +14,10 @@
 # the test cases of the column halves (racecheck) and the wgmma kernel
 # (memcheck; racecheck on that case takes over 300 s).  One log per run in
 # OUT_DIR; prints a line per run (errors or hazards counted from the
-# tool's summary) and exits non-zero when any run failed, reported an
-# error or hazard, or did not finish in time.  About 230 s on an H200.
+# tool's summary, and whether the backend's launch log named the kernel
+# the run is for) and exits non-zero when any run failed, reported an
+# error or hazard, took another kernel, or did not finish in time.  About
+# 230 s on an H200.
 set -uo pipefail
 build=${1:?usage: sanitize.sh BUILD_DIR OUT_DIR [TIME_BUDGET_S]}
 out=${2:?usage: sanitize.sh BUILD_DIR OUT_DIR [TIME_BUDGET_S]}
@@ -32,9 +34,12 @@ mkdir -p "$out"
 start=$(date +%s)
 failed=0
 
-run() { # name tool limit command...
-  local name=$1 tool=$2 limit=$3 rc left found
-  shift 3
+run() { # name tool limit want command...
+  # want: a grep -E pattern that the backend's launch log (MLART_LOG=debug,
+  # one line a launch) must match, so that each run is known to have taken
+  # the kernel family it is meant to check; - for none
+  local name=$1 tool=$2 limit=$3 want=$4 rc left found kern=""
+  shift 4
   left=$((budget - ($(date +%s) - start)))
   if [ "$left" -lt 20 ]; then
     printf '%-34s NOT RUN (time budget spent)\n' "$name"
@@ -42,28 +47,40 @@ run() { # name tool limit command...
     return
   fi
   [ "$limit" -gt "$left" ] && limit=$left
-  timeout "$limit" "$cs" --tool "$tool" --error-exitcode 9 "$@" >"$out/$name.log" 2>&1
+  MLART_LOG=debug timeout "$limit" "$cs" --tool "$tool" --error-exitcode 9 "$@" >"$out/$name.log" 2>&1
   rc=$?
   found=$(grep -hoE '(ERROR|RACECHECK) SUMMARY: [0-9]+ (errors|hazards? displayed)' "$out/$name.log" | tail -n 1)
-  printf '%-34s rc=%-3d %s\n' "$name" "$rc" "${found:-no summary}"
+  if [ "$want" != - ]; then
+    if grep -qE -- "$want" "$out/$name.log"; then
+      kern=", kernel seen"
+    else
+      kern=", NO launch matching '$want'"
+      [ "$rc" -eq 0 ] && rc=8
+    fi
+  fi
+  printf '%-34s rc=%-3d %s%s\n' "$name" "$rc" "${found:-no summary}" "$kern"
   [ "$rc" -eq 0 ] || failed=$((failed + 1))
 }
 
 dec=("$build/apps/mlart-decode/mlart-decode" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda
      --context 2048 --steps 1 --verify)
+tiles='kernel=b12x_small(_rc)?_kernel \(16-row tiles\)'
+wgmma='kernel=b12x_wgmma_kernel \(64-head tiles\)'
 for tool in racecheck synccheck memcheck; do
   for fmt in bf16 fp8_ds_mla; do
-    run "${tool}_h16_${fmt}_b1" "$tool" 90 "${dec[@]}" --kv-format "$fmt" --batch 1
-    run "${tool}_h16_${fmt}_b16" "$tool" 120 "${dec[@]}" --kv-format "$fmt" --batch 16
-    run "${tool}_tiles_h64_${fmt}_b2" "$tool" 120 "${dec[@]}" --kv-format "$fmt" --batch 2 --set tp_size=2
-    run "${tool}_tiles_h128_${fmt}_b1" "$tool" 120 "${dec[@]}" --kv-format "$fmt" --batch 1 --set tp_size=1
-    run "${tool}_h64_${fmt}_b4" "$tool" 120 "${dec[@]}" --kv-format "$fmt" --batch 4 --set tp_size=2
-    run "${tool}_h128_${fmt}_b2" "$tool" 120 "${dec[@]}" --kv-format "$fmt" --batch 2 --set tp_size=1
+    [ "$fmt" = bf16 ] && b16=b12x_small_kernel || b16=b12x_small_rc_kernel
+    run "${tool}_h16_${fmt}_b1" "$tool" 90 'kernel=b12x_small_kernel \(one tile, column halves\)' \
+      "${dec[@]}" --kv-format "$fmt" --batch 1
+    run "${tool}_h16_${fmt}_b16" "$tool" 120 "kernel=$b16 \\(one tile\\)" "${dec[@]}" --kv-format "$fmt" --batch 16
+    run "${tool}_tiles_h64_${fmt}_b2" "$tool" 120 "$tiles" "${dec[@]}" --kv-format "$fmt" --batch 2 --set tp_size=2
+    run "${tool}_tiles_h128_${fmt}_b1" "$tool" 120 "$tiles" "${dec[@]}" --kv-format "$fmt" --batch 1 --set tp_size=1
+    run "${tool}_h64_${fmt}_b4" "$tool" 120 "$wgmma" "${dec[@]}" --kv-format "$fmt" --batch 4 --set tp_size=2
+    run "${tool}_h128_${fmt}_b2" "$tool" 120 "$wgmma" "${dec[@]}" --kv-format "$fmt" --batch 2 --set tp_size=1
   done
 done
 # attn_backend_gpu runs each test in a child process whatever CK_FORK says
 # (check_run(s, CK_FORK)); compute-sanitizer checks the children too.
-CK_RUN_CASE=half run racecheck_case_half racecheck 120 "$build/tests/attn_backend_gpu"
-CK_RUN_CASE=wgmma run memcheck_case_wgmma memcheck 180 "$build/tests/attn_backend_gpu"
+CK_RUN_CASE=half run racecheck_case_half racecheck 120 - "$build/tests/attn_backend_gpu"
+CK_RUN_CASE=wgmma run memcheck_case_wgmma memcheck 180 - "$build/tests/attn_backend_gpu"
 echo "== $((failed)) failed, $(($(date +%s) - start)) s"
 exit "$failed"

@@ -23,6 +23,21 @@ run() { # name, command...
   if ! "$@" 2>&1 | tee -a "$out/$name.log"; then
     echo "== $name FAILED" | tee -a "$out/$name.log"
     failed=$((failed + 1))
+    return 1
+  fi
+}
+
+# A sanitizer run filtered to one kernel family must also show that the kernel
+# ran, or it passes with nothing checked: with MLART_LOG=debug the backend logs
+# each launch ("kernel=NAME (WHAT) grid ...", b12x_attend.cu), and the log must
+# match PATTERN (grep -E).  run_on name pattern command...
+run_on() {
+  local name=$1 want=$2
+  shift 2
+  run "$name" env MLART_LOG=debug "$@" || return
+  if ! grep -qE -- "$want" "$out/$name.log"; then
+    echo "== $name FAILED: no launch matching '$want' in the log" | tee -a "$out/$name.log"
+    failed=$((failed + 1))
   fi
 }
 
@@ -44,26 +59,32 @@ run decode_glm5_inplace_verify env MLART_B12X_INPLACE=1 "$dec" --config "$src/co
 # compute-sanitizer memcheck on the in-place kernels (16, 64 and 64 + 36 heads; when the toolkit is there)
 san=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
 if [ -x "$san" ]; then
-  run memcheck_inplace_small env MLART_B12X_INPLACE=1 "$san" --tool memcheck --error-exitcode 1 \
-    --kernel-name kns=b12x_small "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda \
-    --batch 2 --context 2048 --steps 1 --verify
-  run memcheck_inplace_wgmma env MLART_B12X_INPLACE=1 "$san" --tool memcheck --error-exitcode 1 \
-    --kernel-name kns=b12x_wgmma "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda \
-    --set heads=256 --batch 4 --context 2048 --steps 1 --verify
+  mc=("$san" --tool memcheck --error-exitcode 1)
+  run_on memcheck_inplace_small 'kernel=b12x_small_kernel \(one tile\).* in place' \
+    env MLART_B12X_INPLACE=1 "${mc[@]}" --kernel-name kns=b12x_small "$dec" \
+    --config "$src/configs/deepseek-v32-tp8.ini" --device cuda --batch 2 --context 2048 --steps 1 --verify
+  run_on memcheck_inplace_wgmma 'kernel=b12x_wgmma_kernel \(64-head tiles\).* in place' \
+    env MLART_B12X_INPLACE=1 "${mc[@]}" --kernel-name kns=b12x_wgmma "$dec" \
+    --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --set heads=256 --batch 4 --context 2048 --steps 1 \
+    --verify
   # 100 heads a rank at T = 2 with MLART_B12X_WGMMA=0: both tiles on the general kernel (the default
   # runs that step in 16-row tiles, which never combine in place)
-  run memcheck_inplace_general env MLART_B12X_INPLACE=1 MLART_B12X_WGMMA=0 "$san" --tool memcheck --error-exitcode 1 \
-    --kernel-name kns=b12x_attend "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda \
-    --set heads=800 --batch 2 --context 2048 --steps 1 --verify
-  # 16-row tiles: 64 heads a rank at T = 2 and 32 at T = 1 on the small-head kernel
-  run memcheck_tiles_h64 "$san" --tool memcheck --error-exitcode 1 --kernel-name kns=b12x_small "$dec" \
-    --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --set heads=256 --batch 2 --context 2048 --steps 1 --verify
-  run memcheck_tiles_h32 "$san" --tool memcheck --error-exitcode 1 --kernel-name kns=b12x_small "$dec" \
-    --config "$src/configs/deepseek-v32-tp4.ini" --device cuda --batch 1 --context 2048 --steps 1 --verify
-  # 100 heads a rank at T = 6: seven tiles, 42 pairs (fp8: the register-conversion kernel)
-  run memcheck_tiles_h100 "$san" --tool memcheck --error-exitcode 1 --kernel-name kns=b12x_small "$dec" \
-    --config "$src/configs/deepseek-v32-tp8.ini" --device cuda --set heads=800 --batch 6 --context 2048 --steps 1 \
+  run_on memcheck_inplace_general 'kernel=b12x_attend_ip_kernel \(last tile\)' \
+    env MLART_B12X_INPLACE=1 MLART_B12X_WGMMA=0 "${mc[@]}" --kernel-name kns=b12x_attend "$dec" \
+    --config "$src/configs/deepseek-v32-tp8.ini" --device cuda --set heads=800 --batch 2 --context 2048 --steps 1 \
     --verify
+  # 16-row tiles on the small-head kernel: 64 heads a rank at T = 2 (bf16: in fp8 its 8 pairs take the
+  # register-conversion kernel, which memcheck_tiles_h100 covers) and 32 at T = 1
+  run_on memcheck_tiles_h64 'T=2 heads=64 kv=bf16 .*kernel=b12x_small_kernel \(16-row tiles\)' \
+    "${mc[@]}" --kernel-name kns=b12x_small "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda \
+    --kv-format bf16 --set heads=256 --batch 2 --context 2048 --steps 1 --verify
+  run_on memcheck_tiles_h32 'T=1 heads=32 .*kernel=b12x_small_kernel \(16-row tiles\)' \
+    "${mc[@]}" --kernel-name kns=b12x_small "$dec" --config "$src/configs/deepseek-v32-tp4.ini" --device cuda \
+    --batch 1 --context 2048 --steps 1 --verify
+  # 100 heads a rank at T = 6: seven tiles, 42 pairs (fp8: the register-conversion kernel)
+  run_on memcheck_tiles_h100 'T=6 heads=100 .*kernel=b12x_small_rc_kernel \(16-row tiles\)' \
+    "${mc[@]}" --kernel-name kns=b12x_small "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda \
+    --set heads=800 --batch 6 --context 2048 --steps 1 --verify
   # the V up-projection on the swap path, launched by the layer step with programmatic
   # dependent launch (16 heads a rank at T = 4)
   run memcheck_swap env "$san" --tool memcheck --error-exitcode 1 --kernel-name kns=bmm_swap "$dec" \
