@@ -57,8 +57,8 @@
  * changes.  The v_up columns stay without it, and a line after each row
  * gives its step and early without the write (MLART_BENCH_ATTN_KVW=0 in the
  * environment: no write, the columns as before 2026-12-02 14:30).
- * With MLART_BENCH_ATTN_VARIANTS=1 in the environment a tuning table
- * follows (bench_attn_variants).  Then the partial head tiles' table
+ * With --variants (or MLART_BENCH_ATTN_VARIANTS=1 in the environment) a
+ * tuning table follows (bench_attn_variants).  Then the partial head tiles' table
  * (bench_attn_choice): 32, 40, 48 and 56 heads on the launch's kernel, the
  * general, the wgmma and the small-head kernel; and the same four columns
  * for whole steps of 64..128 heads at small T (the `attn tiles` table,
@@ -794,7 +794,7 @@ int grid_run(const mlart_bench_opts *o, const Grid &g, GridRow row, void *arg)
     return wrong;
 }
 
-/* Tuning table (environment MLART_BENCH_ATTN_VARIANTS=1): where the time of
+/* Tuning table (--variants, or MLART_BENCH_ATTN_VARIANTS=1): where the time of
  * a small-T call goes.  Per shape: the call as shipped; without
  * programmatic dependent launch; the main kernel alone; each combine alone
  * (whole-row and quarter-row blocks, on the partials the main kernel left
@@ -1040,7 +1040,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
                 any = mlart_bench_match(o, name);
             }
     const char *ev = getenv("MLART_BENCH_ATTN_VARIANTS");
-    const int variants = ev && *ev && strcmp(ev, "0");
+    const int variants = o->variants || (ev && *ev && strcmp(ev, "0"));
     const char *kv_env = getenv("MLART_BENCH_ATTN_KVW");
     const int kvw = !(kv_env && !strcmp(kv_env, "0"));
     const int partial = grid_match(o, kPartGrid) || grid_match(o, kTileGrid);

@@ -230,9 +230,17 @@ static void json_sep(const mlart_bench_opts *o)
     fprintf(o->json, ",\n");
 }
 
+static int g_rows; /* printed by mlart_bench_table_row, for main's check */
+
+extern "C" int mlart_bench_rows(void)
+{
+    return g_rows;
+}
+
 extern "C" void mlart_bench_table_row(const mlart_bench_opts *o, const mlart_bench_table *t, const char *name,
                                       const double *vals)
 {
+    g_rows++;
     printf("  %-*s", t->name_width, name);
     for (int i = 0; i < t->ncols; i++) {
         if (isnan(vals[i]))

@@ -101,6 +101,8 @@ void mlart_bench_table_head(const mlart_bench_opts *o, const mlart_bench_table *
  * to the JSON file as {"table":..., "name":..., <col>: value, ...}. */
 void mlart_bench_table_row(const mlart_bench_opts *o, const mlart_bench_table *t, const char *name,
                            const double *vals);
+/* Rows printed so far by mlart_bench_table_row (every table's rows). */
+int mlart_bench_rows(void);
 /* A free-form summary line, also stored in the JSON as {"summary": line}. */
 void mlart_bench_summary(const mlart_bench_opts *o, const char *table, const char *line);
 

@@ -9,7 +9,7 @@
  * Prints one fixed-width table per suite (units row under the header), a
  * summary line per table, and with --json the same rows as a JSON array.
  * Exit code: 0 when every result checked out, 1 when some value was wrong,
- * 2 on a usage or device error. */
+ * 2 on a usage or device error or when --filter left no row to measure. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +27,7 @@ static void usage(FILE *f)
                "  --json FILE   also write every row as JSON\n"
                "  --reps N      timed graph replays per measurement, median reported (default 25)\n"
                "  --warmup N    untimed replays first (default 3)\n"
-               "  --variants    also time kernel variants (tuning tables)\n"
+               "  --variants    also time kernel variants (the ops' and the attention's tuning tables)\n"
                "  --device N    CUDA device (default 0)\n"
                "  --sets N      rotate over exactly N input sets (1..128) instead of enough to exceed\n"
                "                3x the L2 cache; small shapes then stay in L2 (for comparing with\n"
@@ -152,5 +152,12 @@ int main(int argc, char **argv)
         fclose(o.json);
     }
     printf("\n# wrong results: %d\n", wrong);
+    if (mlart_bench_rows() == 0) {
+        /* nothing measured: a filter that names no row (the tuning tables'
+         * rows exist only with --variants) must not pass for a clean run */
+        fprintf(stderr, "mlart-bench: no row matched --filter '%s'%s\n", o.filter ? o.filter : "",
+                o.variants ? "" : " (the tuning tables' rows need --variants)");
+        return 2;
+    }
     return wrong ? 1 : 0;
 }
