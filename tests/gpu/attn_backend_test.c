@@ -121,10 +121,54 @@ static void cpu_attend(const attn_host *h, attn_result *r)
     ck_assert_msg(mlart_reference_attend_cpu(&s) == 0, "host reference: %s", mlart_last_error());
 }
 
-/* b12x vs the CUDA reference (and both vs the host one when cheap). */
-static void check_step(const attn_shape *sh, const uint8_t *kv, void *kv_dev, uint64_t *rng,
-                       cudaStream_t st)
+typedef struct shared_cache {
+    uint8_t *host;
+    void *dev;
+} shared_cache;
+
+static void cache_open(shared_cache *c, mlart_kv_format fmt, uint64_t *rng)
 {
+    const size_t bytes = (fmt == MLART_KV_FP8_DS_MLA ? 656 : 1152) * (size_t)ATTN_NUM_SLOTS;
+    c->host = attn_cache_make(fmt, rng);
+    GPU_CUDA(cudaMalloc(&c->dev, bytes));
+    GPU_CUDA(cudaMemcpy(c->dev, c->host, bytes, cudaMemcpyHostToDevice));
+}
+
+static void cache_close(shared_cache *c)
+{
+    free(c->host);
+    cudaFree(c->dev);
+}
+
+/* What most cases share: a stream of random numbers from the run's seed
+ * (salted per case, so each case's steps are its own), one cache on both
+ * sides and one stream. */
+typedef struct case_env {
+    uint64_t rng;
+    shared_cache c;
+    cudaStream_t st;
+} case_env;
+
+static void env_open(case_env *e, mlart_kv_format fmt, int salt)
+{
+    e->rng = g_seed ^ (uint64_t)salt * 0x9E3779B97F4A7C15ull;
+    GPU_CUDA(cudaStreamCreate(&e->st));
+    cache_open(&e->c, fmt, &e->rng);
+}
+
+static void env_close(case_env *e)
+{
+    cache_close(&e->c);
+    cudaStreamDestroy(e->st);
+}
+
+/* b12x vs the CUDA reference (and both vs the host one when cheap). */
+static void check_step(const attn_shape *sh, case_env *e)
+{
+    const uint8_t *kv = e->c.host;
+    void *kv_dev = e->c.dev;
+    uint64_t *rng = &e->rng;
+    cudaStream_t st = e->st;
     attn_host h;
     attn_dev d;
     attn_result fast, ref, cpu;
@@ -160,46 +204,29 @@ static void check_step(const attn_shape *sh, const uint8_t *kv, void *kv_dev, ui
     attn_host_free(&h);
 }
 
-typedef struct shared_cache {
-    uint8_t *host;
-    void *dev;
-} shared_cache;
-
-static void cache_open(shared_cache *c, mlart_kv_format fmt, uint64_t *rng)
+static void check_steps(case_env *e, const attn_shape *shapes, size_t n)
 {
-    const size_t bytes = (fmt == MLART_KV_FP8_DS_MLA ? 656 : 1152) * (size_t)ATTN_NUM_SLOTS;
-    c->host = attn_cache_make(fmt, rng);
-    GPU_CUDA(cudaMalloc(&c->dev, bytes));
-    GPU_CUDA(cudaMemcpy(c->dev, c->host, bytes, cudaMemcpyHostToDevice));
-}
-
-static void cache_close(shared_cache *c)
-{
-    free(c->host);
-    cudaFree(c->dev);
+    for (size_t i = 0; i < n; i++)
+        check_step(&shapes[i], e);
 }
 
 /* The sweep of the issue: T x H, topk rotating over {64, 576, 2048}. */
 START_TEST(test_sweep)
 {
+    case_env e;
     static const int Ts[] = {1, 3, 9, 64, 75};
     static const int Hs[] = {1, 11, 16, 64, 128};
     static const int topks[] = {64, 576, 2048};
-    uint64_t rng = g_seed ^ (uint64_t)(_i + 1) * 0x9E3779B97F4A7C15ull;
-    shared_cache c;
-    cudaStream_t st;
-    GPU_CUDA(cudaStreamCreate(&st));
-    cache_open(&c, g_fmts[_i], &rng);
+    env_open(&e, g_fmts[_i], _i + 1);
     for (int it = 0; it < 5; it++)
         for (int ih = 0; ih < 5; ih++) {
             attn_shape sh = {Ts[it], Hs[ih], topks[(it + ih + _i) % 3], g_fmts[_i], 1, 1, 0,
                              (it + ih) % 2 ? 0.0417f : 0.3f, 0};
-            check_step(&sh, c.host, c.dev, &rng, st);
+            check_step(&sh, &e);
         }
     printf("sweep %s: 25 shapes match (seed 0x%llx)\n", mlart_kv_format_name(g_fmts[_i]),
            (unsigned long long)g_seed);
-    cache_close(&c);
-    cudaStreamDestroy(st);
+    env_close(&e);
 }
 END_TEST
 
@@ -207,11 +234,8 @@ END_TEST
  * partial second tile, several tokens per request, indices out of range. */
 START_TEST(test_awkward)
 {
-    uint64_t rng = g_seed ^ (uint64_t)(_i + 11) * 0x9E3779B97F4A7C15ull;
-    shared_cache c;
-    cudaStream_t st;
-    GPU_CUDA(cudaStreamCreate(&st));
-    cache_open(&c, g_fmts[_i], &rng);
+    case_env e;
+    env_open(&e, g_fmts[_i], _i + 11);
     const attn_shape shapes[] = {
         {5, 20, 100, g_fmts[_i], 1, 1, 0, 0.0417f, 0},   /* topk % 32 != 0, 20 heads */
         {4, 100, 576, g_fmts[_i], 1, 0, 0, 0.0417f, 0},  /* seven 16-row tiles, the last of 4 rows */
@@ -229,12 +253,10 @@ START_TEST(test_awkward)
         {1, 64, 2048, g_fmts[_i], 1, 0, 0, 30.0f, 100},
         {8, 16, 2048, g_fmts[_i], 1, 1, 0, 30.0f, 300},
     };
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        check_step(&shapes[i], c.host, c.dev, &rng, st);
+    check_steps(&e, shapes, sizeof shapes / sizeof shapes[0]);
     printf("awkward %s: %zu shapes match (seed 0x%llx)\n", mlart_kv_format_name(g_fmts[_i]),
            sizeof shapes / sizeof shapes[0], (unsigned long long)g_seed);
-    cache_close(&c);
-    cudaStreamDestroy(st);
+    env_close(&e);
 }
 END_TEST
 
@@ -249,15 +271,12 @@ END_TEST
  * out-of-range indices per shape. */
 START_TEST(test_wgmma)
 {
+    case_env e;
     static const char *modes[3] = {"1", "2", "0"};
     const mlart_kv_format fmt = g_fmts[_i % 2];
-    uint64_t rng = g_seed ^ (uint64_t)(_i + 31) * 0x9E3779B97F4A7C15ull;
-    shared_cache c;
-    cudaStream_t st;
     setenv("MLART_B12X_WGMMA", modes[(_i / 2) % 3], 1);
     setenv("MLART_B12X_INPLACE", _i >= 6 ? "1" : "0", 1); /* every kernel mode with the in-place combine too */
-    GPU_CUDA(cudaStreamCreate(&st));
-    cache_open(&c, fmt, &rng);
+    env_open(&e, fmt, _i + 31);
     const attn_shape shapes[] = {
         {1, 64, 2048, fmt, 1, 0, 0, 0.0417f, 0},   /* split + combine */
         {3, 128, 576, fmt, 1, 1, 0, 0.3f, 0},
@@ -275,13 +294,11 @@ START_TEST(test_wgmma)
         {2, 128, 576, fmt, 1, 0, 0, 0.3f, 0},      /* 18 splits, two passes */
         {4, 64, 2048, fmt, 4, 1, 1, 0.0417f, 0},   /* shared requests, out of range */
     };
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        check_step(&shapes[i], c.host, c.dev, &rng, st);
+    check_steps(&e, shapes, sizeof shapes / sizeof shapes[0]);
     printf("64-head tiles, MLART_B12X_WGMMA=%s, MLART_B12X_INPLACE=%d, %s: %zu shapes match (seed 0x%llx)\n",
            modes[(_i / 2) % 3], _i >= 6, mlart_kv_format_name(fmt), sizeof shapes / sizeof shapes[0],
            (unsigned long long)g_seed);
-    cache_close(&c);
-    cudaStreamDestroy(st);
+    env_close(&e);
 }
 END_TEST
 
@@ -292,13 +309,10 @@ END_TEST
  * heads, several tokens per request, out-of-range indices, empty rows. */
 START_TEST(test_swg)
 {
+    case_env e;
     const mlart_kv_format fmt = g_fmts[_i];
-    uint64_t rng = g_seed ^ (uint64_t)(_i + 41) * 0x9E3779B97F4A7C15ull;
-    shared_cache c;
-    cudaStream_t st;
     setenv("MLART_B12X_SWG", "1", 1);
-    GPU_CUDA(cudaStreamCreate(&st));
-    cache_open(&c, fmt, &rng);
+    env_open(&e, fmt, _i + 41);
     const attn_shape shapes[] = {
         {1, 16, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* 64 splits of one 32-slot block: absent halves */
         {3, 11, 576, fmt, 1, 1, 0, 0.3f, 0},
@@ -309,12 +323,10 @@ START_TEST(test_swg)
         {7, 80, 2048, fmt, 1, 1, 0, 0.1f, 0},     /* 64 + 16 heads */
         {16, 16, 576, fmt, 2, 1, 0, 0.0417f, 0},  /* 18 blocks, split */
     };
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        check_step(&shapes[i], c.host, c.dev, &rng, st);
+    check_steps(&e, shapes, sizeof shapes / sizeof shapes[0]);
     printf("slots-as-M prototype, %s: %zu shapes match (seed 0x%llx)\n", mlart_kv_format_name(fmt),
            sizeof shapes / sizeof shapes[0], (unsigned long long)g_seed);
-    cache_close(&c);
-    cudaStreamDestroy(st);
+    env_close(&e);
 }
 END_TEST
 
@@ -327,13 +339,10 @@ END_TEST
  * rows. */
 START_TEST(test_rc)
 {
+    case_env e;
     const mlart_kv_format fmt = MLART_KV_FP8_DS_MLA;
-    uint64_t rng = g_seed ^ (uint64_t)(_i + 51) * 0x9E3779B97F4A7C15ull;
-    shared_cache c;
-    cudaStream_t st;
     setenv("MLART_B12X_RC", _i == 0 ? "1" : "0", 1);
-    GPU_CUDA(cudaStreamCreate(&st));
-    cache_open(&c, fmt, &rng);
+    env_open(&e, fmt, _i + 51);
     const attn_shape shapes[] = {
         {8, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0},  /* the smallest step it takes, 16 splits */
         {64, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0}, /* two splits of 32 blocks */
@@ -346,12 +355,10 @@ START_TEST(test_rc)
         {16, 16, 576, fmt, 2, 1, 0, 0.0417f, 0},  /* 18 blocks, split */
         {8, 80, 2048, fmt, 1, 1, 0, 0.1f, 0},     /* 64 + 16 heads */
     };
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        check_step(&shapes[i], c.host, c.dev, &rng, st);
+    check_steps(&e, shapes, sizeof shapes / sizeof shapes[0]);
     printf("fp8 <= 16 heads, T >= 8, MLART_B12X_RC=%d: %zu shapes match (seed 0x%llx)\n", _i == 0,
            sizeof shapes / sizeof shapes[0], (unsigned long long)g_seed);
-    cache_close(&c);
-    cudaStreamDestroy(st);
+    env_close(&e);
 }
 END_TEST
 
@@ -363,12 +370,9 @@ END_TEST
  * leading empty slots (chunks with no valid slot: LSE -inf partials). */
 START_TEST(test_half)
 {
+    case_env e;
     const mlart_kv_format fmt = g_fmts[_i];
-    uint64_t rng = g_seed ^ (uint64_t)(_i + 61) * 0x9E3779B97F4A7C15ull;
-    shared_cache c;
-    cudaStream_t st;
-    GPU_CUDA(cudaStreamCreate(&st));
-    cache_open(&c, fmt, &rng);
+    env_open(&e, fmt, _i + 61);
     const attn_shape shapes[] = {
         {1, 16, 2048, fmt, 1, 0, 0, 0.0417f, 0},
         {1, 11, 2048, fmt, 1, 0, 0, 0.3f, 0},
@@ -384,8 +388,8 @@ START_TEST(test_half)
         attn_result one, two, ref;
         b12x_run run;
         char msg[256];
-        attn_host_make(&h, &shapes[i], c.host, &rng);
-        attn_dev_upload(&d, &h, c.dev);
+        attn_host_make(&h, &shapes[i], e.c.host, &e.rng);
+        attn_dev_upload(&d, &h, e.c.dev);
         /* the launch's rule (b12x_attend_halves, as setup leaves
          * MLART_B12X_HALF=1), and what each backend launched: the main
          * kernel's grid is (T, 2, splits) in halves, (T, 1, splits) not */
@@ -395,19 +399,19 @@ START_TEST(test_half)
         const int half = b12x_attend_halves(&dv, 1, h.sh.H, sp.splits, fp8, 0);
         setenv("MLART_B12X_HALF", "0", 1);
         b12x_open(&run, &h, &d, 1);
-        dim3 grid = b12x_first_grid(&run, &h, &d, st);
+        dim3 grid = b12x_first_grid(&run, &h, &d, e.st);
         ck_assert_msg(grid.x == 1 && grid.y == 1 && (int)grid.z == sp.splits, "MLART_B12X_HALF=0: grid %u x %u x %u",
                       grid.x, grid.y, grid.z);
-        b12x_attend_sync(&run, &h, &d, st);
+        b12x_attend_sync(&run, &h, &d, e.st);
         attn_fetch(&one, &d, &h);
         run.vt->destroy(run.state);
         setenv("MLART_B12X_HALF", "1", 1);
         b12x_open(&run, &h, &d, 1);
-        grid = b12x_first_grid(&run, &h, &d, st);
+        grid = b12x_first_grid(&run, &h, &d, e.st);
         ck_assert_msg(grid.x == 1 && (int)grid.y == 1 + half && (int)grid.z == sp.splits,
                       "H=%d: grid %u x %u x %u, the rule says %s", h.sh.H, grid.x, grid.y, grid.z,
                       half ? "halves" : "whole rows");
-        b12x_attend_sync(&run, &h, &d, st);
+        b12x_attend_sync(&run, &h, &d, e.st);
         attn_fetch(&two, &d, &h);
         run.vt->destroy(run.state);
         halves += grid.y == 2;
@@ -415,7 +419,7 @@ START_TEST(test_half)
         ck_assert_msg(memcmp(one.out, two.out, rows * 512 * 2) == 0 && memcmp(one.lse, two.lse, rows * 4) == 0,
                       "%s H=%d topk=%d: column halves differ from whole rows", mlart_kv_format_name(fmt),
                       h.sh.H, h.sh.topk);
-        ref_attend_sync(&h, &d, st);
+        ref_attend_sync(&h, &d, e.st);
         attn_fetch(&ref, &d, &h);
         const int bad = attn_compare(&h, &two, &ref, NMSE_MAX, LSE_TOL, msg, sizeof msg);
         printf("  %-10s T=1 H=%-3d topk=%-4d %d chunks%s == whole rows, vs cuda-ref: %s\n",
@@ -433,8 +437,7 @@ START_TEST(test_half)
     printf("%s T = 1, column halves: %zu shapes (%d of them in halves) equal to whole rows bit for bit and match "
            "(seed 0x%llx)\n",
            mlart_kv_format_name(fmt), sizeof shapes / sizeof shapes[0], halves, (unsigned long long)g_seed);
-    cache_close(&c);
-    cudaStreamDestroy(st);
+    env_close(&e);
 }
 END_TEST
 
@@ -451,15 +454,12 @@ END_TEST
  * register-conversion kernel). */
 START_TEST(test_small_tiles)
 {
+    case_env e;
     const mlart_kv_format fmt = g_fmts[_i];
     const int fp8 = fmt == MLART_KV_FP8_DS_MLA;
-    uint64_t rng = g_seed ^ (uint64_t)(_i + 71) * 0x9E3779B97F4A7C15ull;
-    shared_cache c;
-    cudaStream_t st;
     int sms = 0, tiled = 0;
-    GPU_CUDA(cudaStreamCreate(&st));
     GPU_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    cache_open(&c, fmt, &rng);
+    env_open(&e, fmt, _i + 71);
     const attn_shape shapes[] = {
         {1, 32, 2048, fmt, 1, 0, 0, 0.0417f, 0},    /* two tiles */
         {1, 17, 2048, fmt, 1, 0, 0, 0.3f, 0},       /* the second tile of one row */
@@ -492,10 +492,10 @@ START_TEST(test_small_tiles)
                   small = sh->T * rt <= 12 || (rt == 2 && sh->T <= 64) || (sh->H > 64 && sh->H < 128 && sh->T <= 6);
         const int first_y = small ? rt : sh->H >= 64 ? sh->H / 64 : 1; /* the first launch's tiles */
         const b12x_split sp = b12x_attend_split(sh->T, sh->H, sh->topk, fp8, sms);
-        attn_host_make(&h, sh, c.host, &rng);
-        attn_dev_upload(&d, &h, c.dev);
+        attn_host_make(&h, sh, e.c.host, &e.rng);
+        attn_dev_upload(&d, &h, e.c.dev);
         b12x_open(&run, &h, &d, sh->T);
-        const dim3 grid = b12x_first_grid(&run, &h, &d, st);
+        const dim3 grid = b12x_first_grid(&run, &h, &d, e.st);
         run.vt->destroy(run.state);
         attn_dev_free(&d);
         attn_host_free(&h);
@@ -505,13 +505,12 @@ START_TEST(test_small_tiles)
         printf("  %s T=%d H=%d: grid %u x %u x %u (%s)\n", mlart_kv_format_name(fmt), sh->T, sh->H, grid.x, grid.y,
                grid.z, small ? "16-row tiles" : "one tile");
         tiled += small;
-        check_step(sh, c.host, c.dev, &rng, st);
+        check_step(sh, &e);
     }
     ck_assert_int_eq(tiled, 14);
     printf("%s partial tiles: %zu shapes match, %d of them in 16-row tiles (seed 0x%llx)\n",
            mlart_kv_format_name(fmt), sizeof shapes / sizeof shapes[0], tiled, (unsigned long long)g_seed);
-    cache_close(&c);
-    cudaStreamDestroy(st);
+    env_close(&e);
 }
 END_TEST
 
@@ -533,14 +532,11 @@ END_TEST
  * way).  The workspace is poisoned before every call. */
 START_TEST(test_inplace)
 {
+    case_env e;
     const mlart_kv_format fmt = g_fmts[_i % 2];
     const int inplace = _i < 2;
-    uint64_t rng = g_seed ^ (uint64_t)(_i + 61) * 0x9E3779B97F4A7C15ull;
-    shared_cache c;
-    cudaStream_t st;
     setenv("MLART_B12X_INPLACE", inplace ? "1" : "0", 1);
-    GPU_CUDA(cudaStreamCreate(&st));
-    cache_open(&c, fmt, &rng);
+    env_open(&e, fmt, _i + 61);
     const attn_shape shapes[] = {
         {1, 16, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* 64 chunks of one block */
         {2, 16, 2048, fmt, 1, 0, 0, 0.3f, 0},
@@ -603,12 +599,10 @@ START_TEST(test_inplace)
                       "T = 24 at 128 heads should split and not be resident at once");
         b12x_attend_teardown(&dev);
     }
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        check_step(&shapes[i], c.host, c.dev, &rng, st);
+    check_steps(&e, shapes, sizeof shapes / sizeof shapes[0]);
     printf("split steps, MLART_B12X_INPLACE=%d, %s: %zu shapes match (seed 0x%llx)\n", inplace,
            mlart_kv_format_name(fmt), sizeof shapes / sizeof shapes[0], (unsigned long long)g_seed);
-    cache_close(&c);
-    cudaStreamDestroy(st);
+    env_close(&e);
 }
 END_TEST
 
@@ -622,16 +616,13 @@ END_TEST
  * own rule must take the path at every shape. */
 START_TEST(test_inplace_parts)
 {
+    case_env e;
     const mlart_kv_format fmt = g_fmts[_i];
     const int fp8 = fmt == MLART_KV_FP8_DS_MLA;
-    uint64_t rng = g_seed ^ (uint64_t)(_i + 67) * 0x9E3779B97F4A7C15ull;
-    shared_cache c;
-    cudaStream_t st;
     b12x_dev dev;
     setenv("MLART_B12X_INPLACE", "1", 1);
     setenv("MLART_B12X_INPLACE_TRIPS", "16", 1);
-    GPU_CUDA(cudaStreamCreate(&st));
-    cache_open(&c, fmt, &rng);
+    env_open(&e, fmt, _i + 67);
     const attn_shape shapes[] = {
         {17, 80, 2048, fmt, 1, 0, 0, 0.0417f, 0},  /* 64 heads on wgmma + 16 on a small-head kernel */
         {17, 127, 2048, fmt, 1, 1, 0, 0.0417f, 0}, /* 64 + 63, wgmma twice */
@@ -645,12 +636,10 @@ START_TEST(test_inplace_parts)
                       "T=%d H=%d, %d splits: should combine in place", shapes[i].T, shapes[i].H, sp.splits);
     }
     b12x_attend_teardown(&dev);
-    for (size_t i = 0; i < n; i++)
-        check_step(&shapes[i], c.host, c.dev, &rng, st);
+    check_steps(&e, shapes, n);
     printf("both launches in place, %s: %zu shapes match (seed 0x%llx)\n", mlart_kv_format_name(fmt), n,
            (unsigned long long)g_seed);
-    cache_close(&c);
-    cudaStreamDestroy(st);
+    env_close(&e);
 }
 END_TEST
 
@@ -664,10 +653,8 @@ END_TEST
  * the combine kernel between them). */
 START_TEST(test_inplace_repeat)
 {
+    case_env e;
     const mlart_kv_format fmt = g_fmts[_i % 2];
-    uint64_t rng = g_seed ^ (uint64_t)(_i + 71) * 0x9E3779B97F4A7C15ull;
-    shared_cache c;
-    cudaStream_t st;
     attn_host h;
     attn_dev d;
     attn_result once, again, ref;
@@ -675,12 +662,11 @@ START_TEST(test_inplace_repeat)
     char msg[256];
     const attn_shape sh = {4, _i < 2 ? 16 : 128, 2048, fmt, 1, 0, 0, 0.0417f, 0};
     setenv("MLART_B12X_INPLACE", "1", 1);
-    GPU_CUDA(cudaStreamCreate(&st));
-    cache_open(&c, fmt, &rng);
-    attn_host_make(&h, &sh, c.host, &rng);
-    attn_dev_upload(&d, &h, c.dev);
+    env_open(&e, fmt, _i + 71);
+    attn_host_make(&h, &sh, e.c.host, &e.rng);
+    attn_dev_upload(&d, &h, e.c.dev);
     b12x_open(&fresh, &h, &d, sh.T);
-    b12x_attend_sync(&fresh, &h, &d, st);
+    b12x_attend_sync(&fresh, &h, &d, e.st);
     attn_fetch(&once, &d, &h);
     fresh.vt->destroy(fresh.state);
 
@@ -689,20 +675,20 @@ START_TEST(test_inplace_repeat)
     mlart_step s = attn_dev_step(&h, &d);
     for (int k = 0; k < 60; k++) {
         s.T = 1 + (k + 1) % 4; /* the last is T = 1, not the step checked below */
-        ck_assert_msg(run.vt->attend(run.state, &s, st) == 0, "attend %d: %s", k, attn_last_msg);
+        ck_assert_msg(run.vt->attend(run.state, &s, e.st) == 0, "attend %d: %s", k, attn_last_msg);
     }
     /* poisoned partials: a chunk that combined before the others wrote would read NaN */
-    GPU_CUDA(cudaMemsetAsync(d.ws, 0xff, d.ws_bytes, st));
+    GPU_CUDA(cudaMemsetAsync(d.ws, 0xff, d.ws_bytes, e.st));
     s.T = sh.T;
-    ck_assert_msg(run.vt->attend(run.state, &s, st) == 0, "attend: %s", attn_last_msg);
-    GPU_CUDA(cudaStreamSynchronize(st));
+    ck_assert_msg(run.vt->attend(run.state, &s, e.st) == 0, "attend: %s", attn_last_msg);
+    GPU_CUDA(cudaStreamSynchronize(e.st));
     GPU_CUDA(cudaGetLastError());
     attn_fetch(&again, &d, &h);
     ck_assert_msg(memcmp(once.out, again.out, (size_t)sh.H * sh.T * 1024) == 0,
                   "after 60 calls the output differs from a fresh backend's");
     ck_assert_msg(memcmp(once.lse, again.lse, (size_t)sh.H * sh.T * 4) == 0,
                   "after 60 calls the LSE differs from a fresh backend's");
-    ref_attend_sync(&h, &d, st);
+    ref_attend_sync(&h, &d, e.st);
     attn_fetch(&ref, &d, &h);
     ck_assert_msg(!attn_compare(&h, &again, &ref, NMSE_MAX, LSE_TOL, msg, sizeof msg), "vs reference: %s", msg);
     printf("%s, %d heads: 61 calls back to back (T = 1..4), then equal to a fresh backend bit for bit; %s\n",
@@ -713,8 +699,7 @@ START_TEST(test_inplace_repeat)
     run.vt->destroy(run.state);
     attn_dev_free(&d);
     attn_host_free(&h);
-    cache_close(&c);
-    cudaStreamDestroy(st);
+    env_close(&e);
 }
 END_TEST
 
@@ -729,22 +714,19 @@ END_TEST
  * alone bit for bit, and the reference. */
 START_TEST(test_back_to_back)
 {
+    case_env e;
     const mlart_kv_format fmt = g_fmts[_i];
-    uint64_t rng = g_seed ^ (uint64_t)(_i + 81) * 0x9E3779B97F4A7C15ull;
     static const int Ts[4] = {1, 4, 8, 2};
-    shared_cache c;
-    cudaStream_t st;
     attn_host h[4];
     attn_dev d[4];
     attn_result alone[4], round[4], ref;
     b12x_run run;
     char msg[256];
-    GPU_CUDA(cudaStreamCreate(&st));
-    cache_open(&c, fmt, &rng);
+    env_open(&e, fmt, _i + 81);
     for (int i = 0; i < 4; i++) {
         const attn_shape sh = {Ts[i], 16, 2048, fmt, 1, 0, 0, 0.0417f, 0};
-        attn_host_make(&h[i], &sh, c.host, &rng);
-        attn_dev_upload(&d[i], &h[i], c.dev);
+        attn_host_make(&h[i], &sh, e.c.host, &e.rng);
+        attn_dev_upload(&d[i], &h[i], e.c.dev);
     }
     {
         attn_host hp = h[2]; /* a plan that covers the four steps (T = 8 has the most requests) */
@@ -755,7 +737,7 @@ START_TEST(test_back_to_back)
     for (int i = 0; i < 4; i++) {
         d[i].ws = d[2].ws;
         d[i].ws_bytes = d[2].ws_bytes;
-        b12x_attend_sync(&run, &h[i], &d[i], st);
+        b12x_attend_sync(&run, &h[i], &d[i], e.st);
         attn_fetch(&alone[i], &d[i], &h[i]);
     }
     for (int i = 0; i < 4; i++)
@@ -763,9 +745,9 @@ START_TEST(test_back_to_back)
     GPU_CUDA(cudaMemset(d[2].ws, 0xff, d[2].ws_bytes));
     for (int k = 0; k < 12; k++) {
         mlart_step s = attn_dev_step(&h[k % 4], &d[k % 4]);
-        ck_assert_msg(run.vt->attend(run.state, &s, st) == 0, "attend %d: %s", k, attn_last_msg);
+        ck_assert_msg(run.vt->attend(run.state, &s, e.st) == 0, "attend %d: %s", k, attn_last_msg);
     }
-    GPU_CUDA(cudaStreamSynchronize(st));
+    GPU_CUDA(cudaStreamSynchronize(e.st));
     GPU_CUDA(cudaGetLastError());
     for (int i = 0; i < 4; i++) {
         attn_fetch(&round[i], &d[i], &h[i]);
@@ -774,7 +756,7 @@ START_TEST(test_back_to_back)
                       "T = %d: the output back to back differs from the call alone", Ts[i]);
         ck_assert_msg(memcmp(alone[i].lse, round[i].lse, n * 4) == 0,
                       "T = %d: the LSE back to back differs from the call alone", Ts[i]);
-        ref_attend_sync(&h[i], &d[i], st);
+        ref_attend_sync(&h[i], &d[i], e.st);
         attn_fetch(&ref, &d[i], &h[i]);
         ck_assert_msg(!attn_compare(&h[i], &round[i], &ref, NMSE_MAX, LSE_TOL, msg, sizeof msg),
                       "T = %d vs reference: %s", Ts[i], msg);
@@ -792,8 +774,7 @@ START_TEST(test_back_to_back)
         attn_dev_free(&d[i]);
         attn_host_free(&h[i]);
     }
-    cache_close(&c);
-    cudaStreamDestroy(st);
+    env_close(&e);
 }
 END_TEST
 
@@ -801,14 +782,11 @@ END_TEST
  * indices change in place (the graph reads the persistent buffers). */
 START_TEST(test_graph)
 {
+    case_env e;
     const mlart_kv_format fmt = g_fmts[_i % 2];
-    uint64_t rng = g_seed ^ (uint64_t)(_i + 21) * 0x9E3779B97F4A7C15ull;
-    shared_cache c;
-    cudaStream_t st;
     /* _i >= 2: the in-place combine (read when the backend is created; each test runs in its own process) */
     setenv("MLART_B12X_INPLACE", _i >= 2 ? "1" : "0", 1);
-    GPU_CUDA(cudaStreamCreate(&st));
-    cache_open(&c, fmt, &rng);
+    env_open(&e, fmt, _i + 21);
     const attn_shape shapes[] = {
         {3, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0},   /* split + combine */
         {64, 128, 2048, fmt, 1, 1, 0, 0.0417f, 0}, /* one pass, two head tiles */
@@ -826,45 +804,45 @@ START_TEST(test_graph)
         char msg[256];
         const attn_shape *sh = &shapes[i];
         const size_t n = (size_t)sh->H * sh->T;
-        attn_host_make(&h, sh, c.host, &rng);
-        attn_dev_upload(&d, &h, c.dev);
+        attn_host_make(&h, sh, e.c.host, &e.rng);
+        attn_dev_upload(&d, &h, e.c.dev);
         b12x_open(&run, &h, &d, sh->T);
-        b12x_attend_sync(&run, &h, &d, st);
+        b12x_attend_sync(&run, &h, &d, e.st);
         attn_fetch(&eager, &d, &h);
 
         mlart_step s = attn_dev_step(&h, &d);
-        GPU_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        int rc = run.vt->attend(run.state, &s, st);
-        GPU_CUDA(cudaStreamEndCapture(st, &graph));
+        GPU_CUDA(cudaStreamBeginCapture(e.st, cudaStreamCaptureModeThreadLocal));
+        int rc = run.vt->attend(run.state, &s, e.st);
+        GPU_CUDA(cudaStreamEndCapture(e.st, &graph));
         ck_assert_msg(rc == 0, "attend under capture: %s", attn_last_msg);
         GPU_CUDA(cudaGraphInstantiate(&exec, graph, 0));
         attn_poison(&d, &h);
-        GPU_CUDA(cudaGraphLaunch(exec, st));
-        GPU_CUDA(cudaStreamSynchronize(st));
+        GPU_CUDA(cudaGraphLaunch(exec, e.st));
+        GPU_CUDA(cudaStreamSynchronize(e.st));
         attn_fetch(&replay, &d, &h);
         ck_assert_msg(memcmp(eager.out, replay.out, n * 512 * 2) == 0, "replay output != eager");
         ck_assert_msg(memcmp(eager.lse, replay.lse, n * 4) == 0, "replay lse != eager");
         attn_result_free(&replay);
 
         /* New indices and query in the same buffers; replay, compare. */
-        attn_host_make(&h2, sh, c.host, &rng);
+        attn_host_make(&h2, sh, e.c.host, &e.rng);
         GPU_CUDA(cudaMemcpy(d.idx, h2.idx, (size_t)sh->T * sh->topk * 4, cudaMemcpyHostToDevice));
         GPU_CUDA(cudaMemcpy(d.q, h2.q, n * 576 * 2, cudaMemcpyHostToDevice));
         memcpy(h.idx, h2.idx, (size_t)sh->T * sh->topk * 4);
         memcpy(h.q, h2.q, n * 576 * 2);
         attn_poison(&d, &h);
-        GPU_CUDA(cudaGraphLaunch(exec, st));
-        GPU_CUDA(cudaStreamSynchronize(st));
+        GPU_CUDA(cudaGraphLaunch(exec, e.st));
+        GPU_CUDA(cudaStreamSynchronize(e.st));
         attn_fetch(&replay, &d, &h);
         ck_assert_msg(memcmp(eager.out, replay.out, n * 512 * 2) != 0,
                       "replay with new indices gave the old output");
         attn_result_free(&eager);
-        b12x_attend_sync(&run, &h, &d, st);
+        b12x_attend_sync(&run, &h, &d, e.st);
         attn_fetch(&eager, &d, &h);
         ck_assert_msg(memcmp(eager.out, replay.out, n * 512 * 2) == 0,
                       "replay after new indices != eager");
         ck_assert_msg(memcmp(eager.lse, replay.lse, n * 4) == 0, "replay lse != eager");
-        ref_attend_sync(&h, &d, st);
+        ref_attend_sync(&h, &d, e.st);
         attn_fetch(&ref, &d, &h);
         ck_assert_msg(!attn_compare(&h, &replay, &ref, NMSE_MAX, LSE_TOL, msg, sizeof msg),
                       "replay vs reference: %s", msg);
@@ -880,8 +858,7 @@ START_TEST(test_graph)
         attn_host_free(&h);
         attn_host_free(&h2);
     }
-    cache_close(&c);
-    cudaStreamDestroy(st);
+    env_close(&e);
 }
 END_TEST
 
@@ -897,11 +874,10 @@ END_TEST
  * kernel on 40 heads (5 tokens), with split and in one pass. */
 START_TEST(test_pdl_order)
 {
-    uint64_t rng = g_seed ^ (uint64_t)(_i + 31) * 0x9E3779B97F4A7C15ull;
-    shared_cache c;
-    cudaStream_t st, ns;
+    case_env e;
+    cudaStream_t ns;
     int early[2];
-    GPU_CUDA(cudaStreamCreate(&st));                                  /* setup and expected results */
+    env_open(&e, g_fmts[_i], _i + 31);                                /* e.st: setup and expected results */
     GPU_CUDA(cudaStreamCreateWithFlags(&ns, cudaStreamNonBlocking)); /* the launches under test */
     for (int gr = 0; gr < 2; gr++) {
         early[gr] = pdl_control(ns, gr);
@@ -909,7 +885,6 @@ START_TEST(test_pdl_order)
     }
     ck_assert_msg(early[1] == 1, "control: in a graph a dependent that does not wait saw only the new bytes; the "
                                  "device did not start it early, so this test could not catch a missing wait");
-    cache_open(&c, g_fmts[_i], &rng);
     const attn_shape shapes[] = {
         {1, 16, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0},
         {2, 40, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0},  /* 16-row tiles on the small-head kernel */
@@ -928,16 +903,16 @@ START_TEST(test_pdl_order)
         const attn_shape *sh = &shapes[i];
         const size_t n = (size_t)sh->H * sh->T, qb = n * 576 * 2;
         void *qnew;
-        attn_host_make(&h, sh, c.host, &rng);
-        attn_host_make(&h2, sh, c.host, &rng); /* its query is the new one */
-        attn_dev_upload(&d, &h, c.dev);
+        attn_host_make(&h, sh, e.c.host, &e.rng);
+        attn_host_make(&h2, sh, e.c.host, &e.rng); /* its query is the new one */
+        attn_dev_upload(&d, &h, e.c.dev);
         GPU_CUDA(cudaMalloc(&qnew, qb));
         GPU_CUDA(cudaMemcpy(qnew, h2.q, qb, cudaMemcpyHostToDevice));
         b12x_open(&run, &h, &d, sh->T);
 
         /* expected: the new query, nothing before the call */
         GPU_CUDA(cudaMemcpy(d.q, h2.q, qb, cudaMemcpyHostToDevice));
-        b12x_attend_sync(&run, &h, &d, st);
+        b12x_attend_sync(&run, &h, &d, e.st);
         attn_fetch(&want, &d, &h);
         GPU_CUDA(cudaDeviceSynchronize());
 
@@ -981,8 +956,7 @@ START_TEST(test_pdl_order)
     }
     printf("pdl order control: a dependent that does not wait read old bytes in a graph %s, eagerly %s\n",
            early[1] ? "yes" : "no", early[0] ? "yes" : "no");
-    cache_close(&c);
-    cudaStreamDestroy(st);
+    env_close(&e);
     cudaStreamDestroy(ns);
 }
 END_TEST
