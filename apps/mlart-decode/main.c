@@ -408,13 +408,13 @@ static void destroy_run(run *r)
         layer_run *lr = &r->layers[li];
         mlart_layer_destroy(lr->layer);
         mlart_layer_destroy(lr->ref);
-        if (r->dev >= 0) {
+        if (r->dev >= 0) { /* on the CPU d_kv_b_proj is h_kv_b_proj and h_cache is d_cache, freed below */
             dev_free(r->dev, lr->d_kv_b_proj);
-            dev_free(r->dev, lr->d_o_ref);
             free(lr->h_cache);
         }
         dev_free(r->dev, lr->d_cache);
         dev_free(r->dev, lr->d_o);
+        dev_free(r->dev, lr->d_o_ref);
         free(lr->h_kv_b_proj);
         free(lr->h_o);
         free(lr->h_o_ref);

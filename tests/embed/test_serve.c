@@ -889,8 +889,8 @@ END_TEST
  * when "--device cuda" is asked for on a machine without a device. */
 int main(int argc, char **argv)
 {
-    Suite *s = suite_create("serve");
-    TCase *proto = tcase_create("protocol"), *live = tcase_create("server");
+    Suite *s;
+    TCase *proto, *live;
     if (argc < 2) {
         fprintf(stderr, "usage: %s PATH-TO-mlart-serve-example [SERVER-ARGS...]\n", argv[0]);
         return 2;
@@ -906,6 +906,9 @@ int main(int argc, char **argv)
         }
     }
     signal(SIGPIPE, SIG_IGN);
+    s = suite_create("serve");
+    proto = tcase_create("protocol");
+    live = tcase_create("server");
     tcase_add_test(proto, test_parse);
     tcase_add_test(proto, test_framer_and_replies);
     tcase_set_timeout(live, 180);
