@@ -5,7 +5,8 @@
 # and reference, both KV formats, --verify against the float64 oracle, the
 # steps replayed from a CUDA graph (the default) and launched directly
 # (--no-graph) giving the same bytes; steps with the in-place combine, and
-# compute-sanitizer memcheck on them when the toolkit is installed), and
+# compute-sanitizer memcheck on them and a leak check of whole runs when the
+# toolkit is installed), and
 # writes one log per run into OUT_DIR.  Exit
 # status: number of failed runs.
 set -uo pipefail
@@ -89,6 +90,14 @@ if [ -x "$san" ]; then
   # dependent launch (16 heads a rank at T = 4)
   run memcheck_swap env "$san" --tool memcheck --error-exitcode 1 --kernel-name kns=bmm_swap "$dec" \
     --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --batch 4 --context 2048 --steps 1 --verify
+  # memcheck over every kernel of a whole run, and every device allocation freed by the exit
+  # (--leak-check full): steps replayed from a graph with --verify (the reference layers too), and
+  # launched directly
+  lc=("$san" --tool memcheck --leak-check full --error-exitcode 1)
+  run leakcheck_dsv32_graph "${lc[@]}" "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda \
+    --batch 4 --context 4096 --steps 3 --verify
+  run leakcheck_glm5_bf16_direct "${lc[@]}" "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda \
+    --kv-format bf16 --batch 2 --context 4096 --steps 3 --no-graph
 else
   echo "== compute-sanitizer not found: memcheck of the in-place and swap kernels not run"
 fi
