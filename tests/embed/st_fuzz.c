@@ -28,6 +28,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             const mlart_st_entry *e = &h.entries[k];
             if (mlart_st_header_find(&h, e->name) != e || e->begin > e->end || e->end > dbytes)
                 abort();
+            /* a known dtype holds exactly its shape's bytes */
+            if (e->elem_size && (uint64_t)e->numel * e->elem_size != e->end - e->begin)
+                abort();
         }
         mlart_st_header_free(&h);
     }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Fuzz the parsers that read untrusted input with libFuzzer, AddressSanitizer
-# and UBSan (needs clang and libinih-dev): the safetensors header
-# (fuzz_st_header.c), the serving example's wire protocol (fuzz_serve.c) and
-# the INI configuration (fuzz_config.c).
+# and UBSan (needs clang and libinih-dev, not a clang build): the safetensors
+# header (tests/embed/st_fuzz.c, its seeds and dictionary; a clang build also
+# has it as the ctest entry fuzz_embed_st_header), the serving example's wire
+# protocol (fuzz_serve.c) and the INI configuration (fuzz_config.c).
 #   tests/fuzz/run.sh [SECONDS_EACH [OUT_DIR]]     (default 60, /tmp/mlart-fuzz)
 # SECONDS_EACH 0 only replays the seed inputs, deterministically (CI).  A
 # crash, leak, UB report or broken invariant leaves the input in OUT_DIR
@@ -13,7 +14,7 @@ secs=${1:-60}
 out=${2:-${TMPDIR:-/tmp}/mlart-fuzz}
 mkdir -p "$out"
 cc=(clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I "$src/include" -I "$src")
-"${cc[@]}" -o "$out/fuzz_st_header" "$src/tests/fuzz/fuzz_st_header.c" "$src/runtime/safetensors.c" \
+"${cc[@]}" -o "$out/fuzz_st_header" "$src/tests/embed/st_fuzz.c" "$src/runtime/safetensors.c" \
   "$src/runtime/status.c"
 "${cc[@]}" -I "$src/apps/serve-example" -o "$out/fuzz_serve" "$src/tests/fuzz/fuzz_serve.c" \
   "$src/apps/serve-example/serve_proto.c"
@@ -23,12 +24,7 @@ cc=(clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -
 # Seeds: a few valid inputs of each kind (the fuzzer keeps what it finds
 # next to them, so a second run goes on from the first).
 mkdir -p "$out/corpus_st_header" "$out/corpus_serve" "$out/corpus_config"
-st_seed() { # name, data-region bytes (< 256), header text
-  { printf "\\x$(printf %02x "$2")\\0\\0\\0\\0\\0\\0\\0"; printf '%s' "$3"; } >"$out/corpus_st_header/$1"
-}
-st_seed bf16 64 '{"a":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,12]}}'
-st_seed fp8 64 '{"__metadata__":{"format":"pt"},"model.layers.0.self_attn.kv_b_proj.weight":{"dtype":"F8_E4M3","shape":[4,4],"data_offsets":[0,16]},"model.layers.0.self_attn.kv_b_proj.weight_scale_inv":{"dtype":"F32","shape":[1,1],"data_offsets":[16,20]}}'
-st_seed escapes 8 '{"x\u00e9\n":{"dtype":"F32","shape":[],"data_offsets":[0,4]},"y":{"dtype":"I64","shape":[0],"data_offsets":[4,4]}}'
+cp "$src"/tests/embed/st_fuzz_corpus/* "$out/corpus_st_header/"
 # serve: byte 0 sets the line cap, byte 1 where the input is cut in two
 # (the harness's context is 100 positions)
 printf ' \005{"id": 1, "tokens": 2, "positions": [5, 99]}\n{"id":"abc","tokens":1,"positions":[0]}\r\n\n{"tokens": 3}\n' \
@@ -40,6 +36,7 @@ cp "$src"/configs/*.ini "$src"/tests/runtime/*.ini "$out/corpus_config/"
 failed=0
 for name in st_header serve config; do
   args=(-max_len=4096 -artifact_prefix="$out/$name-" "$out/corpus_$name")
+  [ "$name" = st_header ] && args=(-dict="$src/tests/embed/st_fuzz.dict" "${args[@]}")
   if [ "$secs" -gt 0 ]; then
     args=(-max_total_time="$secs" "${args[@]}")
   else
