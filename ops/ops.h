@@ -73,6 +73,40 @@ int mlart_kv_write_cpu(const mlart_geometry *g, const mlart_tensor *cache,
 int mlart_kv_write_cuda(const mlart_geometry *g, const mlart_tensor *cache,
                         const mlart_tensor *latent, const mlart_tensor *slots, void *stream);
 
+/* Decode-context parallel (DESIGN 7; include/mlart/comm.h for the placement).
+ * Plain arrays, dense, on the host (_cpu) or the device (_cuda, on `stream`,
+ * allocation- and sync-free).
+ *
+ * translate: this rank's view of a step.  idx [T,topk] global logical
+ * positions (-1 empty) -> idx_local: mlart_dcp_local_pos where this rank owns
+ * the position, else -1; seq_lens [B] -> lens_local: mlart_dcp_local_len. */
+int mlart_dcp_translate_cpu(const int32_t *idx, int64_t n_idx, const int32_t *seq_lens, int32_t B,
+                            int32_t rank, int32_t size, int32_t interleave, int32_t *idx_local,
+                            int32_t *lens_local);
+int mlart_dcp_translate_cuda(const int32_t *idx, int64_t n_idx, const int32_t *seq_lens,
+                             int32_t B, int32_t rank, int32_t size, int32_t interleave,
+                             int32_t *idx_local, int32_t *lens_local, void *stream);
+/* combine (a2a): parts [D][H,T,L] bf16 and lses [D][H,T] f32 (natural log,
+ * -inf = no slot) -> out [H,T,L] bf16 = sum_s w_s parts_s with w_s =
+ * exp(lse_s - m) / sum_r exp(lse_r - m), m = max_s lse_s; lse_out [H,T] =
+ * m + log sum_s exp(lse_s - m); a row with every lse -inf gives 0 and -inf. */
+int mlart_dcp_combine_cpu(const uint16_t *parts, const float *lses, int32_t D, int64_t H,
+                          int64_t T, int64_t L, uint16_t *out, float *lse_out);
+int mlart_dcp_combine_cuda(const uint16_t *parts, const float *lses, int32_t D, int64_t H,
+                           int64_t T, int64_t L, uint16_t *out, float *lse_out, void *stream);
+/* scale (ag_rs): attn [G,T,L] bf16 (G = D*H heads of the group), lse_all
+ * [D][G,T] f32 (every rank's LSEs) -> scaled [G,T,L] f32 = w_rank * attn
+ * (w as above, so that the sum over ranks is the combined output), and the
+ * combined lse_out [H,T] of this rank's heads rank*H..rank*H+H-1. */
+int mlart_dcp_scale_cpu(const uint16_t *attn, const float *lse_all, int32_t D, int32_t rank,
+                        int64_t H, int64_t T, int64_t L, float *scaled, float *lse_out);
+int mlart_dcp_scale_cuda(const uint16_t *attn, const float *lse_all, int32_t D, int32_t rank,
+                         int64_t H, int64_t T, int64_t L, float *scaled, float *lse_out,
+                         void *stream);
+/* n f32 -> bf16 (round to nearest even). */
+int mlart_f32_to_bf16_cpu(const float *in, int64_t n, uint16_t *out);
+int mlart_f32_to_bf16_cuda(const float *in, int64_t n, uint16_t *out, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

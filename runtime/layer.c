@@ -4,6 +4,7 @@
  * materialised or passed as a strided view, buffers for q_mqa / attention
  * output / LSE / workspace preallocated for the largest step, and every view
  * of a step validated before the backend sees it. */
+#include "runtime/comm_impl.h"
 #include "runtime/registry.h"
 #include "runtime/status.h"
 
@@ -24,6 +25,11 @@
                                    cudaGetErrorString(e_), __FILE__, __LINE__);             \
     } while (0)
 #endif
+
+typedef struct dcp_buf {
+    void *p;
+    size_t bytes;
+} dcp_buf;
 
 struct mlart_layer {
     int device;
@@ -48,7 +54,23 @@ struct mlart_layer {
     size_t lse_bytes;
     void *workspace;
     size_t workspace_bytes;
-    int32_t *h_meta; /* CUDA + validate_indices: host copies of idx, req_of_token, seq_lens, bt */
+    int32_t *h_meta; /* CUDA + validate_indices: host copies of idx, req_of_token, seq_lens, bt
+                        (and under DCP the local idx and lengths) */
+    /* decode-context parallel (mlart_layer_desc.dcp of D > 1 ranks), else dcp == NULL */
+    mlart_comm *dcp;
+    int32_t dcp_size, dcp_rank, dcp_interleave;
+    mlart_dcp_routing dcp_routing;
+    void *dstate;       /* the backend created and planned for D*H heads: attend only */
+    dcp_buf dq_all;     /* [D][T,H,L+R] bf16: every rank's absorbed queries */
+    dcp_buf dq_mqa;     /* [T,D*H,L+R] bf16: the same, token-major, for attend */
+    dcp_buf didx;       /* [T,topk] i32: local positions, -1 elsewhere */
+    dcp_buf dlens;      /* [B] i32: local lengths */
+    dcp_buf dattn;      /* [D*H,T,L] bf16: partial outputs of the group's heads */
+    dcp_buf dlse;       /* [D*H,T] f32 */
+    dcp_buf drecv;      /* a2a: [D][H,T,L] bf16 received; ag_rs: [D*H,T,L] f32 scaled */
+    dcp_buf drecv_lse;  /* a2a: [D][H,T] f32; ag_rs: [D][D*H,T] f32 every rank's LSEs */
+    dcp_buf dsum;       /* ag_rs: [H,T,L] f32, the reduce-scatter's result */
+    dcp_buf dwork;      /* the D*H-head backend's workspace */
 };
 
 /* ---- memory on the layer's device --------------------------------------- */
@@ -281,6 +303,14 @@ void mlart_layer_destroy(mlart_layer *ly)
         return;
     if (ly->state)
         ly->vt->destroy(ly->state);
+    if (ly->dstate)
+        ly->vt->destroy(ly->dstate);
+    {
+        dcp_buf *bufs[] = {&ly->dq_all, &ly->dq_mqa, &ly->didx,      &ly->dlens, &ly->dattn,
+                           &ly->dlse,   &ly->drecv,  &ly->drecv_lse, &ly->dsum,  &ly->dwork};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            mem_free(ly->device, bufs[i]->p);
+    }
     mem_free(ly->device, ly->w_uk_t_own);
     mem_free(ly->device, ly->w_uv_own);
     mem_free(ly->device, ly->q_nope_buf);
@@ -290,6 +320,86 @@ void mlart_layer_destroy(mlart_layer *ly)
     mem_free(ly->device, ly->workspace);
     free(ly->h_meta);
     free(ly);
+}
+
+/* ---- decode-context parallel: set-up ------------------------------------ */
+
+static int dcp_alloc(mlart_layer *ly, dcp_buf *b, size_t bytes)
+{
+    b->bytes = bytes + ly->contract.tail_pad;
+    return mem_alloc(ly->device, b->bytes, &b->p);
+}
+
+/* A second backend state for the D*H heads every rank attends over its
+ * shard, and the buffers of the exchange, sized for the largest step. */
+static int dcp_setup(mlart_layer *ly, const mlart_layer_desc *desc, const char *name)
+{
+    const mlart_layout_contract *c = &ly->contract;
+    mlart_comm *comm = desc->dcp;
+    const int32_t D = mlart_comm_size(comm);
+    const int64_t H = ly->geom.heads, G = (int64_t)D * H, L = ly->geom.kv_lora,
+                  R = ly->geom.rope, T = ly->max_tokens, B = ly->max_requests;
+    mlart_backend_init init;
+    mlart_plan plan;
+    size_t wbytes = 0;
+    if (mlart_comm_device(comm) != ly->device)
+        return mlart_set_error(MLART_EINVAL, "dcp: the communicator's buffers live on device %d, "
+                               "the layer's on device %d (-1 = host)", mlart_comm_device(comm),
+                               ly->device);
+    if (desc->dcp_interleave < 0)
+        return mlart_set_error(MLART_EINVAL, "dcp_interleave %d, want >= 1 (0 = 1)",
+                               desc->dcp_interleave);
+    if (desc->dcp_routing != MLART_DCP_AG_RS && desc->dcp_routing != MLART_DCP_A2A)
+        return mlart_set_error(MLART_EINVAL, "dcp_routing %d is neither MLART_DCP_AG_RS nor "
+                               "MLART_DCP_A2A", (int)desc->dcp_routing);
+    if (c->output != MLART_OUT_HEAD_MAJOR)
+        return mlart_set_error(MLART_ENOTSUP, "dcp: backend '%s' gives token-major output; the "
+                               "exchange of partial outputs needs head-major", name);
+    if (c->max_heads && (uint64_t)G > c->max_heads)
+        return mlart_set_error(MLART_ENOTSUP, "dcp: every rank attends the group's %" PRId64
+                               " heads (%d ranks x %" PRId64 "), backend '%s' serves at most %u",
+                               G, D, H, name, c->max_heads);
+    ly->dcp = comm;
+    ly->dcp_size = D;
+    ly->dcp_rank = mlart_comm_rank(comm);
+    ly->dcp_interleave = desc->dcp_interleave ? desc->dcp_interleave : 1;
+    ly->dcp_routing = desc->dcp_routing;
+    memset(&init, 0, sizeof init);
+    init.struct_size = sizeof init;
+    init.device = ly->device;
+    init.geom = ly->geom;
+    init.geom.heads = (int32_t)G;
+    init.error = mlart_set_error;
+    init.log = mlart_log;
+    MLART_CHECK(ly->vt->create(&init, &ly->dstate));
+    memset(&plan, 0, sizeof plan);
+    plan.struct_size = sizeof plan;
+    plan.geom = init.geom;
+    plan.device = ly->device;
+    plan.max_tokens = ly->max_tokens;
+    plan.max_requests = ly->max_requests;
+    plan.max_blocks_per_req = ly->max_blocks;
+    plan.num_slots = ly->num_slots;
+    MLART_CHECK(ly->vt->plan(ly->dstate, &plan, &wbytes));
+    MLART_CHECK(dcp_alloc(ly, &ly->dwork, wbytes));
+    MLART_CHECK(dcp_alloc(ly, &ly->dq_all, (size_t)(G * T * (L + R)) * 2));
+    MLART_CHECK(dcp_alloc(ly, &ly->dq_mqa, (size_t)(G * T * (L + R)) * 2));
+    MLART_CHECK(dcp_alloc(ly, &ly->didx, (size_t)T * (size_t)ly->geom.topk * 4));
+    MLART_CHECK(dcp_alloc(ly, &ly->dlens, (size_t)B * 4));
+    MLART_CHECK(dcp_alloc(ly, &ly->dattn, (size_t)(G * T * L) * 2));
+    MLART_CHECK(dcp_alloc(ly, &ly->dlse, (size_t)(G * T) * 4));
+    if (ly->dcp_routing == MLART_DCP_A2A) {
+        MLART_CHECK(dcp_alloc(ly, &ly->drecv, (size_t)(G * T * L) * 2));
+        MLART_CHECK(dcp_alloc(ly, &ly->drecv_lse, (size_t)(G * T) * 4));
+    } else {
+        MLART_CHECK(dcp_alloc(ly, &ly->drecv, (size_t)(G * T * L) * 4));
+        MLART_CHECK(dcp_alloc(ly, &ly->drecv_lse, (size_t)(D * G * T) * 4));
+        MLART_CHECK(dcp_alloc(ly, &ly->dsum, (size_t)(H * T * L) * 4));
+    }
+    mlart_log(MLART_LOG_INFO, "layer: dcp rank %d of %d (%s comm), %" PRId64 " heads attended, "
+              "interleave %d, routing %s", ly->dcp_rank, D, mlart_comm_kind(comm), G,
+              ly->dcp_interleave, ly->dcp_routing == MLART_DCP_A2A ? "a2a" : "ag_rs");
+    return 0;
 }
 
 int mlart_layer_create(mlart_context *ctx, const mlart_layer_desc *desc, mlart_layer **out)
@@ -375,6 +485,8 @@ int mlart_layer_create(mlart_context *ctx, const mlart_layer_desc *desc, mlart_l
     if (ly->device >= 0 && ly->validate_indices) {
         size_t n = (size_t)T * ((size_t)g->topk + 1) +
                    (size_t)desc->max_requests * ((size_t)desc->max_blocks_per_req + 1);
+        if (desc->dcp && mlart_comm_size(desc->dcp) > 1)
+            n += (size_t)T * (size_t)g->topk + (size_t)desc->max_requests;
         ly->h_meta = malloc(n * sizeof(int32_t));
         if (!ly->h_meta) {
             rc = mlart_set_error(MLART_ENOMEM, "layer: out of host memory");
@@ -403,6 +515,8 @@ int mlart_layer_create(mlart_context *ctx, const mlart_layer_desc *desc, mlart_l
         goto fail;
     rc = mem_alloc(ly->device, ly->workspace_bytes, &ly->workspace);
     if (rc < 0)
+        goto fail;
+    if (desc->dcp && mlart_comm_size(desc->dcp) > 1 && (rc = dcp_setup(ly, desc, name)) < 0)
         goto fail;
     mlart_log(MLART_LOG_INFO, "layer: backend '%s' on device %d, query %s, output %s, "
               "workspace %zu B", ly->vt->name, ly->device,
@@ -438,14 +552,14 @@ int mlart_layer_weights(const mlart_layer *ly, mlart_tensor *w_uk_t, mlart_tenso
 /* ---- decode ------------------------------------------------------------- */
 
 /* Host values of the step's metadata: every index -1 or in [0, seq_len), and
- * the cache slot it maps to inside the cache. */
+ * (bt not NULL) the cache slot it maps to inside the cache. */
 static int check_indices(const mlart_layer *ly, int32_t T, int32_t B, const int32_t *idx,
                          const int32_t *req, const int32_t *lens, const int32_t *bt)
 {
     const int32_t K = ly->geom.topk, page = ly->geom.page_size, MB = ly->max_blocks;
     const int64_t capacity = (int64_t)MB * page;
     for (int32_t b = 0; b < B; b++)
-        if (lens[b] < 0 || lens[b] > capacity)
+        if (lens[b] < 0 || (bt && lens[b] > capacity))
             return mlart_set_error(MLART_ERANGE, "seq_lens[%d] = %d, want 0..%" PRId64
                                    " (max_blocks_per_req %d x page %d)", b, lens[b], capacity,
                                    MB, page);
@@ -463,6 +577,8 @@ static int check_indices(const mlart_layer *ly, int32_t T, int32_t B, const int3
                 return mlart_set_error(MLART_ERANGE, "idx[%d][%d] = %d, want -1 or 0..seq_len-1 "
                                        "(token %d belongs to request %d, seq_len %d)", t, k, i,
                                        t, r, lens[r]);
+            if (!bt)
+                continue;
             slot = (int64_t)bt[(size_t)r * MB + i / page] * page + i % page;
             if (slot < 0 || slot >= ly->num_slots)
                 return mlart_set_error(MLART_ERANGE, "idx[%d][%d] = %d maps through "
@@ -581,6 +697,123 @@ static int copy_lse(const mlart_layer *ly, const mlart_tensor *lse, int32_t T, v
 #endif
 }
 
+/* ---- decode-context parallel: a step ------------------------------------ */
+
+/* The shard's view of the step's indices, checked like a plain step's: the
+ * local positions map through this rank's block table into its cache. */
+static int dcp_check_local(mlart_layer *ly, int32_t T, int32_t B, const int32_t *idx,
+                           const int32_t *req, const int32_t *lens, const int32_t *bt)
+{
+    const int64_t n = (int64_t)T * ly->geom.topk;
+    int32_t *lidx = ly->device < 0 ? (int32_t *)ly->didx.p
+                                   : ly->h_meta + n + T + B + (size_t)B * ly->max_blocks;
+    int32_t *llens = ly->device < 0 ? ly->dlens.p : lidx + n;
+    MLART_CHECK(mlart_dcp_translate_cpu(idx, n, lens, B, ly->dcp_rank, ly->dcp_size,
+                                        ly->dcp_interleave, lidx, llens));
+    return check_indices(ly, T, B, lidx, req, llens, bt);
+}
+
+/* Every rank's absorbed queries [D][T,H,C] -> [T,D*H,C]. */
+static int dcp_gather_queries(mlart_layer *ly, int64_t T, void *stream)
+{
+    const int64_t D = ly->dcp_size, H = ly->geom.heads, C = ly->geom.kv_lora + ly->geom.rope;
+    const size_t block = (size_t)(T * H * C) * 2, row = (size_t)(H * C) * 2;
+    char *dst = ly->dq_mqa.p;
+    const char *src = ly->dq_all.p;
+    MLART_CHECK(mlart_comm_all_gather(ly->dcp, ly->q_mqa_buf, ly->dq_all.p, block, stream));
+    if (ly->device < 0) {
+        for (int64_t d = 0; d < D; d++)
+            for (int64_t t = 0; t < T; t++)
+                memcpy(dst + (size_t)(t * D + d) * row, src + (size_t)d * block + (size_t)t * row,
+                       row);
+        return 0;
+    }
+#ifdef MLART_WITH_CUDA
+    for (int64_t d = 0; d < D; d++)
+        CUDA_TRY_(cudaMemcpy2DAsync(dst + (size_t)d * row, (size_t)D * row, src + (size_t)d * block,
+                                    row, row, (size_t)T, cudaMemcpyDeviceToDevice,
+                                    (cudaStream_t)stream));
+    return 0;
+#else
+    return mlart_set_error(MLART_ENODEV, "this build has no CUDA");
+#endif
+}
+
+/* A DCP step between the absorption and the V up-projection: gather the
+ * group's queries, attend its D*H heads over the local shard, bring each
+ * head's D partials to its rank and combine them into s->attn_out [H,T,L]
+ * and lse_out [H,T]. */
+static int dcp_attend(mlart_layer *ly, const mlart_step *s, void *lse_out, void *stream)
+{
+    const int32_t D = ly->dcp_size, rank = ly->dcp_rank, T = s->T, B = s->B;
+    const int64_t H = ly->geom.heads, G = (int64_t)D * H, L = ly->geom.kv_lora,
+                  C = L + ly->geom.rope, n_idx = (int64_t)T * ly->geom.topk;
+    const int cpu = ly->device < 0;
+    mlart_step a = *s;
+    /* the translation first: the kernel just before attend() is then not
+     * the one that wrote the indices attend may read before its wait */
+    if (cpu)
+        MLART_CHECK(mlart_dcp_translate_cpu(s->idx.data, n_idx, s->seq_lens.data, B, rank, D,
+                                            ly->dcp_interleave, ly->didx.p, ly->dlens.p));
+#ifdef MLART_WITH_CUDA
+    else
+        MLART_CHECK(mlart_dcp_translate_cuda(s->idx.data, n_idx, s->seq_lens.data, B, rank, D,
+                                             ly->dcp_interleave, ly->didx.p, ly->dlens.p, stream));
+#endif
+    MLART_CHECK(dcp_gather_queries(ly, T, stream));
+    {
+        int64_t q_shape[3] = {T, G, C}, idx_shape[2] = {T, ly->geom.topk}, b_shape[1] = {B},
+                o_shape[3] = {G, T, L}, lse_shape[2] = {G, T};
+        a.geom.heads = (int32_t)G;
+        a.q_mqa = own_view(ly, ly->dq_mqa.p, ly->dq_mqa.bytes, MLART_DTYPE_BF16, 3, q_shape);
+        a.idx = own_view(ly, ly->didx.p, ly->didx.bytes, MLART_DTYPE_I32, 2, idx_shape);
+        a.seq_lens = own_view(ly, ly->dlens.p, ly->dlens.bytes, MLART_DTYPE_I32, 1, b_shape);
+        a.attn_out = own_view(ly, ly->dattn.p, ly->dattn.bytes, MLART_DTYPE_BF16, 3, o_shape);
+        a.lse = own_view(ly, ly->dlse.p, ly->dlse.bytes, MLART_DTYPE_F32, 2, lse_shape);
+        a.workspace = ly->dwork.p;
+        a.workspace_bytes = ly->dwork.bytes - ly->contract.tail_pad;
+        memset(&a.q_nope, 0, sizeof a.q_nope); /* attend reads none of these */
+        memset(&a.q_pe, 0, sizeof a.q_pe);
+        memset(&a.w_uk_t, 0, sizeof a.w_uk_t);
+        memset(&a.w_uv, 0, sizeof a.w_uv);
+        memset(&a.o, 0, sizeof a.o);
+    }
+    MLART_CHECK(ly->vt->attend(ly->dstate, &a, stream));
+    if (ly->dcp_routing == MLART_DCP_A2A) {
+        MLART_CHECK(mlart_comm_all_to_all(ly->dcp, ly->dattn.p, ly->drecv.p,
+                                          (size_t)(H * T * L) * 2, stream));
+        MLART_CHECK(mlart_comm_all_to_all(ly->dcp, ly->dlse.p, ly->drecv_lse.p, (size_t)(H * T) * 4,
+                                          stream));
+        if (cpu)
+            return mlart_dcp_combine_cpu(ly->drecv.p, ly->drecv_lse.p, D, H, T, L,
+                                         s->attn_out.data, lse_out);
+#ifdef MLART_WITH_CUDA
+        return mlart_dcp_combine_cuda(ly->drecv.p, ly->drecv_lse.p, D, H, T, L, s->attn_out.data,
+                                      lse_out, stream);
+#else
+        return mlart_set_error(MLART_ENODEV, "this build has no CUDA");
+#endif
+    }
+    MLART_CHECK(mlart_comm_all_gather(ly->dcp, ly->dlse.p, ly->drecv_lse.p, (size_t)(G * T) * 4,
+                                      stream));
+    if (cpu) {
+        MLART_CHECK(mlart_dcp_scale_cpu(ly->dattn.p, ly->drecv_lse.p, D, rank, H, T, L,
+                                        ly->drecv.p, lse_out));
+        MLART_CHECK(mlart_comm_reduce_scatter_f32(ly->dcp, ly->drecv.p, ly->dsum.p,
+                                                  (size_t)(H * T * L), stream));
+        return mlart_f32_to_bf16_cpu(ly->dsum.p, H * T * L, s->attn_out.data);
+    }
+#ifdef MLART_WITH_CUDA
+    MLART_CHECK(mlart_dcp_scale_cuda(ly->dattn.p, ly->drecv_lse.p, D, rank, H, T, L, ly->drecv.p,
+                                     lse_out, stream));
+    MLART_CHECK(mlart_comm_reduce_scatter_f32(ly->dcp, ly->drecv.p, ly->dsum.p,
+                                              (size_t)(H * T * L), stream));
+    return mlart_f32_to_bf16_cuda(ly->dsum.p, H * T * L, s->attn_out.data, stream);
+#else
+    return mlart_set_error(MLART_ENODEV, "this build has no CUDA");
+#endif
+}
+
 int mlart_layer_decode(mlart_layer *ly, const mlart_step_io *io, void *stream)
 {
     const mlart_geometry *g;
@@ -625,7 +858,9 @@ int mlart_layer_decode(mlart_layer *ly, const mlart_step_io *io, void *stream)
     if (ly->validate_indices) {
         const int32_t *idx = NULL, *req = NULL, *lens = NULL, *bt = NULL;
         MLART_CHECK(host_metadata(ly, io, stream, &idx, &req, &lens, &bt));
-        MLART_CHECK(check_indices(ly, (int32_t)T, (int32_t)B, idx, req, lens, bt));
+        MLART_CHECK(check_indices(ly, (int32_t)T, (int32_t)B, idx, req, lens, ly->dcp ? NULL : bt));
+        if (ly->dcp)
+            MLART_CHECK(dcp_check_local(ly, (int32_t)T, (int32_t)B, idx, req, lens, bt));
     }
 
     memset(&s, 0, sizeof s);
@@ -687,7 +922,10 @@ int mlart_layer_decode(mlart_layer *ly, const mlart_step_io *io, void *stream)
             return mlart_set_error(MLART_ENODEV, "this build has no CUDA");
 #endif
     }
-    MLART_CHECK(ly->vt->attend(ly->state, &s, stream));
+    if (ly->dcp)
+        MLART_CHECK(dcp_attend(ly, &s, lse_direct ? io->lse.data : ly->lse_buf, stream));
+    else
+        MLART_CHECK(ly->vt->attend(ly->state, &s, stream));
     if (ly->vt->v_up) {
         MLART_CHECK(ly->vt->v_up(ly->state, &s, stream));
     } else {

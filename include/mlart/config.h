@@ -48,10 +48,6 @@ typedef enum mlart_device_kind {
     MLART_DEVICE_CUDA = 2
 } mlart_device_kind;
 
-typedef enum mlart_dcp_routing {
-    MLART_DCP_AG_RS = 0, /* all-gather LSE, combine, reduce-scatter heads */
-    MLART_DCP_A2A = 1    /* all-to-all partials + LSE, combine locally */
-} mlart_dcp_routing;
 
 typedef struct mlart_config {
     mlart_geometry geom;   /* per rank: geom.heads = heads_total / tp_size (after finish) */

@@ -184,7 +184,14 @@ MLART_API const char *const *mlart_backend_builtins(void);
 /* ---- layer ------------------------------------------------------------ */
 
 struct mlart_layout_contract; /* include/mlart/backend.h */
+struct mlart_comm;            /* include/mlart/comm.h */
 typedef struct mlart_layer mlart_layer;
+
+/* How the ranks of a DCP group bring each head's partial outputs together. */
+typedef enum mlart_dcp_routing {
+    MLART_DCP_AG_RS = 0, /* all-gather the LSEs, scale the partials, reduce-scatter (f32) heads */
+    MLART_DCP_A2A = 1    /* all-to-all partials (bf16) + LSEs, combine locally */
+} mlart_dcp_routing;
 
 typedef struct mlart_layer_desc {
     mlart_geometry geom;
@@ -205,6 +212,23 @@ typedef struct mlart_layer_desc {
                                    caller's previous kernel on the stream ends and read its
                                    weights then (it reads q only after that kernel).
                                    0: it starts after that kernel. */
+    /* Decode-context parallel (DESIGN 7).  NULL or a communicator of one
+     * rank: none.  D > 1 ranks: kv_cache, num_slots, block_table and the
+     * cache writes hold this rank's shard of each request (logical position
+     * p lives on rank mlart_dcp_owner(p, D, dcp_interleave) at position
+     * mlart_dcp_local_pos(p, D, dcp_interleave) of the shard), while idx and
+     * seq_lens stay global (positions in the whole sequence).  Every rank of
+     * the group calls mlart_layer_decode with the same T, B, idx,
+     * req_of_token and seq_lens, each with its own q (its H heads).  A step
+     * all-gathers the D ranks' absorbed queries, attends all D*H heads over
+     * the local shard, brings each head's D partial outputs and LSEs to the
+     * head's rank by dcp_routing and combines them there.  The comm's device
+     * must be the context's; the backend must give head-major output.  With
+     * a local communicator a step synchronises its stream (not capturable).
+     * The communicator must outlive the layer. */
+    struct mlart_comm *dcp;
+    int32_t dcp_interleave;         /* tokens per round-robin turn; 0 = 1 */
+    mlart_dcp_routing dcp_routing;
 } mlart_layer_desc;
 
 /* One decode step: T query tokens from B requests. */

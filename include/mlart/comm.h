@@ -1,0 +1,114 @@
+/* mlart — ranks and their collectives (decode-context parallel, DESIGN 7).
+ *
+ * A communicator joins the ranks of one DCP group.  Two implementations
+ * share one interface and one protocol:
+ *   local  the ranks are threads of one process (CPU buffers, or CUDA
+ *          buffers of one process); for tests and for running a group on
+ *          one device.  Its collectives block the calling thread, synchronise
+ *          the stream first and so cannot be captured in a CUDA graph.
+ *   nccl   one rank a process (mpirun), NCCL collectives enqueued on the
+ *          caller's stream; capturable.  libnccl.so.2 is opened when the
+ *          first NCCL communicator is created; the NCCL unique id travels
+ *          through a TCP rendezvous served by rank 0 (mlart_rendezvous).
+ * Every blocking wait has a deadline: a dead or hung peer ends in
+ * MLART_ETIMEDOUT (or MLART_ECOMM) on every surviving rank, never a hang.
+ *
+ * Collectives are called by every rank of the group, in the same order.
+ * Buffers live where the communicator's device says (-1: host memory).
+ */
+#ifndef MLART_COMM_H
+#define MLART_COMM_H
+
+#include "mlart/mlart.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mlart_comm mlart_comm;
+
+/* ---- where this process is in its launch ------------------------------ */
+
+typedef struct mlart_rank_info {
+    int32_t rank, size;  /* world rank and size; 0 and 1 when nothing is set */
+    int32_t local_rank;  /* rank on this host (picks the CUDA device); 0 when unknown */
+    char source[32];     /* which variables gave them: "MLART", "OMPI", "PMI", "RANK" or "" */
+} mlart_rank_info;
+
+/* Rank and size from the environment, first found of: MLART_RANK /
+ * MLART_WORLD_SIZE (MLART_LOCAL_RANK), OMPI_COMM_WORLD_RANK / _SIZE /
+ * _LOCAL_RANK, PMI_RANK / PMI_SIZE (MPI_LOCALRANKID), RANK / WORLD_SIZE
+ * (LOCAL_RANK).  Nothing set: rank 0 of 1.  MLART_ECONFIG naming the
+ * variable when a value is not a number or rank >= size. */
+MLART_API int mlart_rank_from_env(mlart_rank_info *out);
+
+/* Hand `bytes` of `blob` from rank 0 to ranks 1..size-1 over TCP (libuv).
+ * Rank 0 listens on addr:port (addr a numeric IPv4 address; "0.0.0.0" for
+ * every interface) and serves each of the size-1 peers once; the others
+ * connect to addr:port, retrying until rank 0 listens, and receive the blob
+ * into `blob`.  Each peer first says its rank and the group size; rank 0
+ * refuses a peer whose size differs or whose rank was seen already.
+ * timeout_ms bounds the whole exchange: MLART_ETIMEDOUT when it passes,
+ * MLART_ECOMM on a refused or broken connection. */
+MLART_API int mlart_rendezvous(const char *addr, int port, int rank, int size, void *blob,
+                               size_t bytes, int timeout_ms);
+
+/* ---- communicators ----------------------------------------------------- */
+
+/* A local group: `size` ranks that are threads of this process, on `device`
+ * (-1 host, else a CUDA ordinal; a rank may also use another device, its
+ * copies go through unified addressing).  timeout_ms (0: 60000) bounds every
+ * wait for the other ranks.  Create the group once, then one communicator
+ * per rank; destroy the communicators before the group. */
+typedef struct mlart_comm_group mlart_comm_group;
+MLART_API int mlart_comm_group_create(int size, int device, int timeout_ms,
+                                      mlart_comm_group **out);
+MLART_API void mlart_comm_group_destroy(mlart_comm_group *group);
+MLART_API int mlart_comm_local_create(mlart_comm_group *group, int rank, mlart_comm **out);
+
+/* An NCCL communicator for `rank` of `size` on CUDA `device`: rank 0 makes
+ * the unique id and hands it out with mlart_rendezvous(addr, port, ...);
+ * timeout_ms (0: 60000) bounds the rendezvous and the NCCL set-up.
+ * MLART_ENOTSUP in a build without CUDA; MLART_ECOMM when libnccl.so.2
+ * cannot be opened or is older than 2.18 (the message says which). */
+MLART_API int mlart_comm_nccl_create(int rank, int size, int device, const char *addr, int port,
+                                     int timeout_ms, mlart_comm **out);
+
+/* Accepts NULL.  An NCCL communicator with work in flight is aborted. */
+MLART_API void mlart_comm_destroy(mlart_comm *comm);
+MLART_API int mlart_comm_rank(const mlart_comm *comm);
+MLART_API int mlart_comm_size(const mlart_comm *comm);
+/* -1 host, else the CUDA ordinal of the rank's buffers. */
+MLART_API int mlart_comm_device(const mlart_comm *comm);
+/* 1 when the collectives may be captured in a CUDA graph (nccl). */
+MLART_API int mlart_comm_graph_safe(const mlart_comm *comm);
+/* "local" or "nccl". */
+MLART_API const char *mlart_comm_kind(const mlart_comm *comm);
+
+/* recv holds size blocks of `bytes`: block r is rank r's send. */
+MLART_API int mlart_comm_all_gather(mlart_comm *comm, const void *send, void *recv, size_t bytes,
+                                    void *stream);
+/* send and recv hold size blocks of `bytes`: send's block d goes to rank d,
+ * recv's block s came from rank s. */
+MLART_API int mlart_comm_all_to_all(mlart_comm *comm, const void *send, void *recv, size_t bytes,
+                                    void *stream);
+/* send holds size blocks of n floats; recv (n floats) gets the sum over
+ * ranks of their block `rank`. */
+MLART_API int mlart_comm_reduce_scatter_f32(mlart_comm *comm, const float *send, float *recv,
+                                            size_t n, void *stream);
+
+/* ---- where a cached token lives under DCP ------------------------------ */
+
+/* Interleave I: logical position p of a request lives on rank (p / I) % size
+ * at local position (p / (I*size)) * I + p % I (DESIGN 7; I = 1: rank
+ * p % size, local p / size). */
+MLART_API int32_t mlart_dcp_owner(int64_t pos, int32_t size, int32_t interleave);
+MLART_API int64_t mlart_dcp_local_pos(int64_t pos, int32_t size, int32_t interleave);
+/* Positions 0..seq_len-1 that live on `rank`. */
+MLART_API int64_t mlart_dcp_local_len(int64_t seq_len, int32_t rank, int32_t size,
+                                      int32_t interleave);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MLART_COMM_H */

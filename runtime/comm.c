@@ -1,0 +1,351 @@
+/* Communicators: the common entry points, the local (threads) group, and
+ * where a cached token lives under DCP.  The NCCL communicator is in
+ * comm_nccl.c, the rendezvous and the rank variables in rendezvous.c. */
+#define _POSIX_C_SOURCE 200809L
+#include "runtime/comm_impl.h"
+#include "runtime/status.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef MLART_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+/* ---- common entry points ------------------------------------------------ */
+
+void mlart_comm_destroy(mlart_comm *c)
+{
+    if (c)
+        c->ops->destroy(c);
+}
+
+int mlart_comm_rank(const mlart_comm *c)
+{
+    return c ? c->rank : -1;
+}
+
+int mlart_comm_size(const mlart_comm *c)
+{
+    return c ? c->size : 0;
+}
+
+int mlart_comm_device(const mlart_comm *c)
+{
+    return c ? c->device : -1;
+}
+
+int mlart_comm_graph_safe(const mlart_comm *c)
+{
+    return c ? c->graph_safe : 0;
+}
+
+const char *mlart_comm_kind(const mlart_comm *c)
+{
+    return c ? c->ops->kind : "none";
+}
+
+static int check_args(const mlart_comm *c, const void *send, const void *recv, size_t bytes,
+                      const char *what)
+{
+    if (!c)
+        return mlart_set_error(MLART_EINVAL, "%s: NULL communicator", what);
+    if (bytes && (!send || !recv))
+        return mlart_set_error(MLART_EINVAL, "%s: NULL buffer for %zu bytes a rank", what, bytes);
+    return 0;
+}
+
+int mlart_comm_all_gather(mlart_comm *c, const void *send, void *recv, size_t bytes, void *stream)
+{
+    MLART_CHECK(check_args(c, send, recv, bytes, "all_gather"));
+    return bytes ? c->ops->all_gather(c, send, recv, bytes, stream) : 0;
+}
+
+int mlart_comm_all_to_all(mlart_comm *c, const void *send, void *recv, size_t bytes, void *stream)
+{
+    MLART_CHECK(check_args(c, send, recv, bytes, "all_to_all"));
+    return bytes ? c->ops->all_to_all(c, send, recv, bytes, stream) : 0;
+}
+
+int mlart_comm_reduce_scatter_f32(mlart_comm *c, const float *send, float *recv, size_t n,
+                                  void *stream)
+{
+    MLART_CHECK(check_args(c, send, recv, n, "reduce_scatter_f32"));
+    return n ? c->ops->reduce_scatter_f32(c, send, recv, n, stream) : 0;
+}
+
+/* ---- where a cached token lives ------------------------------------------ */
+
+int32_t mlart_dcp_owner(int64_t pos, int32_t size, int32_t interleave)
+{
+    return size <= 1 ? 0 : (int32_t)((pos / interleave) % size);
+}
+
+int64_t mlart_dcp_local_pos(int64_t pos, int32_t size, int32_t interleave)
+{
+    if (size <= 1)
+        return pos;
+    return pos / ((int64_t)interleave * size) * interleave + pos % interleave;
+}
+
+int64_t mlart_dcp_local_len(int64_t seq_len, int32_t rank, int32_t size, int32_t interleave)
+{
+    int64_t round, rest, mine;
+    if (size <= 1)
+        return seq_len;
+    round = (int64_t)interleave * size;
+    rest = seq_len % round - (int64_t)rank * interleave;
+    mine = rest < 0 ? 0 : rest > interleave ? interleave : rest;
+    return seq_len / round * interleave + mine;
+}
+
+/* ---- local group: ranks as threads ---------------------------------------- */
+
+struct mlart_comm_group {
+    int size, device, timeout_ms;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int arrived;
+    unsigned long generation;
+    int failed;                /* a rank timed out: every later wait fails at once */
+    const void **send;         /* each rank's send buffer of the collective under way */
+    int members;               /* communicators alive */
+};
+
+typedef struct local_impl {
+    mlart_comm_group *g;
+    float *stage;              /* CUDA reduce-scatter: host staging, grown as needed */
+    size_t stage_n;
+} local_impl;
+
+int mlart_comm_group_create(int size, int device, int timeout_ms, mlart_comm_group **out)
+{
+    mlart_comm_group *g;
+    if (!out || size < 1 || size > 4096 || timeout_ms < 0)
+        return mlart_set_error(MLART_EINVAL, "comm group: size %d (want 1..4096), timeout %d ms",
+                               size, timeout_ms);
+    g = calloc(1, sizeof *g);
+    if (!g || !(g->send = calloc((size_t)size, sizeof *g->send))) {
+        free(g);
+        return mlart_set_error(MLART_ENOMEM, "comm group: out of memory");
+    }
+    g->size = size;
+    g->device = device;
+    g->timeout_ms = timeout_ms ? timeout_ms : 60000;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    *out = g;
+    return 0;
+}
+
+void mlart_comm_group_destroy(mlart_comm_group *g)
+{
+    if (!g)
+        return;
+    if (g->members)
+        mlart_log(MLART_LOG_WARN, "comm group destroyed with %d communicators alive", g->members);
+    pthread_cond_destroy(&g->cv);
+    pthread_mutex_destroy(&g->mu);
+    free(g->send);
+    free(g);
+}
+
+/* Wait for every rank of the group; MLART_ETIMEDOUT after the group's timeout,
+ * after which the group stays failed (a peer that arrives late must not pair
+ * with the next collective). */
+static int group_barrier(mlart_comm_group *g, int rank, const char *what)
+{
+    struct timespec dl;
+    unsigned long gen;
+    int rc = 0;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += g->timeout_ms / 1000;
+    dl.tv_nsec += (long)(g->timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L)
+        dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+    pthread_mutex_lock(&g->mu);
+    gen = g->generation;
+    if (!g->failed && ++g->arrived == g->size) {
+        g->arrived = 0;
+        g->generation++;
+        pthread_cond_broadcast(&g->cv);
+    } else {
+        while (!g->failed && g->generation == gen) {
+            int e = pthread_cond_timedwait(&g->cv, &g->mu, &dl);
+            if (e == ETIMEDOUT && g->generation == gen) {
+                g->failed = 1;
+                pthread_cond_broadcast(&g->cv);
+            }
+        }
+        if (g->failed && g->generation == gen)
+            rc = -1;
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (rc < 0)
+        return mlart_set_error(MLART_ETIMEDOUT, "local comm %s: rank %d of %d: the other ranks did "
+                               "not arrive within %d ms (or an earlier collective failed)",
+                               what, rank, g->size, g->timeout_ms);
+    return 0;
+}
+
+static int copy_bytes(int device, void *dst, const void *src, size_t n)
+{
+    if (device < 0) {
+        memcpy(dst, src, n);
+        return 0;
+    }
+#ifdef MLART_WITH_CUDA
+    {
+        cudaError_t e = cudaMemcpy(dst, src, n, cudaMemcpyDefault);
+        if (e != cudaSuccess)
+            return mlart_set_error(MLART_ECUDA, "local comm copy of %zu bytes: %s", n,
+                                   cudaGetErrorString(e));
+        return 0;
+    }
+#else
+    return mlart_set_error(MLART_ENODEV, "this build has no CUDA");
+#endif
+}
+
+/* Before a rank's buffers are published: its stream's work on them is done. */
+static int settle(int device, void *stream)
+{
+    if (device < 0)
+        return 0;
+#ifdef MLART_WITH_CUDA
+    {
+        cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
+        if (e != cudaSuccess)
+            return mlart_set_error(MLART_ECUDA, "local comm: cudaStreamSynchronize: %s (a local "
+                                   "communicator cannot be captured in a CUDA graph)",
+                                   cudaGetErrorString(e));
+        return 0;
+    }
+#else
+    return mlart_set_error(MLART_ENODEV, "this build has no CUDA");
+#endif
+}
+
+/* One collective: publish `send`, wait for all, run `body` over the peers'
+ * buffers, wait again so that nobody reuses a buffer a peer still reads. */
+typedef int (*local_body)(mlart_comm *c, const void *const *peers, void *recv, size_t n);
+
+static int local_run(mlart_comm *c, const void *send, void *recv, size_t n, void *stream,
+                     local_body body, const char *what)
+{
+    mlart_comm_group *g = ((local_impl *)c->impl)->g;
+    int rc;
+    MLART_CHECK(settle(c->device, stream));
+    g->send[c->rank] = send;
+    MLART_CHECK(group_barrier(g, c->rank, what));
+    rc = body(c, g->send, recv, n);
+    MLART_CHECK(group_barrier(g, c->rank, what));
+    return rc;
+}
+
+static int body_all_gather(mlart_comm *c, const void *const *peers, void *recv, size_t bytes)
+{
+    for (int r = 0; r < c->size; r++)
+        MLART_CHECK(copy_bytes(c->device, (char *)recv + (size_t)r * bytes, peers[r], bytes));
+    return 0;
+}
+
+static int body_all_to_all(mlart_comm *c, const void *const *peers, void *recv, size_t bytes)
+{
+    for (int r = 0; r < c->size; r++)
+        MLART_CHECK(copy_bytes(c->device, (char *)recv + (size_t)r * bytes,
+                               (const char *)peers[r] + (size_t)c->rank * bytes, bytes));
+    return 0;
+}
+
+static int body_reduce_scatter(mlart_comm *c, const void *const *peers, void *recv, size_t n)
+{
+    local_impl *li = c->impl;
+    float *acc = recv;
+    if (c->device >= 0) { /* sum on the host: this communicator is for tests and emulation */
+        if (li->stage_n < 2 * n) {
+            float *p = realloc(li->stage, 2 * n * sizeof *p);
+            if (!p)
+                return mlart_set_error(MLART_ENOMEM, "local comm: out of host memory");
+            li->stage = p, li->stage_n = 2 * n;
+        }
+        acc = li->stage + n;
+    }
+    for (size_t i = 0; i < n; i++)
+        acc[i] = 0.0f;
+    for (int r = 0; r < c->size; r++) {
+        const float *src = (const float *)peers[r] + (size_t)c->rank * n;
+        if (c->device >= 0) {
+            MLART_CHECK(copy_bytes(c->device, li->stage, src, n * sizeof(float)));
+            src = li->stage;
+        }
+        for (size_t i = 0; i < n; i++)
+            acc[i] += src[i];
+    }
+    if (c->device >= 0)
+        MLART_CHECK(copy_bytes(c->device, recv, acc, n * sizeof(float)));
+    return 0;
+}
+
+static int local_all_gather(mlart_comm *c, const void *send, void *recv, size_t bytes,
+                            void *stream)
+{
+    return local_run(c, send, recv, bytes, stream, body_all_gather, "all_gather");
+}
+
+static int local_all_to_all(mlart_comm *c, const void *send, void *recv, size_t bytes,
+                            void *stream)
+{
+    return local_run(c, send, recv, bytes, stream, body_all_to_all, "all_to_all");
+}
+
+static int local_reduce_scatter(mlart_comm *c, const float *send, float *recv, size_t n,
+                                void *stream)
+{
+    return local_run(c, send, recv, n, stream, body_reduce_scatter, "reduce_scatter_f32");
+}
+
+static void local_destroy(mlart_comm *c)
+{
+    local_impl *li = c->impl;
+    pthread_mutex_lock(&li->g->mu);
+    li->g->members--;
+    pthread_mutex_unlock(&li->g->mu);
+    free(li->stage);
+    free(li);
+    free(c);
+}
+
+static const mlart_comm_ops local_ops = {"local", local_all_gather, local_all_to_all,
+                                         local_reduce_scatter, local_destroy};
+
+int mlart_comm_local_create(mlart_comm_group *g, int rank, mlart_comm **out)
+{
+    mlart_comm *c;
+    local_impl *li;
+    if (!g || !out || rank < 0 || rank >= g->size)
+        return mlart_set_error(MLART_EINVAL, "local comm: rank %d of a group of %d", rank,
+                               g ? g->size : 0);
+    c = calloc(1, sizeof *c);
+    li = calloc(1, sizeof *li);
+    if (!c || !li) {
+        free(c);
+        free(li);
+        return mlart_set_error(MLART_ENOMEM, "local comm: out of memory");
+    }
+    li->g = g;
+    c->ops = &local_ops;
+    c->rank = rank;
+    c->size = g->size;
+    c->device = g->device;
+    c->graph_safe = 0;
+    c->impl = li;
+    pthread_mutex_lock(&g->mu);
+    g->members++;
+    pthread_mutex_unlock(&g->mu);
+    *out = c;
+    return 0;
+}

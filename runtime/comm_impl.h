@@ -1,0 +1,24 @@
+/* Internal: what a communicator implementation fills in (include/mlart/comm.h). */
+#ifndef MLART_RUNTIME_COMM_IMPL_H
+#define MLART_RUNTIME_COMM_IMPL_H
+
+#include "mlart/comm.h"
+
+#include <stddef.h>
+
+typedef struct mlart_comm_ops {
+    const char *kind;
+    int (*all_gather)(mlart_comm *c, const void *send, void *recv, size_t bytes, void *stream);
+    int (*all_to_all)(mlart_comm *c, const void *send, void *recv, size_t bytes, void *stream);
+    int (*reduce_scatter_f32)(mlart_comm *c, const float *send, float *recv, size_t n,
+                              void *stream);
+    void (*destroy)(mlart_comm *c); /* frees impl and c */
+} mlart_comm_ops;
+
+struct mlart_comm {
+    const mlart_comm_ops *ops;
+    int rank, size, device, graph_safe;
+    void *impl;
+};
+
+#endif

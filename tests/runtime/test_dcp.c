@@ -1,0 +1,469 @@
+/* Decode-context parallel on the host: the local communicator's collectives,
+ * where a cached token lives, and a D-rank step (ranks as threads, each
+ * with its shard of the cache) against one rank over the whole cache, for
+ * both routings and both cache formats; bad set-ups refused, a missing rank
+ * a timeout and not a hang. */
+#define _POSIX_C_SOURCE 200809L
+#include <check.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check_run.h"
+#include "mlart/comm.h"
+#include "tests/runtime/fixture.h"
+
+enum { P_ = 16, R_ = 8, L_ = 128, V_ = 16, K_ = 40, PAGE_ = 4, T_ = 5, B_ = 3, MB_ = 8 };
+enum { MAXD = 4 };
+
+/* NMSE of a rank's output against the one-rank step.  The partial outputs
+ * cross the ranks in bf16 (a2a) or are summed from bf16 partials (ag_rs),
+ * so the combined output carries one more bf16 rounding (relative 2^-9)
+ * than the one-rank step's, before the V up-projection; measured 6e-7 to
+ * 3e-5 over these cases and 20 seeds.  A wrong weight or a lost shard gives
+ * 1e-2 or more. */
+#define DCP_NMSE_BOUND 1e-4
+#define DCP_LSE_BOUND 1e-4 /* |lse - lse_one_rank|, natural log */
+
+static uint64_t seed;
+
+static void setup(void)
+{
+    seed = fx_seed();
+    printf("seed %llu\n", (unsigned long long)seed);
+}
+
+/* ---- collectives ------------------------------------------------------- */
+
+typedef struct rank_job {
+    mlart_comm *comm;
+    int rank, size;
+    size_t n;
+    unsigned char *send, *recv;
+    float *fsend, *frecv;
+    mlart_layer *ly;
+    mlart_step_io io;
+    int rc;
+    char err[512];
+} rank_job;
+
+static void *run_collectives(void *arg)
+{
+    rank_job *j = arg;
+    j->rc = mlart_comm_all_gather(j->comm, j->send, j->recv, j->n, NULL);
+    if (j->rc == 0)
+        j->rc = mlart_comm_all_to_all(j->comm, j->send + j->size * j->n,
+                                      j->recv + j->size * j->n, j->n, NULL);
+    if (j->rc == 0)
+        j->rc = mlart_comm_reduce_scatter_f32(j->comm, j->fsend, j->frecv, j->n, NULL);
+    if (j->rc < 0)
+        snprintf(j->err, sizeof j->err, "%s", mlart_last_error());
+    return NULL;
+}
+
+START_TEST(local_collectives)
+{
+    const int D = 1 + _i; /* 1..4 ranks */
+    const size_t n = 37;
+    fx_rng r = {seed + (uint64_t)_i};
+    mlart_comm_group *g = NULL;
+    rank_job j[MAXD];
+    pthread_t th[MAXD];
+    ck_assert_int_eq(mlart_comm_group_create(D, -1, 5000, &g), 0);
+    for (int k = 0; k < D; k++) {
+        memset(&j[k], 0, sizeof j[k]);
+        ck_assert_int_eq(mlart_comm_local_create(g, k, &j[k].comm), 0);
+        ck_assert_int_eq(mlart_comm_rank(j[k].comm), k);
+        ck_assert_int_eq(mlart_comm_size(j[k].comm), D);
+        ck_assert_str_eq(mlart_comm_kind(j[k].comm), "local");
+        ck_assert_int_eq(mlart_comm_graph_safe(j[k].comm), 0);
+        j[k].rank = k, j[k].size = D, j[k].n = n;
+        /* all_gather sends the first n bytes; all_to_all uses the D*n after them */
+        j[k].send = malloc((size_t)(D + 1) * n);
+        j[k].recv = malloc((size_t)(2 * D) * n);
+        j[k].fsend = malloc(sizeof(float) * (size_t)D * n);
+        j[k].frecv = malloc(sizeof(float) * n);
+        for (size_t i = 0; i < (size_t)(D + 1) * n; i++)
+            j[k].send[i] = (unsigned char)fx_next(&r);
+        for (size_t i = 0; i < (size_t)D * n; i++)
+            j[k].fsend[i] = (float)(int)(fx_next(&r) % 1000) - 500.0f; /* exact sums */
+    }
+    for (int k = 0; k < D; k++)
+        pthread_create(&th[k], NULL, run_collectives, &j[k]);
+    for (int k = 0; k < D; k++)
+        pthread_join(th[k], NULL);
+    for (int k = 0; k < D; k++) {
+        ck_assert_msg(j[k].rc == 0, "rank %d: %s", k, j[k].err);
+        for (int s = 0; s < D; s++) {
+            ck_assert_int_eq(memcmp(j[k].recv + (size_t)s * n, j[s].send, n), 0);
+            ck_assert_int_eq(memcmp(j[k].recv + (size_t)(D + s) * n,
+                                    j[s].send + (size_t)(D + k) * n, n), 0);
+        }
+        for (size_t i = 0; i < n; i++) {
+            float want = 0.0f;
+            for (int s = 0; s < D; s++)
+                want += j[s].fsend[(size_t)k * n + i];
+            ck_assert_float_eq(j[k].frecv[i], want);
+        }
+    }
+    for (int k = 0; k < D; k++) {
+        mlart_comm_destroy(j[k].comm);
+        free(j[k].send), free(j[k].recv), free(j[k].fsend), free(j[k].frecv);
+    }
+    mlart_comm_group_destroy(g);
+}
+END_TEST
+
+START_TEST(placement)
+{
+    /* every position has one owner; each rank's positions are 0..len-1, once each */
+    static int seen[MAXD][512];
+    for (int32_t D = 1; D <= MAXD; D++)
+        for (int32_t il = 1; il <= 9; il += 4)
+            for (int64_t len = 0; len <= 200; len += 7) {
+                int64_t count[MAXD] = {0};
+                memset(seen, 0, sizeof seen);
+                for (int64_t p = 0; p < len; p++) {
+                    int32_t o = mlart_dcp_owner(p, D, il);
+                    int64_t lp = mlart_dcp_local_pos(p, D, il);
+                    ck_assert(o >= 0 && o < D);
+                    ck_assert(lp >= 0 && lp < 512);
+                    ck_assert_msg(!seen[o][lp], "D %d il %d: local %lld twice", D, il,
+                                  (long long)lp);
+                    seen[o][lp] = 1;
+                    count[o]++;
+                }
+                for (int32_t o = 0; o < D; o++) {
+                    ck_assert_int_eq(mlart_dcp_local_len(len, o, D, il), count[o]);
+                    for (int64_t lp = 0; lp < count[o]; lp++)
+                        ck_assert(seen[o][lp]);
+                }
+            }
+    ck_assert_int_eq(mlart_dcp_owner(5, 2, 1), 1);
+    ck_assert_int_eq(mlart_dcp_local_pos(5, 2, 1), 2);
+    ck_assert_int_eq(mlart_dcp_owner(5, 2, 4), 1);
+    ck_assert_int_eq(mlart_dcp_local_pos(9, 2, 4), 5);
+}
+END_TEST
+
+/* ---- a step -------------------------------------------------------------- */
+
+typedef struct dcp_case {
+    int D, H;
+    mlart_dcp_routing routing;
+    int interleave;
+    mlart_kv_format fmt;
+} dcp_case;
+
+static const dcp_case cases[] = {
+    {2, 2, MLART_DCP_A2A, 1, MLART_KV_BF16},  {2, 2, MLART_DCP_AG_RS, 1, MLART_KV_BF16},
+    {4, 1, MLART_DCP_A2A, 3, MLART_KV_FP8_DS_MLA}, {4, 2, MLART_DCP_AG_RS, 3, MLART_KV_FP8_DS_MLA},
+    {3, 2, MLART_DCP_A2A, 4, MLART_KV_BF16},  {3, 1, MLART_DCP_AG_RS, 5, MLART_KV_BF16},
+    {4, 3, MLART_DCP_A2A, 8, MLART_KV_FP8_DS_MLA}, {2, 3, MLART_DCP_AG_RS, 64, MLART_KV_FP8_DS_MLA},
+};
+
+/* The whole cache of a fixture in format fmt: bf16 rows as they are, fp8
+ * records written by the layer's own cache write. */
+static uint8_t *global_cache(fx *f, mlart_context *ctx, mlart_geometry *g)
+{
+    const size_t bpt = mlart_kv_bytes_per_token(g);
+    uint8_t *c = calloc((size_t)f->num_slots, bpt);
+    mlart_layer_desc d = fx_desc(f, "reference");
+    mlart_layer *ly = NULL;
+    int32_t *slots = malloc(sizeof(int32_t) * (size_t)f->num_slots);
+    mlart_tensor lat = fx_view(f->cache, MLART_DTYPE_BF16, 2, f->num_slots, g->kv_lora + g->rope, 0),
+                 sl = fx_view(slots, MLART_DTYPE_I32, 1, f->num_slots, 0, 0);
+    d.geom = *g;
+    d.kv_cache = fx_view(c, MLART_DTYPE_U8, 2, f->num_slots, (int64_t)bpt, 0);
+    for (int64_t i = 0; i < f->num_slots; i++)
+        slots[i] = (int32_t)i;
+    ck_assert_msg(mlart_layer_create(ctx, &d, &ly) == 0, "%s", mlart_last_error());
+    ck_assert_msg(mlart_layer_write_kv(ly, &lat, &sl, NULL) == 0, "%s", mlart_last_error());
+    mlart_layer_destroy(ly);
+    free(slots);
+    return c;
+}
+
+static void *run_decode(void *arg)
+{
+    rank_job *j = arg;
+    j->rc = mlart_layer_decode(j->ly, &j->io, NULL);
+    if (j->rc < 0)
+        snprintf(j->err, sizeof j->err, "%s", mlart_last_error());
+    return NULL;
+}
+
+static double nmse(const uint16_t *got, const uint16_t *want, size_t n, size_t stride_got,
+                   size_t stride_want, size_t rows)
+{
+    double num = 0.0, den = 0.0;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t i = 0; i < n; i++) {
+            double a = mlart_bf16_to_f32(got[r * stride_got + i]),
+                   b = mlart_bf16_to_f32(want[r * stride_want + i]);
+            ck_assert_msg(!isnan(a), "row %zu col %zu: NaN", r, i);
+            num += (a - b) * (a - b);
+            den += b * b;
+        }
+    return den > 0 ? num / den : num;
+}
+
+START_TEST(dcp_step_equals_one_rank)
+{
+    const dcp_case *c = &cases[_i];
+    const int D = c->D, H = c->H, G = D * H, il = c->interleave;
+    const size_t qrow = (size_t)(P_ + R_);
+    fx f;
+    mlart_context *ctx = NULL;
+    mlart_geometry g;
+    mlart_comm_group *grp = NULL;
+    rank_job j[MAXD];
+    pthread_t th[MAXD];
+    uint8_t *whole, *shard[MAXD];
+    int32_t *bt_l;
+    int64_t MBl = 0, slots_l;
+    size_t bpt;
+    mlart_layer *one = NULL;
+    mlart_layer_desc d1;
+    mlart_step_io io1;
+    fx_init(&f, G, P_, R_, L_, V_, K_, PAGE_, T_, B_, MB_, seed + 101u * (uint64_t)_i);
+    g = f.g;
+    g.kv_format = c->fmt;
+    bpt = mlart_kv_bytes_per_token(&g);
+    ck_assert_int_eq(mlart_context_create(-1, &ctx), 0);
+    whole = global_cache(&f, ctx, &g);
+
+    /* one rank, every head, the whole cache */
+    d1 = fx_desc(&f, "reference");
+    d1.geom = g;
+    d1.kv_cache = fx_view(whole, MLART_DTYPE_U8, 2, f.num_slots, (int64_t)bpt, 0);
+    ck_assert_msg(mlart_layer_create(ctx, &d1, &one) == 0, "%s", mlart_last_error());
+    io1 = fx_io(&f);
+    ck_assert_msg(mlart_layer_decode(one, &io1, NULL) == 0, "%s", mlart_last_error());
+
+    /* shards: position p of request b goes to its owner's local position,
+     * through a block table of the shard's own (blocks in reverse order) */
+    for (int o = 0; o < D; o++) {
+        int64_t cap = mlart_dcp_local_len((int64_t)MB_ * PAGE_, o, D, il);
+        int64_t mb = (cap + PAGE_ - 1) / PAGE_;
+        MBl = mb > MBl ? mb : MBl;
+    }
+    slots_l = (int64_t)B_ * MBl * PAGE_;
+    bt_l = malloc(sizeof(int32_t) * (size_t)(B_ * MBl));
+    for (int64_t i = 0; i < B_ * MBl; i++)
+        bt_l[i] = (int32_t)(B_ * MBl - 1 - i);
+    for (int o = 0; o < D; o++)
+        shard[o] = calloc((size_t)slots_l, bpt);
+    for (int b = 0; b < B_; b++)
+        for (int64_t p = 0; p < (int64_t)MB_ * PAGE_; p++) {
+            int o = mlart_dcp_owner(p, D, il);
+            int64_t lp = mlart_dcp_local_pos(p, D, il);
+            int64_t src = (int64_t)f.bt[b * MB_ + p / PAGE_] * PAGE_ + p % PAGE_;
+            int64_t dst = (int64_t)bt_l[b * MBl + lp / PAGE_] * PAGE_ + lp % PAGE_;
+            memcpy(shard[o] + (size_t)dst * bpt, whole + (size_t)src * bpt, bpt);
+        }
+
+    ck_assert_int_eq(mlart_comm_group_create(D, -1, 10000, &grp), 0);
+    for (int k = 0; k < D; k++) {
+        mlart_layer_desc d = fx_desc(&f, "reference");
+        int64_t qs[3] = {T_, H, (int64_t)qrow};
+        memset(&j[k], 0, sizeof j[k]);
+        ck_assert_int_eq(mlart_comm_local_create(grp, k, &j[k].comm), 0);
+        d.geom = g;
+        d.geom.heads = H;
+        d.w_uk_t = fx_view(f.w_uk_t + (size_t)k * H * P_ * L_, MLART_DTYPE_BF16, 3, H, P_, L_);
+        d.w_uv = fx_view(f.w_uv + (size_t)k * H * L_ * V_, MLART_DTYPE_BF16, 3, H, L_, V_);
+        d.kv_cache = fx_view(shard[k], MLART_DTYPE_U8, 2, slots_l, (int64_t)bpt, 0);
+        d.num_slots = slots_l;
+        d.max_blocks_per_req = (int32_t)MBl;
+        d.dcp = j[k].comm;
+        d.dcp_interleave = il;
+        d.dcp_routing = c->routing;
+        ck_assert_msg(mlart_layer_create(ctx, &d, &j[k].ly) == 0, "rank %d: %s", k,
+                      mlart_last_error());
+        j[k].io = fx_io(&f);
+        /* this rank's heads of q: a strided view into the fixture's */
+        j[k].io.q = mlart_tensor_dense(f.q, MLART_DTYPE_BF16, -1, 3, qs);
+        j[k].io.q.data = f.q + (size_t)k * H * qrow;
+        j[k].io.q.stride[0] = (int64_t)G * (int64_t)qrow;
+        j[k].io.q.stride[1] = (int64_t)qrow;
+        j[k].io.q.extent = sizeof(uint16_t) * (size_t)T_ * (size_t)G * qrow;
+        j[k].io.block_table = fx_view(bt_l, MLART_DTYPE_I32, 2, B_, MBl, 0);
+        j[k].io.o = fx_view(malloc(sizeof(uint16_t) * T_ * H * V_), MLART_DTYPE_BF16, 2, T_,
+                            (int64_t)H * V_, 0);
+        j[k].io.lse = fx_view(malloc(sizeof(float) * H * T_), MLART_DTYPE_F32, 2, H, T_, 0);
+        memset(j[k].io.o.data, 0xff, sizeof(uint16_t) * T_ * H * V_); /* NaN: must be written */
+        memset(j[k].io.lse.data, 0xff, sizeof(float) * H * T_);
+    }
+    for (int k = 0; k < D; k++)
+        pthread_create(&th[k], NULL, run_decode, &j[k]);
+    for (int k = 0; k < D; k++)
+        pthread_join(th[k], NULL);
+
+    for (int k = 0; k < D; k++) {
+        const uint16_t *o = j[k].io.o.data;
+        const float *lse = j[k].io.lse.data;
+        double e;
+        ck_assert_msg(j[k].rc == 0, "rank %d: %s", k, j[k].err);
+        e = nmse(o, f.o + (size_t)k * H * V_, (size_t)H * V_, (size_t)H * V_, (size_t)G * V_, T_);
+        printf("D %d H %d %s interleave %d %s rank %d: NMSE %.2e\n", D, H,
+               c->routing == MLART_DCP_A2A ? "a2a" : "ag_rs", il, mlart_kv_format_name(c->fmt), k,
+               e);
+        ck_assert_msg(e <= DCP_NMSE_BOUND, "rank %d: NMSE %.3e > %.1e", k, e, DCP_NMSE_BOUND);
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T_; t++) {
+                float a = lse[h * T_ + t], b = f.lse[(k * H + h) * T_ + t];
+                if (isinf(b)) {
+                    ck_assert_msg(isinf(a) && a < 0, "rank %d head %d token %d: lse %g, want -inf",
+                                  k, h, t, a);
+                    for (int v = 0; v < V_; v++)
+                        ck_assert_int_eq(o[(size_t)t * H * V_ + (size_t)h * V_ + v] & 0x7fff, 0);
+                } else {
+                    ck_assert_msg(fabsf(a - b) <= DCP_LSE_BOUND, "rank %d head %d token %d: lse "
+                                  "%.7g, one rank %.7g", k, h, t, a, b);
+                }
+            }
+    }
+    for (int k = 0; k < D; k++) {
+        mlart_layer_destroy(j[k].ly);
+        mlart_comm_destroy(j[k].comm);
+        free(j[k].io.o.data), free(j[k].io.lse.data), free(shard[k]);
+    }
+    mlart_comm_group_destroy(grp);
+    mlart_layer_destroy(one);
+    free(bt_l), free(whole);
+    mlart_context_destroy(ctx);
+    fx_free(&f);
+}
+END_TEST
+
+/* ---- refused set-ups, a missing rank ------------------------------------ */
+
+static int create_dcp(fx *f, mlart_context *ctx, mlart_comm *comm, const char *backend,
+                      int interleave, int routing, mlart_layer **ly)
+{
+    mlart_layer_desc d = fx_desc(f, backend);
+    d.dcp = comm;
+    d.dcp_interleave = interleave;
+    d.dcp_routing = (mlart_dcp_routing)routing;
+    return mlart_layer_create(ctx, &d, ly);
+}
+
+START_TEST(bad_setups_refused)
+{
+    fx f;
+    mlart_context *ctx = NULL;
+    mlart_comm_group *host = NULL, *dev = NULL, *four = NULL;
+    mlart_comm *c = NULL, *cd = NULL, *c4 = NULL;
+    mlart_layer *ly = NULL;
+    setenv("MLART_BACKEND_PATH", MLART_TEST_PLUGIN_DIR, 1);
+    fx_init(&f, 4, P_, R_, L_, V_, K_, PAGE_, T_, B_, MB_, seed);
+    ck_assert_int_eq(mlart_context_create(-1, &ctx), 0);
+    ck_assert_int_eq(mlart_comm_group_create(2, -1, 1000, &host), 0);
+    ck_assert_int_eq(mlart_comm_group_create(2, 0, 1000, &dev), 0);
+    ck_assert_int_eq(mlart_comm_group_create(4, -1, 1000, &four), 0);
+    ck_assert_int_eq(mlart_comm_local_create(host, 0, &c), 0);
+    ck_assert_int_eq(mlart_comm_local_create(dev, 0, &cd), 0);
+    ck_assert_int_eq(mlart_comm_local_create(four, 0, &c4), 0);
+    {
+        mlart_comm *bad = NULL;
+        ck_assert_int_eq(mlart_comm_local_create(host, 2, &bad), MLART_EINVAL);
+        ck_assert_ptr_null(bad);
+    }
+
+    ck_assert_int_eq(create_dcp(&f, ctx, cd, "reference", 1, 0, &ly), MLART_EINVAL);
+    ck_assert_msg(strstr(mlart_last_error(), "device 0") != NULL, "%s", mlart_last_error());
+    ck_assert_int_eq(create_dcp(&f, ctx, c, "reference", -1, 0, &ly), MLART_EINVAL);
+    ck_assert_int_eq(create_dcp(&f, ctx, c, "reference", 1, 7, &ly), MLART_EINVAL);
+    ck_assert_int_eq(create_dcp(&f, ctx, c, "testsafe", 1, 0, &ly), MLART_ENOTSUP);
+    ck_assert_msg(strstr(mlart_last_error(), "head-major") != NULL, "%s", mlart_last_error());
+    /* testhost serves at most 8 heads: 4 ranks x 4 heads is 16 */
+    ck_assert_int_eq(create_dcp(&f, ctx, c4, "testhost", 1, 0, &ly), MLART_ENOTSUP);
+    ck_assert_msg(strstr(mlart_last_error(), "16 heads") != NULL, "%s", mlart_last_error());
+    ck_assert_ptr_null(ly);
+    mlart_comm_destroy(c), mlart_comm_destroy(cd), mlart_comm_destroy(c4);
+    mlart_comm_group_destroy(host), mlart_comm_group_destroy(dev), mlart_comm_group_destroy(four);
+    mlart_context_destroy(ctx);
+    fx_free(&f);
+}
+END_TEST
+
+START_TEST(missing_rank_times_out)
+{
+    fx f;
+    mlart_context *ctx = NULL;
+    mlart_comm_group *grp = NULL;
+    mlart_comm *c0 = NULL, *c1 = NULL;
+    mlart_layer *ly = NULL;
+    mlart_step_io io;
+    struct timespec a, b;
+    double secs;
+    int rc;
+    fx_init(&f, 2, P_, R_, L_, V_, K_, PAGE_, T_, B_, MB_, seed);
+    ck_assert_int_eq(mlart_context_create(-1, &ctx), 0);
+    ck_assert_int_eq(mlart_comm_group_create(2, -1, 300, &grp), 0);
+    ck_assert_int_eq(mlart_comm_local_create(grp, 0, &c0), 0);
+    ck_assert_int_eq(mlart_comm_local_create(grp, 1, &c1), 0);
+    ck_assert_int_eq(create_dcp(&f, ctx, c0, "reference", 1, MLART_DCP_A2A, &ly), 0);
+    io = fx_io(&f);
+    /* rank 1 never comes */
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    rc = mlart_layer_decode(ly, &io, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    secs = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+    ck_assert_msg(rc == MLART_ETIMEDOUT, "rc %d: %s", rc, mlart_last_error());
+    ck_assert_msg(secs < 3.0, "took %.2f s", secs);
+    ck_assert_msg(strstr(mlart_last_error(), "did not arrive") != NULL, "%s", mlart_last_error());
+    /* the group stays failed: a late rank does not pair with a later collective */
+    ck_assert_int_eq(mlart_comm_all_gather(c1, f.q, f.o, 4, NULL), MLART_ETIMEDOUT);
+    mlart_layer_destroy(ly);
+    mlart_comm_destroy(c0), mlart_comm_destroy(c1);
+    mlart_comm_group_destroy(grp);
+    mlart_context_destroy(ctx);
+    fx_free(&f);
+}
+END_TEST
+
+START_TEST(index_past_seq_len_refused)
+{
+    fx f;
+    mlart_context *ctx = NULL;
+    mlart_comm_group *grp = NULL;
+    mlart_comm *c0 = NULL;
+    mlart_layer *ly = NULL;
+    mlart_step_io io;
+    fx_init(&f, 2, P_, R_, L_, V_, K_, PAGE_, T_, B_, MB_, seed);
+    ck_assert_int_eq(mlart_context_create(-1, &ctx), 0);
+    ck_assert_int_eq(mlart_comm_group_create(2, -1, 300, &grp), 0);
+    ck_assert_int_eq(mlart_comm_local_create(grp, 0, &c0), 0);
+    ck_assert_int_eq(create_dcp(&f, ctx, c0, "reference", 1, MLART_DCP_A2A, &ly), 0);
+    io = fx_io(&f);
+    f.idx[K_ + 3] = f.lens[f.req[1]]; /* global position == seq_len */
+    ck_assert_int_eq(mlart_layer_decode(ly, &io, NULL), MLART_ERANGE);
+    ck_assert_msg(strstr(mlart_last_error(), "idx[1][3]") != NULL, "%s", mlart_last_error());
+    mlart_layer_destroy(ly);
+    mlart_comm_destroy(c0);
+    mlart_comm_group_destroy(grp);
+    mlart_context_destroy(ctx);
+    fx_free(&f);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("dcp");
+    TCase *tc = tcase_create("dcp");
+    tcase_add_checked_fixture(tc, setup, NULL);
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, local_collectives, 0, MAXD);
+    tcase_add_test(tc, placement);
+    tcase_add_loop_test(tc, dcp_step_equals_one_rank, 0, (int)(sizeof cases / sizeof cases[0]));
+    tcase_add_test(tc, bad_setups_refused);
+    tcase_add_test(tc, missing_rank_times_out);
+    tcase_add_test(tc, index_past_seq_len_refused);
+    suite_add_tcase(s, tc);
+    return check_run(s, CK_FORK_GETENV);
+}
