@@ -51,7 +51,7 @@ foreach(n tensor config registry layer dcp rendezvous)
     continue()
   endif()
   mlart_test(test_runtime_${n} LABELS cpu SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/runtime/test_${n}.c
-             LIBS ${CMAKE_DL_LIBS})
+             LIBS mlart_rendezvous ${CMAKE_DL_LIBS})
   target_compile_definitions(test_runtime_${n} PRIVATE ${_runtime_defs})
   add_dependencies(test_runtime_${n} ${MLART_TEST_PLUGINS})
 endforeach()
@@ -91,6 +91,33 @@ if(TARGET mlart-decode)
            COMMAND ${_dec} --config ${_tiny} --device cpu --steps 2 --verify)
   set_tests_properties(decode_fp8_verify PROPERTIES ENVIRONMENT "MLART_KV_FORMAT=fp8_ds_mla"
                        PASS_REGULAR_EXPRESSION "fp8_ds_mla.*verify.*PASS")
+  # decode-context parallel: the group's ranks as threads, each with its shard
+  # of the cache, every rank checked against the float64 oracle over the
+  # whole cache; under a launcher's rank variables a group needs NCCL
+  add_test(NAME decode_dcp_local_a2a
+           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 3 --verify --dcp-local
+                   --set heads=8 --set tp_size=2 --set dcp_size=2 --set dcp_routing=a2a
+                   --set dcp_interleave=3)
+  set_tests_properties(decode_dcp_local_a2a PROPERTIES
+                       PASS_REGULAR_EXPRESSION "rank 1: result.*verify=PASS"
+                       FAIL_REGULAR_EXPRESSION "FAIL")
+  add_test(NAME decode_dcp_local_ag_rs_fp8
+           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 2 --verify --dcp-local
+                   --set heads=8 --set tp_size=4 --set dcp_size=4 --set dcp_routing=ag_rs)
+  set_tests_properties(decode_dcp_local_ag_rs_fp8 PROPERTIES ENVIRONMENT "MLART_KV_FORMAT=fp8_ds_mla"
+                       PASS_REGULAR_EXPRESSION "rank 3: result.*fp8_ds_mla verify=PASS"
+                       FAIL_REGULAR_EXPRESSION "FAIL")
+  add_test(NAME decode_dcp_ranks_need_nccl
+           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 1
+                   --set heads=8 --set tp_size=2 --set dcp_size=2)
+  set_tests_properties(decode_dcp_ranks_need_nccl PROPERTIES
+                       ENVIRONMENT "MLART_RANK=1;MLART_WORLD_SIZE=2"
+                       PASS_REGULAR_EXPRESSION "rank 1: a DCP group across processes needs CUDA")
+  add_test(NAME decode_ranks_match_tp
+           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 1 --set heads=8 --set tp_size=2)
+  set_tests_properties(decode_ranks_match_tp PROPERTIES
+                       ENVIRONMENT "OMPI_COMM_WORLD_RANK=0;OMPI_COMM_WORLD_SIZE=4"
+                       PASS_REGULAR_EXPRESSION "4 ranks \\(OMPI\\) for tp_size 2")
   add_test(NAME decode_backend_flag
            COMMAND ${_dec} --config ${_tiny} --device cpu --steps 2 --backend testsafe --verify)
   add_test(NAME decode_backend_env
@@ -142,6 +169,14 @@ if(TARGET mlart-decode)
                        decode_flag_beats_env
                        decode_wrong_abi decode_config_typo decode_bad_flag
                        decode_default_from_build_dir decode_weights_file_setup decode_weights_file
-                       decode_weights_missing_layer
+                       decode_weights_missing_layer decode_dcp_local_a2a
+                       decode_dcp_local_ag_rs_fp8 decode_dcp_ranks_need_nccl decode_ranks_match_tp
                        PROPERTIES LABELS cpu TIMEOUT 120)
+endif()
+
+# The NCCL communicator: alone it is rank 0 of 1; under `mpirun -np N` each
+# process is one rank (tests/gpu/test_comm_nccl.c says which variables it reads).
+if(MLART_WITH_CUDA)
+  mlart_test(test_comm_nccl_gpu LABELS gpu mpi TIMEOUT 300
+             SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_comm_nccl.c LIBS mlart_rendezvous)
 endif()

@@ -14,7 +14,9 @@
 
 #include "apps/mlart-decode/oracle.h"
 #include "mlart/backend.h"
+#include "mlart/comm.h"
 #include "mlart/config.h"
+#include "mlart/rendezvous.h"
 #include "mlart/mlart.h"
 #include "mlart/weights.h"
 #include "ops/numerics.h"
@@ -51,6 +53,11 @@ static void usage(FILE *f)
             "  --layer N          ... from its layer N (default 0)\n"
             "  --verify           compare the output with a float64 oracle and, for another\n"
             "                     backend, with the reference backend; exit 1 on a mismatch\n"
+            "  --dcp-local        run the dcp_size ranks of the DCP group as threads of this\n"
+            "                     process, each with its shard of the cache (default: one\n"
+            "                     rank's heads over the whole cache); under mpirun, a world\n"
+            "                     of more than one rank, each process is one rank and NCCL\n"
+            "                     joins each group of dcp_size ranks\n"
             "  --no-graph         CUDA: launch every step's kernels directly (default: from\n"
             "                     the second step on, replay one captured CUDA graph of the\n"
             "                     step; --graph asks for that explicitly)\n"
@@ -245,6 +252,16 @@ typedef struct run {
     void *d_q, *d_new, *d_idx, *d_req, *d_lens, *d_bt, *d_slots, *d_lse;
     double *oracle_o, *oracle_lse;
     double setup_s; /* wall time of setup(): weights, every layer's context rows, backends */
+    /* decode-context parallel: comm NULL for none.  This rank's shard of
+     * every request: MBl blocks (block table h_bt_l) in num_slots_l slots;
+     * h_bt, MB and num_slots are then the whole cache's, for the oracle. */
+    mlart_comm *comm;
+    int rank;            /* world rank (its heads' weights and queries); 0 without ranks */
+    int dcp_rank, dcp_size;
+    int32_t MBl;
+    int64_t num_slots_l;
+    int32_t *h_bt_l, *h_slots_l;
+    int quiet;           /* a rank other than 0 prints only its result lines */
 } run;
 
 /* kv_b_proj of layer `li`: from the checkpoint, or uniform in +-4/sqrt(P). */
@@ -257,7 +274,7 @@ static int make_weights(run *r, int li, uint16_t *dst)
         return rc < 0 ? fail(rc, "loading kv_b_proj") : 0;
     }
     {
-        uint64_t s = r->cfg.seed * 1000003u + (uint64_t)li * 7919u + 1;
+        uint64_t s = r->cfg.seed * 1000003u + (uint64_t)li * 7919u + 1 + (uint64_t)r->rank * 104729u;
         fill_uniform_bf16(dst, (int64_t)n, 4.0f / sqrtf((float)g->qk_nope), &s);
     }
     return 0;
@@ -284,15 +301,15 @@ static int kv_views(run *r, const uint16_t *rows, const int32_t *slots, int64_t 
     return 0;
 }
 
-/* CUDA + --verify: the same rows into the host image of layer li's cache,
- * by the CPU quantiser, for the oracle. */
+/* --verify on CUDA or under DCP: the same rows into the host image of layer
+ * li's whole cache, by the CPU quantiser, for the oracle. */
 static int mirror_rows(run *r, int li, const uint16_t *rows, const int32_t *slots, int64_t n)
 {
     const mlart_geometry *g = &r->cfg.geom;
     layer_run *lr = &r->layers[li];
     mlart_tensor cache, lat, sl;
     int rc;
-    if (r->dev < 0 || !lr->h_cache)
+    if (!lr->h_cache || lr->h_cache == lr->d_cache)
         return 0;
     cache = view(lr->h_cache, MLART_DTYPE_U8, -1, 2, r->num_slots, (int64_t)r->bpt, 0);
     lat = view((void *)rows, MLART_DTYPE_BF16, -1, 2, n, g->kv_lora + g->rope, 0);
@@ -301,12 +318,15 @@ static int mirror_rows(run *r, int li, const uint16_t *rows, const int32_t *slot
     return rc < 0 ? fail(rc, "mlart_kv_write_cpu") : 0;
 }
 
-/* Write rows [n, L+R] (host) into slots (host) of layer li's cache. */
-static int write_rows(run *r, int li, const uint16_t *rows, const int32_t *slots, int64_t n)
+/* Write rows [n, L+R] (host) into slots (host) of layer li's cache: under
+ * DCP the shard's slots (-1 where another rank holds the position), the
+ * whole cache's for the host image. */
+static int write_rows(run *r, int li, const uint16_t *rows, const int32_t *slots,
+                      const int32_t *slots_l, int64_t n)
 {
     mlart_tensor lat, sl;
     int rc;
-    if ((rc = kv_views(r, rows, slots, n, &lat, &sl)) < 0)
+    if ((rc = kv_views(r, rows, r->comm ? slots_l : slots, n, &lat, &sl)) < 0)
         return rc;
     rc = mlart_layer_write_kv(r->layers[li].layer, &lat, &sl, NULL);
     if (rc < 0)
@@ -320,6 +340,19 @@ static int32_t slot_of(const run *r, int32_t req, int32_t pos)
     return r->h_bt[(int64_t)req * r->MB + pos / page] * page + pos % page;
 }
 
+/* Under DCP: the slot of position pos in this rank's shard, -1 on another rank. */
+static int32_t local_slot_of(const run *r, int32_t req, int32_t pos)
+{
+    const int32_t page = r->cfg.geom.page_size, il = r->cfg.dcp_interleave;
+    int64_t lp;
+    if (!r->comm)
+        return slot_of(r, req, pos);
+    if (mlart_dcp_owner(pos, r->dcp_size, il) != r->dcp_rank)
+        return -1;
+    lp = mlart_dcp_local_pos(pos, r->dcp_size, il);
+    return r->h_bt_l[(int64_t)req * r->MBl + lp / page] * page + (int32_t)(lp % page);
+}
+
 /* Fresh synthetic latent+rope rows. */
 static void fill_rows(uint16_t *rows, int64_t n, int width, uint64_t *s)
 {
@@ -331,7 +364,8 @@ static int setup_layer(run *r, int li)
     const mlart_geometry *g = &r->cfg.geom;
     layer_run *lr = &r->layers[li];
     const int64_t H = g->heads, P = g->qk_nope, V = g->v_head, L = g->kv_lora, R = g->rope;
-    const size_t wbytes = (size_t)(H * (P + V) * L) * 2, cbytes = (size_t)r->num_slots * r->bpt;
+    const size_t wbytes = (size_t)(H * (P + V) * L) * 2, cbytes = (size_t)r->num_slots * r->bpt,
+                 cbytes_l = r->comm ? (size_t)r->num_slots_l * r->bpt : cbytes;
     mlart_layer_desc d;
     mlart_tensor kvb;
     mlart_context *ctx = r->ctx;
@@ -348,10 +382,10 @@ static int setup_layer(run *r, int li)
                (rc = dev_copy(r->dev, lr->d_kv_b_proj, lr->h_kv_b_proj, wbytes, 1)) < 0) {
         return fail(rc, "uploading kv_b_proj");
     }
-    if ((rc = dev_alloc(r->dev, cbytes, &lr->d_cache)) < 0 ||
+    if ((rc = dev_alloc(r->dev, cbytes_l, &lr->d_cache)) < 0 ||
         (rc = dev_alloc(r->dev, (size_t)r->B * (size_t)(H * V) * 2, &lr->d_o)) < 0)
         return fail(rc, "allocating the KV cache");
-    if (r->dev < 0)
+    if (r->dev < 0 && !r->comm)
         lr->h_cache = lr->d_cache;
     else if (r->verify && !(lr->h_cache = calloc(1, cbytes)))
         return fail(MLART_ENOMEM, "allocating the host cache image");
@@ -361,8 +395,11 @@ static int setup_layer(run *r, int li)
     d.backend = r->cfg.backend[0] ? r->cfg.backend : NULL;
     d.max_tokens = r->B;
     d.max_requests = r->B;
-    d.max_blocks_per_req = r->MB;
-    d.num_slots = r->num_slots;
+    d.max_blocks_per_req = r->comm ? r->MBl : r->MB;
+    d.num_slots = r->comm ? r->num_slots_l : r->num_slots;
+    d.dcp = r->comm;
+    d.dcp_interleave = r->cfg.dcp_interleave;
+    d.dcp_routing = r->cfg.dcp_routing;
     /* [runtime] early_weights: this program writes the weights once, before
      * the first step, so it may make the promise */
     d.early_weights = r->cfg.early_weights;
@@ -370,9 +407,11 @@ static int setup_layer(run *r, int li)
     kvb = view(lr->d_kv_b_proj, MLART_DTYPE_BF16, r->dev, 2, H * (P + V), L, 0);
     if ((rc = mlart_weights_from_kv_b_proj(g, &kvb, &d.w_uk_t, &d.w_uv)) < 0)
         return fail(rc, "mlart_weights_from_kv_b_proj");
-    d.kv_cache = view(lr->d_cache, MLART_DTYPE_U8, r->dev, 2, r->num_slots, (int64_t)r->bpt, 0);
+    d.kv_cache = view(lr->d_cache, MLART_DTYPE_U8, r->dev, 2, d.num_slots, (int64_t)r->bpt, 0);
     rc = mlart_layer_create(ctx, &d, &lr->layer);
-    if (rc == 0 && r->verify && strcmp(mlart_layer_backend_name(lr->layer), "reference")) {
+    /* under DCP the float64 oracle over the whole cache is the check */
+    if (rc == 0 && r->verify && !r->comm &&
+        strcmp(mlart_layer_backend_name(lr->layer), "reference")) {
         d.backend = "reference";
         rc = mlart_layer_create(ctx, &d, &lr->ref);
         if (rc == 0)
@@ -393,9 +432,11 @@ static int setup_layer(run *r, int li)
             for (int64_t p0 = 0; p0 < r->cfg.context; p0 += chunk) {
                 int64_t n = r->cfg.context - p0 < chunk ? r->cfg.context - p0 : chunk;
                 fill_rows(r->h_new, n, (int)W, &s);
-                for (int64_t i = 0; i < n; i++)
+                for (int64_t i = 0; i < n; i++) {
                     r->h_slots[i] = slot_of(r, b, (int32_t)(p0 + i));
-                if ((rc = write_rows(r, li, r->h_new, r->h_slots, n)) < 0)
+                    r->h_slots_l[i] = local_slot_of(r, b, (int32_t)(p0 + i));
+                }
+                if ((rc = write_rows(r, li, r->h_new, r->h_slots, r->h_slots_l, n)) < 0)
                     return rc;
             }
     }
@@ -408,10 +449,10 @@ static void destroy_run(run *r)
         layer_run *lr = &r->layers[li];
         mlart_layer_destroy(lr->layer);
         mlart_layer_destroy(lr->ref);
-        if (r->dev >= 0) { /* on the CPU d_kv_b_proj is h_kv_b_proj and h_cache is d_cache, freed below */
+        if (r->dev >= 0) /* on the CPU d_kv_b_proj is h_kv_b_proj, freed below */
             dev_free(r->dev, lr->d_kv_b_proj);
+        if (lr->h_cache != lr->d_cache) /* on the CPU without DCP h_cache is d_cache */
             free(lr->h_cache);
-        }
         dev_free(r->dev, lr->d_cache);
         dev_free(r->dev, lr->d_o);
         dev_free(r->dev, lr->d_o_ref);
@@ -430,6 +471,8 @@ static void destroy_run(run *r)
     }
     free(r->h_q), free(r->h_new), free(r->h_idx), free(r->h_req), free(r->h_lens);
     free(r->h_bt), free(r->h_slots), free(r->pool), free(r->oracle_o), free(r->oracle_lse);
+    free(r->h_bt_l), free(r->h_slots_l);
+    mlart_comm_destroy(r->comm);
 }
 
 /* Fresh query rows and top-k positions for step `step`. */
@@ -437,8 +480,12 @@ static void make_step_inputs(run *r, int step)
 {
     const mlart_geometry *g = &r->cfg.geom;
     const int64_t H = g->heads, P = g->qk_nope, R = g->rope, K = g->topk;
+    const int64_t nq = (int64_t)r->B * H * (P + R);
     uint64_t s = r->cfg.seed * 0x9e3779b1u + (uint64_t)step * 131u + 5;
-    fill_uniform_bf16(r->h_q, (int64_t)r->B * H * (P + R), 1.0f, &s);
+    /* each rank its own heads' queries; the positions the same on every rank */
+    uint64_t sq = s + (uint64_t)r->rank * 104729u;
+    fill_uniform_bf16(r->h_q, nq, 1.0f, &sq);
+    s += (uint64_t)nq * RNG_GAMMA;
     for (int32_t b = 0; b < r->B; b++) {
         const int32_t len = r->h_lens[b];
         int32_t *out = r->h_idx + (int64_t)b * K;
@@ -613,7 +660,10 @@ static int run_decode(run *r)
      * graph of the step, captured at step 1, unless a backend is not
      * graph-safe; with --no-graph on the legacy stream, launched directly */
     void *stream = NULL;
-    const int use_graph = r->dev >= 0 && r->graph && graph_safe(r);
+    const int use_graph = r->dev >= 0 && r->graph && graph_safe(r) &&
+                          (!r->comm || mlart_comm_graph_safe(r->comm));
+    const int32_t *bt = r->comm ? r->h_bt_l : r->h_bt;
+    const int32_t mb = r->comm ? r->MBl : r->MB;
 #ifdef MLART_WITH_CUDA
     cudaGraphExec_t exec = NULL;
     if (use_graph) {
@@ -639,10 +689,9 @@ static int run_decode(run *r)
                            0, 0);
     io.seq_lens = view(dev < 0 ? (void *)r->h_lens : r->d_lens, MLART_DTYPE_I32, dev, 1, r->B, 0,
                        0);
-    io.block_table = view(dev < 0 ? (void *)r->h_bt : r->d_bt, MLART_DTYPE_I32, dev, 2, r->B,
-                          r->MB, 0);
+    io.block_table = view(dev < 0 ? (void *)bt : r->d_bt, MLART_DTYPE_I32, dev, 2, r->B, mb, 0);
     io.lse = view(r->d_lse, MLART_DTYPE_F32, dev, 2, H, r->B, 0);
-    if (dev >= 0 && (rc = dev_copy(dev, r->d_bt, r->h_bt, (size_t)r->B * r->MB * 4, 1)) < 0)
+    if (dev >= 0 && (rc = dev_copy(dev, r->d_bt, bt, (size_t)r->B * mb * 4, 1)) < 0)
         return rc;
     if (dev >= 0 && (rc = dev_copy(dev, r->d_req, r->h_req, (size_t)r->B * 4, 1)) < 0)
         return rc;
@@ -654,6 +703,7 @@ static int run_decode(run *r)
         for (int32_t b = 0; b < r->B; b++) {
             r->h_lens[b] = r->cfg.context + step + 1;
             r->h_slots[b] = slot_of(r, b, r->cfg.context + step);
+            r->h_slots_l[b] = local_slot_of(r, b, r->cfg.context + step);
         }
         fill_rows(r->h_new, r->B, (int)(L + R), &s_new);
         make_step_inputs(r, step);
@@ -662,7 +712,8 @@ static int run_decode(run *r)
              (rc = dev_copy(dev, r->d_idx, r->h_idx, (size_t)r->B * K * 4, 1)) < 0 ||
              (rc = dev_copy(dev, r->d_lens, r->h_lens, (size_t)r->B * 4, 1)) < 0))
             return rc;
-        if ((rc = kv_views(r, r->h_new, r->h_slots, r->B, &new_lat, &new_slots)) < 0)
+        if ((rc = kv_views(r, r->h_new, r->comm ? r->h_slots_l : r->h_slots, r->B, &new_lat,
+                           &new_slots)) < 0)
             return rc;
         t0 = now_s();
         if (use_graph && step > 0) {
@@ -718,7 +769,7 @@ static int run_decode(run *r)
                     return rc;
             }
         }
-        if (now_s() - t_start > 2.0 && now_s() - t_progress > 0.5) {
+        if (!r->quiet && now_s() - t_start > 2.0 && now_s() - t_progress > 0.5) {
             fprintf(stderr, "\rmlart-decode: step %d/%d, %.3f ms/step", step + 1, r->cfg.steps,
                     step ? 1e3 * t_decode / step : 1e3 * t_first);
             t_progress = now_s();
@@ -742,6 +793,11 @@ static int run_decode(run *r)
         const char *bname = mlart_layer_backend_name(r->layers[0].layer);
         const char *dname = dev < 0 ? "cpu" : "cuda";
         int ok = 1;
+        char who[32] = "";
+        if (r->comm)
+            snprintf(who, sizeof who, "rank %d: ", r->rank);
+        if (r->quiet)
+            goto results;
         printf("# mlart-decode  config %s\n", r->config_path ? r->config_path : "(none)");
         if (r->weights)
             printf("# weights: kv_b_proj of layers %d..%d from %s\n", r->layer0,
@@ -764,7 +820,15 @@ static int run_decode(run *r)
             printf("# the graph (KV write and decode of every layer) was captured and instantiated "
                    "once in %.3f ms, outside the timing\n", 1e3 * t_capture);
         else if (r->dev >= 0 && r->graph && r->cfg.steps > 1)
-            printf("# no CUDA graph: a backend does not declare itself graph-safe\n");
+            printf("# no CUDA graph: %s\n", graph_safe(r) ? "the local communicator's collectives "
+                   "synchronise (a local DCP group is not capturable)"
+                                                    : "a backend does not declare itself graph-safe");
+        if (r->comm)
+            printf("# dcp: %d ranks (%s communicator), interleave %d, routing %s; each rank "
+                   "holds its shard of every request's cache and attends its group's %d heads "
+                   "over it; the table and checksum are rank 0's\n", r->dcp_size,
+                   mlart_comm_kind(r->comm), r->cfg.dcp_interleave,
+                   mlart_dcp_routing_name(r->cfg.dcp_routing), r->dcp_size * g->heads);
         if (r->dev >= 0 && r->cfg.early_weights)
             printf("# early_weights = 1: each layer's query absorption may start, and read its "
                    "weights, while the kernel before it ends\n");
@@ -775,12 +839,13 @@ static int run_decode(run *r)
                bname, dname, mlart_kv_format_name(g->kv_format), g->heads, g->qk_nope, g->rope,
                g->kv_lora, g->v_head, g->topk, r->B, r->cfg.context, r->cfg.steps, r->cfg.layers,
                tokens, ms, t_timed > 0 ? (double)r->B * timed / t_timed : 0.0);
-        printf("checksum 0x%016llx (FNV-1a 64 over every step's output o, bf16 bytes)\n",
+    results:
+        printf("%schecksum 0x%016llx (FNV-1a 64 over every step's output o, bf16 bytes)\n", who,
                (unsigned long long)fnv);
         if (r->verify) {
             int o_ok = !vs.nan && vs.nmse <= VERIFY_NMSE;
-            printf("verify vs float64 oracle: max_abs_err %.3e  nmse %.3e  lse mismatches %d  %s\n",
-                   vs.max_abs, vs.nmse, vs.lse_bad, o_ok && !vs.lse_bad ? "PASS" : "FAIL");
+            printf("%sverify vs float64 oracle: max_abs_err %.3e  nmse %.3e  lse mismatches %d  %s\n",
+                   who, vs.max_abs, vs.nmse, vs.lse_bad, o_ok && !vs.lse_bad ? "PASS" : "FAIL");
             ok = o_ok && !vs.lse_bad;
             if (vs.compared_ref) {
                 int r_ok = !vs.nan && vs.ref_nmse <= VERIFY_NMSE;
@@ -791,7 +856,7 @@ static int run_decode(run *r)
             if (vs.nan)
                 printf("verify: NaN or Inf in the output\n");
         }
-        printf("result: backend=%s device=%s kv=%s verify=%s\n", bname, dname,
+        printf("%sresult: backend=%s device=%s kv=%s verify=%s\n", who, bname, dname,
                mlart_kv_format_name(g->kv_format),
                r->verify ? (ok ? "PASS" : "FAIL") : "off");
         return ok ? 0 : 1;
@@ -821,14 +886,35 @@ static int setup(run *r)
     r->h_lens = malloc((size_t)r->B * 4);
     r->h_bt = malloc((size_t)nb * 4);
     r->h_slots = malloc((size_t)rows * 4);
+    r->h_slots_l = malloc((size_t)rows * 4);
     r->pool = malloc((size_t)total * 4);
     if (r->verify) {
         r->oracle_o = malloc(sizeof(double) * (size_t)(r->B * H * g->v_head));
         r->oracle_lse = malloc(sizeof(double) * (size_t)(H * r->B));
     }
     if (!r->layers || !r->h_q || !r->h_new || !r->h_idx || !r->h_req || !r->h_lens || !r->h_bt ||
-        !r->h_slots || !r->pool || (r->verify && (!r->oracle_o || !r->oracle_lse)))
+        !r->h_slots || !r->h_slots_l || !r->pool ||
+        (r->verify && (!r->oracle_o || !r->oracle_lse)))
         return fail(MLART_ENOMEM, "allocating host buffers");
+    if (r->comm) {
+        /* this rank's shard: its positions of each request, on blocks of its own */
+        const int64_t mine = mlart_dcp_local_len(total, r->dcp_rank, r->dcp_size,
+                                                 r->cfg.dcp_interleave);
+        uint64_t s = r->cfg.seed * 69069u + 23 + (uint64_t)r->dcp_rank * 104729u;
+        r->MBl = (int32_t)((mine + g->page_size - 1) / g->page_size);
+        if (r->MBl < 1)
+            r->MBl = 1;
+        r->num_slots_l = (int64_t)r->B * r->MBl * g->page_size;
+        if (!(r->h_bt_l = malloc((size_t)(r->B * r->MBl) * 4)))
+            return fail(MLART_ENOMEM, "allocating host buffers");
+        for (int64_t i = 0; i < (int64_t)r->B * r->MBl; i++)
+            r->h_bt_l[i] = (int32_t)i;
+        for (int64_t i = (int64_t)r->B * r->MBl - 1; i > 0; i--) {
+            int64_t j = (int64_t)(rng_next(&s) % (uint64_t)(i + 1));
+            int32_t x = r->h_bt_l[i];
+            r->h_bt_l[i] = r->h_bt_l[j], r->h_bt_l[j] = x;
+        }
+    }
     {
         /* each request's blocks scattered over the cache in a seeded order */
         uint64_t s = r->cfg.seed * 48271u + 17;
@@ -862,6 +948,113 @@ static int setup(run *r)
     return 0;
 }
 
+/* ---- ranks ------------------------------------------------------------------ */
+
+/* One rank's whole run: set-up, the steps, clean-up; 0, 1 (verify failed) or
+ * a negative status.  Consumes r (its communicator too). */
+static int run_rank(run *r)
+{
+    int rc;
+    r->setup_s = now_s();
+    rc = setup(r);
+    r->setup_s = now_s() - r->setup_s;
+    if (rc == 0)
+        rc = run_decode(r);
+    destroy_run(r);
+    return rc;
+}
+
+static void *run_rank_thread(void *arg)
+{
+    run *r = arg;
+    r->dcp_rank = run_rank(r); /* the rank's result, read after the join */
+    return NULL;
+}
+
+/* --dcp-local: the dcp_size ranks of one group as threads of this process,
+ * joined by a local communicator, on this process's device. */
+static int run_local_group(const run *base)
+{
+    const int D = base->cfg.dcp_size;
+    mlart_comm_group *g = NULL;
+    run *rs = calloc((size_t)D, sizeof *rs);
+    pthread_t *th = calloc((size_t)D, sizeof *th);
+    int rc = 0, bad = 0, started = 0;
+    if (!rs || !th || mlart_comm_group_create(D, base->dev, 0, &g) < 0) {
+        fprintf(stderr, "mlart-decode: %s\n", rs && th ? mlart_last_error() : "out of memory");
+        free(rs), free(th);
+        return 1;
+    }
+    for (int k = 0; k < D && rc == 0; k++) {
+        rs[k] = *base;
+        rs[k].rank = k, rs[k].dcp_rank = k, rs[k].dcp_size = D, rs[k].quiet = k != 0;
+        if ((rc = mlart_comm_local_create(g, k, &rs[k].comm)) < 0)
+            fprintf(stderr, "mlart-decode: %s\n", mlart_last_error());
+    }
+    for (int k = 0; k < D && rc == 0; k++, started++)
+        if (pthread_create(&th[k], NULL, run_rank_thread, &rs[k]) != 0) {
+            fprintf(stderr, "mlart-decode: cannot start the thread of rank %d\n", k);
+            rc = 1;
+            break;
+        }
+    /* a rank that did not start leaves the others to time out in their collectives */
+    for (int k = 0; k < started; k++) {
+        pthread_join(th[k], NULL);
+        bad |= rs[k].dcp_rank != 0;
+    }
+    for (int k = started; k < D; k++)
+        mlart_comm_destroy(rs[k].comm);
+    mlart_comm_group_destroy(g);
+    free(rs), free(th);
+    return rc || bad ? 1 : 0;
+}
+
+/* Under mpirun: this process is world rank ri->rank, with the heads of that
+ * TP rank; groups of dcp_size consecutive ranks share an NCCL communicator,
+ * whose unique id rank 0 of the group serves at MLART_MASTER_ADDR
+ * (127.0.0.1) : MLART_MASTER_PORT (29500) + the group's index. */
+static int run_world(run *r, const mlart_rank_info *ri, int n_dev)
+{
+    const int D = r->cfg.dcp_size;
+    const char *addr = getenv("MLART_MASTER_ADDR"), *port_s = getenv("MLART_MASTER_PORT");
+    long port = 29500;
+    int rc;
+    if (ri->size != r->cfg.tp_size) {
+        fprintf(stderr, "mlart-decode: %d ranks (%s) for tp_size %d: launch one process per TP "
+                        "rank\n", ri->size, ri->source, r->cfg.tp_size);
+        return 1;
+    }
+    if (port_s && *port_s) {
+        char *end;
+        port = strtol(port_s, &end, 10);
+        if (*end || port < 1 || port > 65535 - ri->size / D) {
+            fprintf(stderr, "mlart-decode: MLART_MASTER_PORT '%s' is not a port\n", port_s);
+            return 1;
+        }
+    }
+    r->rank = ri->rank;
+    r->quiet = ri->rank != 0;
+    if (r->dev >= 0)
+        r->dev = n_dev > 0 ? ri->local_rank % n_dev : 0;
+    if (D > 1) {
+        if (r->dev < 0) {
+            fprintf(stderr, "mlart-decode: rank %d: a DCP group across processes needs CUDA "
+                            "devices (NCCL); on the CPU run the group with --dcp-local\n",
+                    ri->rank);
+            return 1;
+        }
+        r->dcp_rank = ri->rank % D;
+        r->dcp_size = D;
+        rc = mlart_comm_nccl_join(r->dcp_rank, D, r->dev, addr && *addr ? addr : "127.0.0.1",
+                                  (int)port + ri->rank / D, 0, &r->comm);
+        if (rc < 0) {
+            fprintf(stderr, "mlart-decode: rank %d: %s\n", ri->rank, mlart_last_error());
+            return 1;
+        }
+    }
+    return run_rank(r) == 0 ? 0 : 1;
+}
+
 /* ---- command line ---------------------------------------------------------- */
 
 static const char *find_default_config(char *buf, size_t n)
@@ -884,7 +1077,8 @@ int main(int argc, char **argv)
     run r;
     char defpath[1024];
     const char *config = NULL;
-    int rc, n_dev = 0;
+    int rc, n_dev = 0, dcp_local = 0;
+    mlart_rank_info ri;
     memset(&r, 0, sizeof r);
     r.graph = 1;
     mlart_config_init(&r.cfg);
@@ -922,6 +1116,10 @@ int main(int argc, char **argv)
         }
         if (!strcmp(a, "--verify")) {
             r.verify = 1;
+            continue;
+        }
+        if (!strcmp(a, "--dcp-local")) {
+            dcp_local = 1;
             continue;
         }
         if (!strcmp(a, "--graph") || !strcmp(a, "--no-graph")) {
@@ -1001,15 +1199,18 @@ int main(int argc, char **argv)
         r.dev = n_dev > 0 ? 0 : -1;
         break;
     }
+    if ((rc = mlart_rank_from_env(&ri)) < 0) {
+        fprintf(stderr, "mlart-decode: %s\n", mlart_last_error());
+        return 1;
+    }
+    if (ri.size > 1)
+        return run_world(&r, &ri, n_dev);
+    if (dcp_local && r.cfg.dcp_size > 1)
+        return run_local_group(&r);
     if (r.cfg.tp_size > 1 || r.cfg.dcp_size > 1)
         fprintf(stderr, "mlart-decode: running one rank's share in this process: %d of %d heads, "
-                        "whole KV cache (tp_size %d, dcp_size %d)\n",
+                        "whole KV cache (tp_size %d, dcp_size %d; --dcp-local runs the DCP group "
+                        "as threads)\n",
                 r.cfg.geom.heads, r.cfg.heads_total, r.cfg.tp_size, r.cfg.dcp_size);
-    r.setup_s = now_s();
-    rc = setup(&r);
-    r.setup_s = now_s() - r.setup_s;
-    if (rc == 0)
-        rc = run_decode(&r);
-    destroy_run(&r);
-    return rc == 0 ? 0 : 1;
+    return run_rank(&r) == 0 ? 0 : 1;
 }

@@ -8,8 +8,8 @@
  *          the stream first and so cannot be captured in a CUDA graph.
  *   nccl   one rank a process (mpirun), NCCL collectives enqueued on the
  *          caller's stream; capturable.  libnccl.so.2 is opened when the
- *          first NCCL communicator is created; the NCCL unique id travels
- *          through a TCP rendezvous served by rank 0 (mlart_rendezvous).
+ *          first NCCL id or communicator is made; the NCCL unique id travels
+ *          through a TCP rendezvous served by rank 0 (include/mlart/rendezvous.h).
  * Every blocking wait has a deadline: a dead or hung peer ends in
  * MLART_ETIMEDOUT (or MLART_ECOMM) on every surviving rank, never a hang.
  *
@@ -42,17 +42,6 @@ typedef struct mlart_rank_info {
  * variable when a value is not a number or rank >= size. */
 MLART_API int mlart_rank_from_env(mlart_rank_info *out);
 
-/* Hand `bytes` of `blob` from rank 0 to ranks 1..size-1 over TCP (libuv).
- * Rank 0 listens on addr:port (addr a numeric IPv4 address; "0.0.0.0" for
- * every interface) and serves each of the size-1 peers once; the others
- * connect to addr:port, retrying until rank 0 listens, and receive the blob
- * into `blob`.  Each peer first says its rank and the group size; rank 0
- * refuses a peer whose size differs or whose rank was seen already.
- * timeout_ms bounds the whole exchange: MLART_ETIMEDOUT when it passes,
- * MLART_ECOMM on a refused or broken connection. */
-MLART_API int mlart_rendezvous(const char *addr, int port, int rank, int size, void *blob,
-                               size_t bytes, int timeout_ms);
-
 /* ---- communicators ----------------------------------------------------- */
 
 /* A local group: `size` ranks that are threads of this process, on `device`
@@ -66,12 +55,18 @@ MLART_API int mlart_comm_group_create(int size, int device, int timeout_ms,
 MLART_API void mlart_comm_group_destroy(mlart_comm_group *group);
 MLART_API int mlart_comm_local_create(mlart_comm_group *group, int rank, mlart_comm **out);
 
-/* An NCCL communicator for `rank` of `size` on CUDA `device`: rank 0 makes
- * the unique id and hands it out with mlart_rendezvous(addr, port, ...);
- * timeout_ms (0: 60000) bounds the rendezvous and the NCCL set-up.
- * MLART_ENOTSUP in a build without CUDA; MLART_ECOMM when libnccl.so.2
- * cannot be opened or is older than 2.18 (the message says which). */
-MLART_API int mlart_comm_nccl_create(int rank, int size, int device, const char *addr, int port,
+/* NCCL.  Rank 0 of the group makes the unique id (MLART_NCCL_ID_BYTES
+ * opaque bytes); every rank passes the same id to mlart_comm_nccl_create
+ * for `rank` of `size` on CUDA `device`, which returns once the group is
+ * joined or timeout_ms (0: 60000) has passed (MLART_ETIMEDOUT; the half-made
+ * communicator is aborted).  The id may travel by any means; programs link
+ * libmlart_rendezvous.a for mlart_comm_nccl_join (include/mlart/rendezvous.h),
+ * which does all three steps over TCP.  MLART_ENOTSUP in a build without
+ * CUDA; MLART_ECOMM when libnccl.so.2 cannot be opened or is older than 2.18
+ * (the message says which). */
+#define MLART_NCCL_ID_BYTES 128
+MLART_API int mlart_comm_nccl_unique_id(void *id, size_t bytes);
+MLART_API int mlart_comm_nccl_create(int rank, int size, int device, const void *id, size_t bytes,
                                      int timeout_ms, mlart_comm **out);
 
 /* Accepts NULL.  An NCCL communicator with work in flight is aborted. */

@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 #define MLART_VERSION_MAJOR 0
-#define MLART_VERSION_MINOR 1
+#define MLART_VERSION_MINOR 2
 #define MLART_VERSION_PATCH 0
 
 /* ---- status ----------------------------------------------------------- */

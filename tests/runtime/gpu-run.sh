@@ -4,7 +4,9 @@
 # Runs the layer's device test and mlart-decode on the device (default backend
 # and reference, both KV formats, --verify against the float64 oracle, the
 # steps replayed from a CUDA graph (the default) and launched directly
-# (--no-graph) giving the same bytes; steps with the in-place combine, and
+# (--no-graph) giving the same bytes; a DCP group as threads (local
+# communicator); the NCCL communicator's test, alone and under mpirun -np 1;
+# steps with the in-place combine, and
 # compute-sanitizer memcheck on them and a leak check of whole runs when the
 # toolkit is installed), and
 # writes one log per run into OUT_DIR.  Exit
@@ -49,6 +51,18 @@ run decode_glm5_verify "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device
 run decode_dsv32_verify "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda --batch 8 --context 4096 --steps 4 --verify
 run decode_dsv32_direct_verify "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda --batch 8 --context 4096 --steps 4 --verify --no-graph
 run decode_glm5_bf16_verify "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --kv-format bf16 --batch 4 --context 3000 --steps 2 --verify
+# decode-context parallel: glm5's group of 4 ranks as threads on this device (local
+# communicator), each rank's 16 heads checked against the float64 oracle over the whole
+# cache; then the NCCL communicator alone and as rank 0 of 1 under mpirun
+run decode_glm5_dcp_local_a2a "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda \
+  --batch 8 --context 4096 --steps 3 --verify --dcp-local --set dcp_routing=a2a
+run decode_glm5_dcp_local_ag_rs "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda \
+  --kv-format bf16 --batch 5 --context 3000 --steps 2 --verify --dcp-local --set dcp_routing=ag_rs \
+  --set dcp_interleave=64
+run comm_nccl_gpu "$build/tests/test_comm_nccl_gpu"
+if command -v mpirun >/dev/null; then
+  run comm_nccl_mpirun mpirun --allow-run-as-root --oversubscribe -np 1 "$build/tests/test_comm_nccl_gpu"
+fi
 # 16 heads a rank at T = 1 and 4, 64 (glm5 heads=256 over tp 4) at T = 4, with the in-place combine
 # (opt-in, docs/attention.md; 64 heads at T <= 3 run in 16-row tiles, never in place)
 run decode_dsv32_inplace_verify env MLART_B12X_INPLACE=1 "$dec" --config "$src/configs/deepseek-v32-tp8.ini" \

@@ -1,0 +1,503 @@
+/* The TCP rendezvous that hands rank 0's blob to the other ranks, on libuv,
+ * and the NCCL communicator joined through it (include/mlart/rendezvous.h).
+ * A static library of its own: Debian's libuv archive is not
+ * position-independent, so it cannot go into libmlart.so. */
+#define _POSIX_C_SOURCE 200809L
+#include "mlart/rendezvous.h"
+
+#include "runtime/status.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <uv.h>
+
+/* ---- rendezvous ---------------------------------------------------------- */
+
+#define RDV_MAGIC 0x4d4c5254u /* 'MLRT' */
+#define RDV_VERSION 1u
+#define RDV_MAX_BYTES ((size_t)1 << 20)
+#define RDV_RETRY_MS 50
+
+enum { RDV_OK, RDV_SIZE_MISMATCH, RDV_DUPLICATE, RDV_BAD_RANK };
+
+static const char *refusal(uint32_t status)
+{
+    switch (status) {
+    case RDV_SIZE_MISMATCH:
+        return "its group size differs from rank 0's";
+    case RDV_DUPLICATE:
+        return "another peer already joined with that rank";
+    case RDV_BAD_RANK:
+        return "the rank is outside the group";
+    }
+    return "unknown refusal";
+}
+
+static void put_u32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void put_u64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint32_t get_u32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t get_u64(const unsigned char *p)
+{
+    return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
+}
+
+typedef struct rdv rdv;
+
+/* One accepted connection on rank 0. */
+typedef struct peer {
+    uv_tcp_t tcp; /* data: this peer */
+    uv_write_t w;
+    struct peer *next;
+    unsigned char in[16], out[16];
+    size_t got;
+    int rank; /* >= 1 once admitted */
+    char name[64];
+} peer;
+
+struct rdv {
+    uv_loop_t loop; /* data: this rdv */
+    uv_timer_t deadline, retry;
+    uv_tcp_t tcp; /* the listener on rank 0, the connection elsewhere */
+    uv_connect_t conn;
+    uv_write_t w;
+    const char *addr;
+    struct sockaddr_in sa;
+    int port, rank, size, timeout_ms;
+    unsigned char *blob;
+    size_t bytes;
+    int done, rc;
+    /* rank 0 */
+    peer *peers;
+    unsigned char *joined;
+    int served;
+    /* ranks 1.. */
+    unsigned char hello[16], head[16];
+    size_t got;
+    int connected, attempts, last_err;
+};
+
+static void on_close(uv_handle_t *h)
+{
+    peer *p = h->data, **pp;
+    if (!p)
+        return;
+    for (pp = &((rdv *)h->loop->data)->peers; *pp; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    free(p);
+}
+
+static void close_one(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (!uv_is_closing(h))
+        uv_close(h, on_close);
+}
+
+/* Record the outcome (the first one wins) and close every handle. */
+static void finish(rdv *r, int rc)
+{
+    if (r->done)
+        return;
+    r->done = 1;
+    r->rc = rc;
+    uv_walk(&r->loop, close_one, NULL);
+}
+
+static void on_deadline(uv_timer_t *t)
+{
+    rdv *r = t->loop->data;
+    int rc;
+    if (r->rank == 0) {
+        char missing[256] = "";
+        size_t n = 0;
+        for (int i = 1; i < r->size && n < sizeof missing - 8; i++)
+            if (!r->joined[i])
+                n += (size_t)snprintf(missing + n, sizeof missing - n, "%s%d", n ? ", " : "", i);
+        rc = mlart_set_error(MLART_ETIMEDOUT,
+                             "rendezvous on %s:%d: rank 0 gave up after %d ms with %d of %d "
+                             "peers served (missing ranks: %s%s)",
+                             r->addr, r->port, r->timeout_ms, r->served, r->size - 1, missing,
+                             n >= sizeof missing - 8 ? ", ..." : "");
+    } else if (!r->connected) {
+        rc = mlart_set_error(MLART_ETIMEDOUT,
+                             "rendezvous: rank %d could not reach rank 0 at %s:%d within %d ms "
+                             "(%d attempts, last: %s)",
+                             r->rank, r->addr, r->port, r->timeout_ms, r->attempts,
+                             r->last_err ? uv_strerror(r->last_err) : "no answer");
+    } else {
+        size_t want = sizeof r->head + r->bytes;
+        rc = mlart_set_error(MLART_ETIMEDOUT,
+                             "rendezvous: rank %d connected to rank 0 at %s:%d but got only %zu "
+                             "of %zu bytes within %d ms",
+                             r->rank, r->addr, r->port, r->got, want, r->timeout_ms);
+    }
+    finish(r, rc);
+}
+
+/* ---- rank 0: serve each peer once ---- */
+
+static void peer_close(peer *p)
+{
+    if (!uv_is_closing((uv_handle_t *)&p->tcp))
+        uv_close((uv_handle_t *)&p->tcp, on_close);
+}
+
+static void on_peer_written(uv_write_t *w, int status)
+{
+    peer *p = w->data;
+    rdv *r = w->handle->loop->data;
+    if (status == UV_ECANCELED)
+        return;
+    if (p->rank > 0) {
+        if (status < 0) {
+            mlart_log(MLART_LOG_WARN, "rendezvous on %s:%d: sending the blob to rank %d (%s) "
+                      "failed: %s; waiting for it to come again", r->addr, r->port, p->rank,
+                      p->name, uv_strerror(status));
+            r->joined[p->rank] = 0;
+        } else {
+            mlart_log(MLART_LOG_DEBUG, "rendezvous on %s:%d: served rank %d (%s)", r->addr,
+                      r->port, p->rank, p->name);
+            r->served++;
+        }
+    }
+    peer_close(p);
+    if (r->served == r->size - 1)
+        finish(r, 0);
+}
+
+static void on_peer_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
+{
+    peer *p = h->data;
+    (void)hint;
+    *buf = uv_buf_init((char *)p->in + p->got, (unsigned)(sizeof p->in - p->got));
+}
+
+static void on_peer_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+    peer *p = s->data;
+    rdv *r = s->loop->data;
+    uint32_t magic, version, rank, size, status = RDV_OK;
+    uv_buf_t out[2];
+    (void)buf;
+    if (n == 0)
+        return;
+    if (n < 0) {
+        mlart_log(MLART_LOG_WARN, "rendezvous on %s:%d: %s left after %zu of 16 bytes: %s",
+                  r->addr, r->port, p->name, p->got, uv_strerror((int)n));
+        peer_close(p);
+        return;
+    }
+    p->got += (size_t)n;
+    if (p->got < sizeof p->in)
+        return;
+    uv_read_stop(s);
+    magic = get_u32(p->in);
+    version = get_u32(p->in + 4);
+    rank = get_u32(p->in + 8);
+    size = get_u32(p->in + 12);
+    if (magic != RDV_MAGIC || version != RDV_VERSION) {
+        mlart_log(MLART_LOG_WARN, "rendezvous on %s:%d: %s is not an mlart rank (magic 0x%08x, "
+                  "version %u; want 0x%08x, %u)", r->addr, r->port, p->name, magic, version,
+                  RDV_MAGIC, RDV_VERSION);
+        peer_close(p);
+        return;
+    }
+    if (size != (uint32_t)r->size)
+        status = RDV_SIZE_MISMATCH;
+    else if (rank >= size)
+        status = RDV_BAD_RANK;
+    else if (rank == 0 || r->joined[rank])
+        status = RDV_DUPLICATE;
+    if (status != RDV_OK) {
+        mlart_log(MLART_LOG_WARN, "rendezvous on %s:%d: refused %s saying rank %u of %u "
+                  "(group of %d): %s", r->addr, r->port, p->name, rank, size, r->size,
+                  refusal(status));
+    } else {
+        p->rank = (int)rank;
+        r->joined[rank] = 1;
+    }
+    put_u32(p->out, RDV_MAGIC);
+    put_u32(p->out + 4, status);
+    put_u64(p->out + 8, status == RDV_OK ? (uint64_t)r->bytes : 0);
+    out[0] = uv_buf_init((char *)p->out, sizeof p->out);
+    out[1] = uv_buf_init((char *)r->blob, (unsigned)r->bytes);
+    p->w.data = p;
+    if (uv_write(&p->w, s, out, status == RDV_OK && r->bytes ? 2 : 1, on_peer_written) < 0) {
+        if (p->rank > 0)
+            r->joined[p->rank] = 0;
+        peer_close(p);
+    }
+}
+
+static void on_connection(uv_stream_t *l, int status)
+{
+    rdv *r = l->loop->data;
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    peer *p;
+    if (status < 0) {
+        mlart_log(MLART_LOG_WARN, "rendezvous on %s:%d: accept failed: %s", r->addr, r->port,
+                  uv_strerror(status));
+        return;
+    }
+    p = calloc(1, sizeof *p);
+    if (!p) {
+        finish(r, mlart_set_error(MLART_ENOMEM, "rendezvous on %s:%d: out of memory", r->addr,
+                                  r->port));
+        return;
+    }
+    uv_tcp_init(&r->loop, &p->tcp);
+    p->tcp.data = p;
+    p->next = r->peers;
+    r->peers = p;
+    snprintf(p->name, sizeof p->name, "a peer");
+    if (uv_accept(l, (uv_stream_t *)&p->tcp) < 0) {
+        peer_close(p);
+        return;
+    }
+    if (uv_tcp_getpeername(&p->tcp, (struct sockaddr *)&ss, &len) == 0 &&
+        ss.ss_family == AF_INET) {
+        char ip[INET_ADDRSTRLEN] = "?";
+        const struct sockaddr_in *in = (const struct sockaddr_in *)&ss;
+        uv_ip4_name(in, ip, sizeof ip);
+        snprintf(p->name, sizeof p->name, "peer %s:%d", ip, ntohs(in->sin_port));
+    }
+    uv_tcp_nodelay(&p->tcp, 1);
+    if (uv_read_start((uv_stream_t *)&p->tcp, on_peer_alloc, on_peer_read) < 0)
+        peer_close(p);
+}
+
+static int serve(rdv *r)
+{
+    int rc;
+    r->joined = calloc((size_t)r->size, 1);
+    if (!r->joined)
+        return mlart_set_error(MLART_ENOMEM, "rendezvous: out of memory");
+    uv_tcp_init(&r->loop, &r->tcp);
+    if ((rc = uv_tcp_bind(&r->tcp, (const struct sockaddr *)&r->sa, 0)) < 0 ||
+        (rc = uv_listen((uv_stream_t *)&r->tcp, 128, on_connection)) < 0)
+        return mlart_set_error(MLART_ECOMM, "rendezvous: rank 0 cannot listen on %s:%d: %s (%s)",
+                               r->addr, r->port, uv_strerror(rc), uv_err_name(rc));
+    mlart_log(MLART_LOG_DEBUG, "rendezvous: rank 0 listening on %s:%d for %d peers", r->addr,
+              r->port, r->size - 1);
+    return 0;
+}
+
+/* ---- ranks 1..: connect, say who we are, read the blob ---- */
+
+static void try_connect(rdv *r);
+
+static void on_retry(uv_timer_t *t)
+{
+    try_connect(t->loop->data);
+}
+
+static void on_conn_closed(uv_handle_t *h)
+{
+    rdv *r = h->loop->data;
+    if (!r->done)
+        uv_timer_start(&r->retry, on_retry, RDV_RETRY_MS, 0);
+}
+
+static int broken(rdv *r, const char *what)
+{
+    return mlart_set_error(MLART_ECOMM,
+                           "rendezvous: rank %d lost rank 0 at %s:%d after %zu of %zu bytes: %s",
+                           r->rank, r->addr, r->port, r->got, sizeof r->head + r->bytes, what);
+}
+
+static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
+{
+    rdv *r = h->loop->data;
+    (void)hint;
+    if (r->got < sizeof r->head)
+        *buf = uv_buf_init((char *)r->head + r->got, (unsigned)(sizeof r->head - r->got));
+    else
+        *buf = uv_buf_init((char *)r->blob + (r->got - sizeof r->head),
+                           (unsigned)(sizeof r->head + r->bytes - r->got));
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+    rdv *r = s->loop->data;
+    (void)buf;
+    if (n == 0)
+        return;
+    if (n < 0) {
+        finish(r, broken(r, n == UV_EOF ? "connection closed" : uv_strerror((int)n)));
+        return;
+    }
+    if (r->got < sizeof r->head && r->got + (size_t)n >= sizeof r->head) {
+        uint32_t magic = get_u32(r->head), status = get_u32(r->head + 4);
+        uint64_t count = get_u64(r->head + 8);
+        if (magic != RDV_MAGIC) {
+            finish(r, mlart_set_error(MLART_ECOMM, "rendezvous: %s:%d answered rank %d with "
+                                      "magic 0x%08x: not an mlart rank 0", r->addr, r->port,
+                                      r->rank, magic));
+            return;
+        }
+        if (status != RDV_OK) {
+            finish(r, mlart_set_error(MLART_ECOMM, "rendezvous: rank 0 at %s:%d refused rank %d "
+                                      "of a group of %d (status %u): %s", r->addr, r->port,
+                                      r->rank, r->size, status, refusal(status)));
+            return;
+        }
+        if (count != r->bytes) {
+            finish(r, mlart_set_error(MLART_ECOMM, "rendezvous: rank 0 at %s:%d sends %llu "
+                                      "bytes, rank %d expects %zu", r->addr, r->port,
+                                      (unsigned long long)count, r->rank, r->bytes));
+            return;
+        }
+    }
+    r->got += (size_t)n;
+    if (r->got == sizeof r->head + r->bytes)
+        finish(r, 0);
+}
+
+static void on_connect(uv_connect_t *c, int status)
+{
+    rdv *r = c->handle->loop->data;
+    uv_buf_t b;
+    int rc;
+    if (status == UV_ECANCELED || r->done)
+        return;
+    if (status < 0) {
+        r->last_err = status;
+        uv_close((uv_handle_t *)&r->tcp, on_conn_closed);
+        return;
+    }
+    r->connected = 1;
+    uv_tcp_nodelay(&r->tcp, 1);
+    b = uv_buf_init((char *)r->hello, sizeof r->hello);
+    if ((rc = uv_write(&r->w, (uv_stream_t *)&r->tcp, &b, 1, NULL)) < 0 ||
+        (rc = uv_read_start((uv_stream_t *)&r->tcp, on_alloc, on_read)) < 0)
+        finish(r, broken(r, uv_strerror(rc)));
+}
+
+static void try_connect(rdv *r)
+{
+    int rc;
+    r->attempts++;
+    uv_tcp_init(&r->loop, &r->tcp);
+    rc = uv_tcp_connect(&r->conn, &r->tcp, (const struct sockaddr *)&r->sa, on_connect);
+    if (rc < 0) {
+        r->last_err = rc;
+        uv_close((uv_handle_t *)&r->tcp, on_conn_closed);
+    }
+}
+
+static int run(rdv *r)
+{
+    int rc = 0;
+    uv_timer_init(&r->loop, &r->deadline);
+    uv_timer_init(&r->loop, &r->retry);
+    uv_timer_start(&r->deadline, on_deadline, (uint64_t)r->timeout_ms, 0);
+    if (r->rank == 0) {
+        rc = serve(r);
+    } else {
+        put_u32(r->hello, RDV_MAGIC);
+        put_u32(r->hello + 4, RDV_VERSION);
+        put_u32(r->hello + 8, (uint32_t)r->rank);
+        put_u32(r->hello + 12, (uint32_t)r->size);
+        try_connect(r);
+    }
+    if (rc < 0)
+        finish(r, rc);
+    uv_run(&r->loop, UV_RUN_DEFAULT);
+    /* every handle is closed by now; this only guards uv_loop_close */
+    uv_walk(&r->loop, close_one, NULL);
+    uv_run(&r->loop, UV_RUN_DEFAULT);
+    return r->rc;
+}
+
+int mlart_rendezvous(const char *addr, int port, int rank, int size, void *blob, size_t bytes,
+                     int timeout_ms)
+{
+    rdv r;
+    sigset_t pipe_set, old_mask, pending;
+    int rc;
+    if (!addr)
+        return mlart_set_error(MLART_EINVAL, "mlart_rendezvous: NULL address");
+    if (port < 1 || port > 65535)
+        return mlart_set_error(MLART_EINVAL, "mlart_rendezvous: port %d (want 1..65535)", port);
+    if (size < 1 || rank < 0 || rank >= size)
+        return mlart_set_error(MLART_EINVAL, "mlart_rendezvous: rank %d of %d (want 0 <= rank "
+                               "< size)", rank, size);
+    if (bytes > RDV_MAX_BYTES || (!blob && bytes))
+        return mlart_set_error(MLART_EINVAL, "mlart_rendezvous: %zu bytes at %p (want a blob of "
+                               "at most %zu bytes)", bytes, blob, RDV_MAX_BYTES);
+    if (timeout_ms < 0)
+        return mlart_set_error(MLART_EINVAL, "mlart_rendezvous: timeout %d ms", timeout_ms);
+    if (size == 1)
+        return 0;
+    memset(&r, 0, sizeof r);
+    if (uv_ip4_addr(addr, port, &r.sa) < 0)
+        return mlart_set_error(MLART_EINVAL, "mlart_rendezvous: '%s' is not a numeric IPv4 "
+                               "address", addr);
+    r.addr = addr;
+    r.port = port;
+    r.rank = rank;
+    r.size = size;
+    r.blob = blob;
+    r.bytes = bytes;
+    r.timeout_ms = timeout_ms ? timeout_ms : 60000;
+    if ((rc = uv_loop_init(&r.loop)) < 0)
+        return mlart_set_error(MLART_ECOMM, "rendezvous: uv_loop_init: %s", uv_strerror(rc));
+    r.loop.data = &r;
+    /* a peer that vanishes mid-write costs an error code, not a SIGPIPE */
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &old_mask);
+    rc = run(&r);
+    if (!sigismember(&old_mask, SIGPIPE) && sigpending(&pending) == 0 &&
+        sigismember(&pending, SIGPIPE)) {
+        struct timespec zero = {0, 0};
+        sigtimedwait(&pipe_set, NULL, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    if (uv_loop_close(&r.loop) < 0)
+        mlart_log(MLART_LOG_ERROR, "rendezvous: a handle outlived its loop");
+    free(r.joined);
+    return rc;
+}
+
+int mlart_comm_nccl_join(int rank, int size, int device, const char *addr, int port,
+                         int timeout_ms, mlart_comm **out)
+{
+    unsigned char id[MLART_NCCL_ID_BYTES];
+    uint64_t t0 = uv_hrtime();
+    int64_t left;
+    if (timeout_ms < 0)
+        return mlart_set_error(MLART_EINVAL, "mlart_comm_nccl_join: timeout %d ms", timeout_ms);
+    timeout_ms = timeout_ms ? timeout_ms : 60000;
+    memset(id, 0, sizeof id);
+    if (rank == 0 && size >= 1)
+        MLART_CHECK(mlart_comm_nccl_unique_id(id, sizeof id));
+    MLART_CHECK(mlart_rendezvous(addr, port, rank, size, id, sizeof id, timeout_ms));
+    left = timeout_ms - (int64_t)((uv_hrtime() - t0) / 1000000u);
+    return mlart_comm_nccl_create(rank, size, device, id, sizeof id,
+                                  left > 1000 ? (int)left : 1000, out);
+}

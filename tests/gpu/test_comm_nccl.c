@@ -1,0 +1,260 @@
+/* The NCCL communicator on CUDA devices: all_gather, all_to_all and
+ * reduce_scatter_f32 against results computed on the host, first called
+ * directly, then captured in a CUDA graph on a non-default stream and
+ * replayed twice with new inputs.  Alone it is rank 0 of 1; under
+ * `mpirun -np N` (or any launcher mlart_rank_from_env knows) it is one of N
+ * ranks on device local_rank % devices, meeting at MLART_MASTER_ADDR
+ * (127.0.0.1) : MLART_MASTER_PORT (29511).  One PASS/FAIL line a check;
+ * exit 0, 1 on a failure, 77 without a device or without libnccl.so.2. */
+#define _POSIX_C_SOURCE 200809L
+#include <cuda_runtime_api.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mlart/rendezvous.h"
+#include "mlart/mlart.h"
+
+#define BLOCK 4099 /* bytes a rank for all_gather / all_to_all: odd on purpose */
+#define NF 1031    /* floats a rank for reduce_scatter_f32 */
+
+static int failures;
+static mlart_rank_info me;
+
+static void check(int ok, const char *fmt, ...)
+{
+    va_list ap;
+    printf("%s: rank %d of %d: ", ok ? "PASS" : "FAIL", me.rank, me.size);
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    putchar('\n');
+    fflush(stdout);
+    failures += !ok;
+}
+
+#define CUDA_OR_DIE(call)                                                                     \
+    do {                                                                                      \
+        cudaError_t e_ = (call);                                                              \
+        if (e_ != cudaSuccess) {                                                              \
+            check(0, "%s: %s", #call, cudaGetErrorString(e_));                                \
+            exit(1);                                                                          \
+        }                                                                                     \
+    } while (0)
+
+/* Inputs that depend on the sending rank, the destination block, the index
+ * and the round; reduce_scatter's are small integers, so any order of the
+ * sum is exact. */
+static uint8_t ag_val(int src, size_t i, int round)
+{
+    return (uint8_t)(src * 37 + (int)(i % 251) * 11 + round * 101 + 5);
+}
+
+static uint8_t a2a_val(int src, int dst, size_t i, int round)
+{
+    return (uint8_t)(src * 53 + dst * 29 + (int)(i % 241) * 3 + round * 7 + 1);
+}
+
+static float rs_val(int src, int blk, size_t i, int round)
+{
+    return (float)((src * 7 + blk * 3 + (int)(i % 17) + round * 5) % 17 - 8);
+}
+
+typedef struct bufs {
+    uint8_t *ag_send, *ag_recv, *a2a_send, *a2a_recv; /* device */
+    float *rs_send, *rs_recv;
+    uint8_t *h_ag, *h_a2a; /* host staging, size blocks */
+    float *h_rs;
+} bufs;
+
+/* Fill the inputs of round `round` and clear the outputs. */
+static void upload(bufs *b, int round)
+{
+    int R = me.size;
+    for (size_t i = 0; i < BLOCK; i++)
+        b->h_ag[i] = ag_val(me.rank, i, round);
+    CUDA_OR_DIE(cudaMemcpy(b->ag_send, b->h_ag, BLOCK, cudaMemcpyHostToDevice));
+    for (int d = 0; d < R; d++)
+        for (size_t i = 0; i < BLOCK; i++)
+            b->h_a2a[(size_t)d * BLOCK + i] = a2a_val(me.rank, d, i, round);
+    CUDA_OR_DIE(cudaMemcpy(b->a2a_send, b->h_a2a, (size_t)R * BLOCK, cudaMemcpyHostToDevice));
+    for (int k = 0; k < R; k++)
+        for (size_t i = 0; i < NF; i++)
+            b->h_rs[(size_t)k * NF + i] = rs_val(me.rank, k, i, round);
+    CUDA_OR_DIE(cudaMemcpy(b->rs_send, b->h_rs, (size_t)R * NF * sizeof(float),
+                           cudaMemcpyHostToDevice));
+    CUDA_OR_DIE(cudaMemset(b->ag_recv, 0xee, (size_t)R * BLOCK));
+    CUDA_OR_DIE(cudaMemset(b->a2a_recv, 0xee, (size_t)R * BLOCK));
+    CUDA_OR_DIE(cudaMemset(b->rs_recv, 0xff, NF * sizeof(float)));
+    CUDA_OR_DIE(cudaDeviceSynchronize());
+}
+
+static void report(size_t bad, size_t first, size_t total, const char *what, const char *how,
+                   int round)
+{
+    if (bad)
+        check(0, "%s %s, round %d: %zu of %zu values wrong, the first at %zu", what, how, round,
+              bad, total, first);
+    else
+        check(1, "%s %s, round %d: %zu values right", what, how, round, total);
+}
+
+/* Compare the outputs of round `round` with the host's results. */
+static void verify(bufs *b, int round, const char *how)
+{
+    int R = me.size;
+    size_t bad = 0, first = 0;
+    CUDA_OR_DIE(cudaMemcpy(b->h_ag, b->ag_recv, (size_t)R * BLOCK, cudaMemcpyDeviceToHost));
+    for (int s = 0; s < R; s++)
+        for (size_t i = 0; i < BLOCK; i++)
+            if (b->h_ag[(size_t)s * BLOCK + i] != ag_val(s, i, round) && !bad++)
+                first = (size_t)s * BLOCK + i;
+    report(bad, first, (size_t)R * BLOCK, "all_gather", how, round);
+
+    bad = first = 0;
+    CUDA_OR_DIE(cudaMemcpy(b->h_a2a, b->a2a_recv, (size_t)R * BLOCK, cudaMemcpyDeviceToHost));
+    for (int s = 0; s < R; s++)
+        for (size_t i = 0; i < BLOCK; i++)
+            if (b->h_a2a[(size_t)s * BLOCK + i] != a2a_val(s, me.rank, i, round) && !bad++)
+                first = (size_t)s * BLOCK + i;
+    report(bad, first, (size_t)R * BLOCK, "all_to_all", how, round);
+
+    bad = first = 0;
+    CUDA_OR_DIE(cudaMemcpy(b->h_rs, b->rs_recv, NF * sizeof(float), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < NF; i++) {
+        float want = 0.0f;
+        for (int s = 0; s < R; s++)
+            want += rs_val(s, me.rank, i, round);
+        if (b->h_rs[i] != want && !bad++)
+            first = i;
+    }
+    report(bad, first, NF, "reduce_scatter_f32", how, round);
+}
+
+static int collectives(mlart_comm *c, bufs *b, cudaStream_t s)
+{
+    int rc;
+    if ((rc = mlart_comm_all_gather(c, b->ag_send, b->ag_recv, BLOCK, s)) < 0 ||
+        (rc = mlart_comm_all_to_all(c, b->a2a_send, b->a2a_recv, BLOCK, s)) < 0 ||
+        (rc = mlart_comm_reduce_scatter_f32(c, b->rs_send, b->rs_recv, NF, s)) < 0)
+        check(0, "collective: %s: %s", mlart_status_name(rc), mlart_last_error());
+    return rc;
+}
+
+int main(void)
+{
+    const char *addr = getenv("MLART_MASTER_ADDR"), *port_s = getenv("MLART_MASTER_PORT");
+    mlart_comm *comm = NULL;
+    cudaStream_t stream;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    bufs b;
+    long port = 29511;
+    int ndev = 0, device, rc;
+    if (mlart_cuda_device_count(&ndev) < 0 || ndev == 0) {
+        printf("SKIP: no CUDA device (%s)\n", mlart_last_error());
+        return 77;
+    }
+    if (mlart_rank_from_env(&me) < 0) {
+        printf("FAIL: %s\n", mlart_last_error());
+        return 1;
+    }
+    if (port_s) {
+        char *end;
+        errno = 0;
+        port = strtol(port_s, &end, 10);
+        if (end == port_s || *end || errno || port < 1 || port > 65535) {
+            printf("FAIL: MLART_MASTER_PORT='%s' is not a port\n", port_s);
+            return 1;
+        }
+    }
+    if (!addr || !*addr)
+        addr = "127.0.0.1";
+    device = me.local_rank % ndev;
+    printf("rank %d of %d (%s), local rank %d, device %d of %d, rendezvous %s:%ld\n", me.rank,
+           me.size, me.source[0] ? me.source : "no launcher", me.local_rank, device, ndev, addr,
+           port);
+
+    rc = mlart_comm_nccl_join(me.rank, me.size, device, addr, (int)port, 60000, &comm);
+    if (rc == MLART_ECOMM && strstr(mlart_last_error(), "cannot be opened")) {
+        printf("SKIP: %s\n", mlart_last_error());
+        return 77;
+    }
+    check(rc == 0, "mlart_comm_nccl_join: %s%s%s", mlart_status_name(rc), rc ? ": " : "",
+          rc ? mlart_last_error() : "");
+    if (rc)
+        return 1;
+    check(!strcmp(mlart_comm_kind(comm), "nccl") && mlart_comm_graph_safe(comm) == 1 &&
+              mlart_comm_rank(comm) == me.rank && mlart_comm_size(comm) == me.size &&
+              mlart_comm_device(comm) == device,
+          "communicator says kind %s, graph_safe %d, rank %d of %d, device %d",
+          mlart_comm_kind(comm), mlart_comm_graph_safe(comm), mlart_comm_rank(comm),
+          mlart_comm_size(comm), mlart_comm_device(comm));
+
+    memset(&b, 0, sizeof b);
+    CUDA_OR_DIE(cudaSetDevice(device));
+    CUDA_OR_DIE(cudaMalloc((void **)&b.ag_send, BLOCK));
+    CUDA_OR_DIE(cudaMalloc((void **)&b.ag_recv, (size_t)me.size * BLOCK));
+    CUDA_OR_DIE(cudaMalloc((void **)&b.a2a_send, (size_t)me.size * BLOCK));
+    CUDA_OR_DIE(cudaMalloc((void **)&b.a2a_recv, (size_t)me.size * BLOCK));
+    CUDA_OR_DIE(cudaMalloc((void **)&b.rs_send, (size_t)me.size * NF * sizeof(float)));
+    CUDA_OR_DIE(cudaMalloc((void **)&b.rs_recv, NF * sizeof(float)));
+    b.h_ag = malloc((size_t)me.size * BLOCK);
+    b.h_a2a = malloc((size_t)me.size * BLOCK);
+    b.h_rs = malloc((size_t)me.size * NF * sizeof(float));
+    if (!b.h_ag || !b.h_a2a || !b.h_rs) {
+        check(0, "out of host memory");
+        return 1;
+    }
+    CUDA_OR_DIE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+    /* called directly, on the default stream then on our own */
+    upload(&b, 0);
+    if (collectives(comm, &b, NULL) == 0) {
+        CUDA_OR_DIE(cudaDeviceSynchronize());
+        verify(&b, 0, "on the default stream");
+    }
+    upload(&b, 1);
+    if (collectives(comm, &b, stream) == 0) {
+        CUDA_OR_DIE(cudaStreamSynchronize(stream));
+        verify(&b, 1, "on a stream");
+    }
+
+    /* captured once, replayed twice with new inputs */
+    CUDA_OR_DIE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    rc = collectives(comm, &b, stream);
+    {
+        cudaError_t e = cudaStreamEndCapture(stream, &graph);
+        check(rc == 0 && e == cudaSuccess, "capture of the three collectives: %s",
+              e == cudaSuccess ? "ok" : cudaGetErrorString(e));
+        if (rc || e != cudaSuccess)
+            return 1;
+    }
+    CUDA_OR_DIE(cudaGraphInstantiateWithFlags(&exec, graph, 0));
+    for (int round = 2; round < 4; round++) {
+        upload(&b, round);
+        CUDA_OR_DIE(cudaGraphLaunch(exec, stream));
+        CUDA_OR_DIE(cudaStreamSynchronize(stream));
+        verify(&b, round, "in a graph replay");
+    }
+    CUDA_OR_DIE(cudaGraphExecDestroy(exec));
+    CUDA_OR_DIE(cudaGraphDestroy(graph));
+
+    mlart_comm_destroy(comm);
+    CUDA_OR_DIE(cudaStreamDestroy(stream));
+    cudaFree(b.ag_send);
+    cudaFree(b.ag_recv);
+    cudaFree(b.a2a_send);
+    cudaFree(b.a2a_recv);
+    cudaFree(b.rs_send);
+    cudaFree(b.rs_recv);
+    free(b.h_ag);
+    free(b.h_a2a);
+    free(b.h_rs);
+    printf("%s: rank %d of %d, %d failure%s\n", failures ? "FAIL" : "PASS", me.rank, me.size,
+           failures, failures == 1 ? "" : "s");
+    return failures ? 1 : 0;
+}

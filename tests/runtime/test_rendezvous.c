@@ -1,0 +1,393 @@
+/* Rank variables and the TCP rendezvous: each launcher's variables, bad
+ * values named, argument checks, a group of ranks as threads on 127.0.0.1
+ * receiving rank 0's blob (also 1 MiB, read in pieces), a refused peer
+ * while the others are served, and deadlines on both sides. */
+#define _POSIX_C_SOURCE 200809L
+#include <check.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check_run.h"
+#include "mlart/rendezvous.h"
+#include "tests/runtime/fixture.h"
+
+static uint64_t seed;
+
+/* ---- rank variables ------------------------------------------------------ */
+
+static void clear_rank_env(void)
+{
+    static const char *vars[] = {"MLART_RANK", "MLART_WORLD_SIZE", "MLART_LOCAL_RANK",
+                                 "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                 "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "PMI_SIZE",
+                                 "MPI_LOCALRANKID", "RANK", "WORLD_SIZE", "LOCAL_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        unsetenv(vars[i]);
+}
+
+START_TEST(rank_env_none)
+{
+    mlart_rank_info r;
+    clear_rank_env();
+    memset(&r, 0x55, sizeof r);
+    ck_assert_int_eq(mlart_rank_from_env(&r), 0);
+    ck_assert_int_eq(r.rank, 0);
+    ck_assert_int_eq(r.size, 1);
+    ck_assert_int_eq(r.local_rank, 0);
+    ck_assert_str_eq(r.source, "");
+    ck_assert_int_eq(mlart_rank_from_env(NULL), MLART_EINVAL);
+}
+END_TEST
+
+START_TEST(rank_env_families)
+{
+    static const struct {
+        const char *rank, *size, *local, *source;
+    } fam[] = {
+        {"MLART_RANK", "MLART_WORLD_SIZE", "MLART_LOCAL_RANK", "MLART"},
+        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI"},
+        {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "PMI"},
+        {"RANK", "WORLD_SIZE", "LOCAL_RANK", "RANK"},
+    };
+    for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++) {
+        mlart_rank_info r;
+        clear_rank_env();
+        setenv(fam[i].rank, "5", 1);
+        setenv(fam[i].size, "8", 1);
+        setenv(fam[i].local, "1", 1);
+        ck_assert_msg(mlart_rank_from_env(&r) == 0, "%s: %s", fam[i].source, mlart_last_error());
+        ck_assert_int_eq(r.rank, 5);
+        ck_assert_int_eq(r.size, 8);
+        ck_assert_int_eq(r.local_rank, 1);
+        ck_assert_str_eq(r.source, fam[i].source);
+        unsetenv(fam[i].local); /* no local rank: 0 */
+        ck_assert_int_eq(mlart_rank_from_env(&r), 0);
+        ck_assert_int_eq(r.local_rank, 0);
+        printf("%s: rank %d of %d\n", r.source, r.rank, r.size);
+    }
+    /* first found wins: MLART over OMPI over PMI over RANK */
+    clear_rank_env();
+    setenv("RANK", "3", 1);
+    setenv("WORLD_SIZE", "4", 1);
+    setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+    {
+        mlart_rank_info r;
+        ck_assert_int_eq(mlart_rank_from_env(&r), 0);
+        ck_assert_str_eq(r.source, "OMPI");
+        ck_assert_int_eq(r.rank, 1);
+        ck_assert_int_eq(r.size, 2);
+    }
+}
+END_TEST
+
+/* Expect MLART_ECONFIG naming `var`, and *out untouched. */
+static void expect_env_error(const char *var)
+{
+    mlart_rank_info r;
+    memset(&r, 0x55, sizeof r);
+    ck_assert_int_eq(mlart_rank_from_env(&r), MLART_ECONFIG);
+    printf("  -> %s\n", mlart_last_error());
+    ck_assert_msg(strstr(mlart_last_error(), var), "want '%s' in '%s'", var, mlart_last_error());
+    ck_assert_int_eq(r.rank, 0x55555555);
+}
+
+START_TEST(rank_env_refused)
+{
+    clear_rank_env();
+    setenv("MLART_RANK", "4", 1);
+    setenv("MLART_WORLD_SIZE", "4", 1);
+    expect_env_error("MLART_RANK=4");
+    clear_rank_env();
+    setenv("PMI_RANK", "7", 1);
+    setenv("PMI_SIZE", "2", 1);
+    expect_env_error("PMI_RANK");
+    clear_rank_env();
+    setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+    setenv("OMPI_COMM_WORLD_SIZE", "4x", 1);
+    expect_env_error("OMPI_COMM_WORLD_SIZE");
+    clear_rank_env();
+    setenv("RANK", "one", 1);
+    setenv("WORLD_SIZE", "2", 1);
+    expect_env_error("RANK");
+    clear_rank_env();
+    setenv("RANK", "", 1);
+    setenv("WORLD_SIZE", "2", 1);
+    expect_env_error("RANK");
+    clear_rank_env();
+    setenv("MLART_RANK", "0", 1);
+    setenv("MLART_WORLD_SIZE", "2", 1);
+    setenv("MLART_LOCAL_RANK", "0.5", 1);
+    expect_env_error("MLART_LOCAL_RANK");
+    clear_rank_env();
+    setenv("MLART_RANK", "-1", 1);
+    setenv("MLART_WORLD_SIZE", "2", 1);
+    expect_env_error("MLART_RANK");
+    clear_rank_env();
+    setenv("MLART_RANK", "0", 1);
+    setenv("MLART_WORLD_SIZE", "0", 1);
+    expect_env_error("MLART_WORLD_SIZE");
+    clear_rank_env();
+    setenv("MLART_RANK", "99999999999999999999", 1);
+    setenv("MLART_WORLD_SIZE", "2", 1);
+    expect_env_error("MLART_RANK");
+    clear_rank_env();
+    setenv("WORLD_SIZE", "2", 1); /* size without rank */
+    expect_env_error("RANK");
+}
+END_TEST
+
+/* ---- rendezvous ---------------------------------------------------------- */
+
+typedef struct job {
+    pthread_t thread;
+    int port, rank, size, timeout_ms;
+    unsigned char *blob;
+    size_t bytes;
+    int rc;
+    double secs;
+    char err[1024];
+} job;
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void *job_main(void *arg)
+{
+    job *j = arg;
+    double t0 = now();
+    j->rc = mlart_rendezvous("127.0.0.1", j->port, j->rank, j->size, j->blob, j->bytes,
+                             j->timeout_ms);
+    j->secs = now() - t0;
+    snprintf(j->err, sizeof j->err, "%s", mlart_last_error());
+    return NULL;
+}
+
+static void start(job *j, int port, int rank, int size, unsigned char *blob, size_t bytes,
+                  int timeout_ms)
+{
+    j->port = port;
+    j->rank = rank;
+    j->size = size;
+    j->blob = blob;
+    j->bytes = bytes;
+    j->timeout_ms = timeout_ms;
+    j->rc = 1;
+    j->err[0] = 0;
+    ck_assert_int_eq(pthread_create(&j->thread, NULL, job_main, j), 0);
+}
+
+static void join(job *j)
+{
+    ck_assert_int_eq(pthread_join(j->thread, NULL), 0);
+    if (j->rc)
+        printf("  rank %d of %d on port %d: %s: %s\n", j->rank, j->size, j->port,
+               mlart_status_name(j->rc), j->err);
+}
+
+static int pick_port(fx_rng *rng)
+{
+    return 20000 + (int)(fx_next(rng) % 20001);
+}
+
+/* rank 0 could not listen because the port is taken: try another */
+static int port_taken(const job *j)
+{
+    if (j->rc == MLART_ECOMM && strstr(j->err, "already in use")) {
+        printf("  port %d is in use, picking another\n", j->port);
+        return 1;
+    }
+    return 0;
+}
+
+static void fill(fx_rng *rng, unsigned char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (unsigned char)fx_next(rng);
+}
+
+/* `size` ranks as threads; the peers start first, so they retry until
+ * rank 0 listens.  Every rank ends with rank 0's `bytes`. */
+static void group(fx_rng *rng, int size, size_t bytes)
+{
+    unsigned char *blobs = malloc((size_t)size * (bytes ? bytes : 1));
+    job *jobs = calloc((size_t)size, sizeof *jobs);
+    int port = 0;
+    ck_assert(blobs && jobs);
+    for (int attempt = 0; attempt < 8; attempt++) {
+        struct timespec pause = {0, 100 * 1000 * 1000};
+        port = pick_port(rng);
+        fill(rng, blobs, bytes);
+        memset(blobs + bytes, 0xa5, (size_t)(size - 1) * bytes);
+        for (int r = size - 1; r >= 1; r--)
+            start(&jobs[r], port, r, size, blobs + (size_t)r * bytes, bytes, 10000);
+        nanosleep(&pause, NULL);
+        start(&jobs[0], port, 0, size, blobs, bytes, 10000);
+        for (int r = 0; r < size; r++)
+            join(&jobs[r]);
+        if (!port_taken(&jobs[0]))
+            break;
+    }
+    for (int r = 0; r < size; r++) {
+        ck_assert_msg(jobs[r].rc == 0, "rank %d: %s", r, jobs[r].err);
+        ck_assert_msg(!bytes || !memcmp(blobs + (size_t)r * bytes, blobs, bytes),
+                      "rank %d got other bytes", r);
+    }
+    printf("%d ranks on 127.0.0.1:%d got rank 0's %zu bytes (rank 0 took %.3f s)\n", size, port,
+           bytes, jobs[0].secs);
+    free(blobs);
+    free(jobs);
+}
+
+START_TEST(rendezvous_args)
+{
+    unsigned char b[128];
+    double t0 = now();
+    memset(b, 7, sizeof b);
+    /* one rank: nothing to hand out, no socket (the address is not even parsed) */
+    ck_assert_int_eq(mlart_rendezvous("127.0.0.1", 1, 0, 1, b, sizeof b, 1), 0);
+    ck_assert_int_eq(mlart_rendezvous("not-an-address", 65535, 0, 1, b, sizeof b, 1), 0);
+    ck_assert_int_eq(mlart_rendezvous("127.0.0.1", 29999, 0, 1, NULL, 0, 0), 0);
+    ck_assert(now() - t0 < 0.5);
+    for (size_t i = 0; i < sizeof b; i++)
+        ck_assert_int_eq(b[i], 7);
+    ck_assert_int_eq(mlart_rendezvous(NULL, 29999, 0, 2, b, sizeof b, 100), MLART_EINVAL);
+    ck_assert_int_eq(mlart_rendezvous("127.0.0.1", 0, 0, 2, b, sizeof b, 100), MLART_EINVAL);
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), "port 0"));
+    ck_assert_int_eq(mlart_rendezvous("127.0.0.1", 65536, 0, 2, b, sizeof b, 100), MLART_EINVAL);
+    ck_assert_int_eq(mlart_rendezvous("127.0.0.1", 29999, -1, 2, b, sizeof b, 100),
+                     MLART_EINVAL);
+    ck_assert_int_eq(mlart_rendezvous("127.0.0.1", 29999, 2, 2, b, sizeof b, 100), MLART_EINVAL);
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), "rank 2 of 2"));
+    ck_assert_int_eq(mlart_rendezvous("127.0.0.1", 29999, 0, 0, b, sizeof b, 100), MLART_EINVAL);
+    ck_assert_int_eq(mlart_rendezvous("127.0.0.1", 29999, 1, 2, NULL, 16, 100), MLART_EINVAL);
+    ck_assert_int_eq(mlart_rendezvous("127.0.0.1", 29999, 1, 2, b, (1u << 20) + 1, 100),
+                     MLART_EINVAL);
+    ck_assert_int_eq(mlart_rendezvous("127.0.0.1", 29999, 1, 2, b, sizeof b, -5), MLART_EINVAL);
+    ck_assert_int_eq(mlart_rendezvous("localhost", 29999, 1, 2, b, sizeof b, 100), MLART_EINVAL);
+    printf("  -> %s\n", mlart_last_error());
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), "'localhost'"));
+}
+END_TEST
+
+START_TEST(rendezvous_four_ranks)
+{
+    fx_rng rng = {seed ^ 0x4a11};
+    group(&rng, 4, 128);
+}
+END_TEST
+
+START_TEST(rendezvous_big_and_empty)
+{
+    fx_rng rng = {seed ^ 0xb16};
+    group(&rng, 3, (size_t)1 << 20);
+    group(&rng, 2, 0);
+}
+END_TEST
+
+START_TEST(rendezvous_refuses_other_size)
+{
+    fx_rng rng = {seed ^ 0x512e};
+    unsigned char blobs[4][128], bad_blob[128];
+    job jobs[4], bad;
+    int refused = 0;
+    for (int attempt = 0; attempt < 8 && !refused; attempt++) {
+        int port = pick_port(&rng);
+        fill(&rng, blobs[0], sizeof blobs[0]);
+        memset(blobs[1], 0, 3 * sizeof blobs[0]);
+        memset(bad_blob, 0x3c, sizeof bad_blob);
+        start(&jobs[0], port, 0, 4, blobs[0], sizeof blobs[0], 10000);
+        /* rank 1 of a group of 5: refused, and it must not take rank 1's place */
+        start(&bad, port, 1, 5, bad_blob, sizeof bad_blob, 5000);
+        join(&bad);
+        refused = bad.rc == MLART_ECOMM && strstr(bad.err, "size") != NULL;
+        if (!refused) {
+            join(&jobs[0]);
+            ck_assert_msg(port_taken(&jobs[0]), "bad peer: %s; rank 0: %s", bad.err,
+                          jobs[0].err);
+            continue;
+        }
+        for (int r = 1; r < 4; r++)
+            start(&jobs[r], port, r, 4, blobs[r], sizeof blobs[r], 10000);
+        for (int r = 0; r < 4; r++)
+            join(&jobs[r]);
+    }
+    ck_assert(refused);
+    printf("refused: %s\n", bad.err);
+    ck_assert_ptr_nonnull(strstr(bad.err, "refused rank 1"));
+    for (int r = 0; r < 4; r++) {
+        ck_assert_msg(jobs[r].rc == 0, "rank %d: %s", r, jobs[r].err);
+        ck_assert(!memcmp(blobs[r], blobs[0], sizeof blobs[0]));
+    }
+    for (size_t i = 0; i < sizeof bad_blob; i++)
+        ck_assert_int_eq(bad_blob[i], 0x3c);
+}
+END_TEST
+
+START_TEST(rendezvous_peer_without_server)
+{
+    fx_rng rng = {seed ^ 0x9e3};
+    unsigned char b[128];
+    job j;
+    start(&j, pick_port(&rng), 1, 2, b, sizeof b, 300);
+    join(&j);
+    printf("no server: %s after %.3f s\n", mlart_status_name(j.rc), j.secs);
+    ck_assert_int_eq(j.rc, MLART_ETIMEDOUT);
+    ck_assert_ptr_nonnull(strstr(j.err, "rank 1 could not reach rank 0 at 127.0.0.1"));
+    ck_assert(j.secs >= 0.29 && j.secs < 0.9);
+}
+END_TEST
+
+START_TEST(rendezvous_rank0_missing_peer)
+{
+    fx_rng rng = {seed ^ 0x3155};
+    unsigned char blobs[2][128];
+    job j0, j1;
+    for (int attempt = 0; attempt < 8; attempt++) {
+        int port = pick_port(&rng);
+        fill(&rng, blobs[0], sizeof blobs[0]);
+        memset(blobs[1], 0, sizeof blobs[1]);
+        start(&j0, port, 0, 3, blobs[0], sizeof blobs[0], 500);
+        start(&j1, port, 1, 3, blobs[1], sizeof blobs[1], 5000);
+        join(&j0);
+        join(&j1);
+        if (!port_taken(&j0))
+            break;
+    }
+    ck_assert_int_eq(j0.rc, MLART_ETIMEDOUT);
+    ck_assert_ptr_nonnull(strstr(j0.err, "1 of 2 peers"));
+    ck_assert_ptr_nonnull(strstr(j0.err, "missing ranks: 2"));
+    ck_assert(j0.secs >= 0.45 && j0.secs < 1.5);
+    ck_assert_msg(j1.rc == 0, "rank 1: %s", j1.err);
+    ck_assert(!memcmp(blobs[0], blobs[1], sizeof blobs[0]));
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("runtime_rendezvous");
+    TCase *env = tcase_create("rank_env");
+    TCase *tc = tcase_create("rendezvous");
+    seed = fx_seed();
+    printf("seed %llu (MLART_TEST_SEED to repeat)\n", (unsigned long long)seed);
+    tcase_add_test(env, rank_env_none);
+    tcase_add_test(env, rank_env_families);
+    tcase_add_test(env, rank_env_refused);
+    tcase_add_test(tc, rendezvous_args);
+    tcase_add_test(tc, rendezvous_four_ranks);
+    tcase_add_test(tc, rendezvous_big_and_empty);
+    tcase_add_test(tc, rendezvous_refuses_other_size);
+    tcase_add_test(tc, rendezvous_peer_without_server);
+    tcase_add_test(tc, rendezvous_rank0_missing_peer);
+    tcase_set_timeout(tc, 120);
+    suite_add_tcase(s, env);
+    suite_add_tcase(s, tc);
+    return check_run(s, CK_FORK_GETENV);
+}
