@@ -485,7 +485,7 @@ int mlart_layer_create(mlart_context *ctx, const mlart_layer_desc *desc, mlart_l
     if (ly->device >= 0 && ly->validate_indices) {
         size_t n = (size_t)T * ((size_t)g->topk + 1) +
                    (size_t)desc->max_requests * ((size_t)desc->max_blocks_per_req + 1);
-        if (desc->dcp && mlart_comm_size(desc->dcp) > 1)
+        if (desc->dcp)
             n += (size_t)T * (size_t)g->topk + (size_t)desc->max_requests;
         ly->h_meta = malloc(n * sizeof(int32_t));
         if (!ly->h_meta) {
@@ -516,7 +516,7 @@ int mlart_layer_create(mlart_context *ctx, const mlart_layer_desc *desc, mlart_l
     rc = mem_alloc(ly->device, ly->workspace_bytes, &ly->workspace);
     if (rc < 0)
         goto fail;
-    if (desc->dcp && mlart_comm_size(desc->dcp) > 1 && (rc = dcp_setup(ly, desc, name)) < 0)
+    if (desc->dcp && (rc = dcp_setup(ly, desc, name)) < 0)
         goto fail;
     mlart_log(MLART_LOG_INFO, "layer: backend '%s' on device %d, query %s, output %s, "
               "workspace %zu B", ly->vt->name, ly->device,

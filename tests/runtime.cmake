@@ -174,9 +174,13 @@ if(TARGET mlart-decode)
                        PROPERTIES LABELS cpu TIMEOUT 120)
 endif()
 
-# The NCCL communicator: alone it is rank 0 of 1; under `mpirun -np N` each
-# process is one rank (tests/gpu/test_comm_nccl.c says which variables it reads).
+# The NCCL communicator and the DCP step over it: alone each is rank 0 of 1;
+# under `mpirun -np N` each process is one rank (tests/gpu/nccl_rank.h says
+# which variables they read).
 if(MLART_WITH_CUDA)
   mlart_test(test_comm_nccl_gpu LABELS gpu mpi TIMEOUT 300
              SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_comm_nccl.c LIBS mlart_rendezvous)
+  # the layer's DCP step over NCCL: alone a group of one (the plain step's bytes)
+  mlart_test(test_dcp_nccl_gpu LABELS gpu mpi TIMEOUT 300
+             SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/gpu/test_dcp_nccl.c LIBS mlart_rendezvous)
 endif()

@@ -212,8 +212,8 @@ typedef struct mlart_layer_desc {
                                    caller's previous kernel on the stream ends and read its
                                    weights then (it reads q only after that kernel).
                                    0: it starts after that kernel. */
-    /* Decode-context parallel (DESIGN 7).  NULL or a communicator of one
-     * rank: none.  D > 1 ranks: kv_cache, num_slots, block_table and the
+    /* Decode-context parallel (DESIGN 7).  NULL: none.  A communicator of
+     * D ranks: kv_cache, num_slots, block_table and the
      * cache writes hold this rank's shard of each request (logical position
      * p lives on rank mlart_dcp_owner(p, D, dcp_interleave) at position
      * mlart_dcp_local_pos(p, D, dcp_interleave) of the shard), while idx and
@@ -225,6 +225,8 @@ typedef struct mlart_layer_desc {
      * head's rank by dcp_routing and combines them there.  The comm's device
      * must be the context's; the backend must give head-major output.  With
      * a local communicator a step synchronises its stream (not capturable).
+     * D = 1 runs the same path (every position on the one rank), giving the
+     * plain step's bytes; it exists for tests of the path on one device.
      * The communicator must outlive the layer. */
     struct mlart_comm *dcp;
     int32_t dcp_interleave;         /* tokens per round-robin turn; 0 = 1 */

@@ -15,35 +15,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mlart/rendezvous.h"
 #include "mlart/mlart.h"
+#include "nccl_rank.h"
 
 #define BLOCK 4099 /* bytes a rank for all_gather / all_to_all: odd on purpose */
 #define NF 1031    /* floats a rank for reduce_scatter_f32 */
 
-static int failures;
-static mlart_rank_info me;
-
-static void check(int ok, const char *fmt, ...)
-{
-    va_list ap;
-    printf("%s: rank %d of %d: ", ok ? "PASS" : "FAIL", me.rank, me.size);
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    putchar('\n');
-    fflush(stdout);
-    failures += !ok;
-}
-
-#define CUDA_OR_DIE(call)                                                                     \
-    do {                                                                                      \
-        cudaError_t e_ = (call);                                                              \
-        if (e_ != cudaSuccess) {                                                              \
-            check(0, "%s: %s", #call, cudaGetErrorString(e_));                                \
-            exit(1);                                                                          \
-        }                                                                                     \
-    } while (0)
 
 /* Inputs that depend on the sending rank, the destination block, the index
  * and the round; reduce_scatter's are small integers, so any order of the
@@ -146,47 +123,15 @@ static int collectives(mlart_comm *c, bufs *b, cudaStream_t s)
 
 int main(void)
 {
-    const char *addr = getenv("MLART_MASTER_ADDR"), *port_s = getenv("MLART_MASTER_PORT");
     mlart_comm *comm = NULL;
     cudaStream_t stream;
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     bufs b;
-    long port = 29511;
-    int ndev = 0, device, rc;
-    if (mlart_cuda_device_count(&ndev) < 0 || ndev == 0) {
-        printf("SKIP: no CUDA device (%s)\n", mlart_last_error());
-        return 77;
-    }
-    if (mlart_rank_from_env(&me) < 0) {
-        printf("FAIL: %s\n", mlart_last_error());
-        return 1;
-    }
-    if (port_s) {
-        char *end;
-        errno = 0;
-        port = strtol(port_s, &end, 10);
-        if (end == port_s || *end || errno || port < 1 || port > 65535) {
-            printf("FAIL: MLART_MASTER_PORT='%s' is not a port\n", port_s);
-            return 1;
-        }
-    }
-    if (!addr || !*addr)
-        addr = "127.0.0.1";
-    device = me.local_rank % ndev;
-    printf("rank %d of %d (%s), local rank %d, device %d of %d, rendezvous %s:%ld\n", me.rank,
-           me.size, me.source[0] ? me.source : "no launcher", me.local_rank, device, ndev, addr,
-           port);
-
-    rc = mlart_comm_nccl_join(me.rank, me.size, device, addr, (int)port, 60000, &comm);
-    if (rc == MLART_ECOMM && strstr(mlart_last_error(), "cannot be opened")) {
-        printf("SKIP: %s\n", mlart_last_error());
-        return 77;
-    }
-    check(rc == 0, "mlart_comm_nccl_join: %s%s%s", mlart_status_name(rc), rc ? ": " : "",
-          rc ? mlart_last_error() : "");
-    if (rc)
-        return 1;
+    int device, rc;
+    if ((rc = nccl_rank_join(29511, &me, &device, &comm)) != 0)
+        return rc;
+    check(1, "mlart_comm_nccl_join: MLART_OK");
     check(!strcmp(mlart_comm_kind(comm), "nccl") && mlart_comm_graph_safe(comm) == 1 &&
               mlart_comm_rank(comm) == me.rank && mlart_comm_size(comm) == me.size &&
               mlart_comm_device(comm) == device,

@@ -53,15 +53,18 @@ run decode_dsv32_direct_verify "$dec" --config "$src/configs/deepseek-v32-tp8.in
 run decode_glm5_bf16_verify "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --kv-format bf16 --batch 4 --context 3000 --steps 2 --verify
 # decode-context parallel: glm5's group of 4 ranks as threads on this device (local
 # communicator), each rank's 16 heads checked against the float64 oracle over the whole
-# cache; then the NCCL communicator alone and as rank 0 of 1 under mpirun
+# cache; then the NCCL communicator and the layer's DCP step over it (a group of one:
+# the plain step's bytes, eager and replayed), alone and as rank 0 of 1 under mpirun
 run decode_glm5_dcp_local_a2a "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda \
   --batch 8 --context 4096 --steps 3 --verify --dcp-local --set dcp_routing=a2a
 run decode_glm5_dcp_local_ag_rs "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda \
   --kv-format bf16 --batch 5 --context 3000 --steps 2 --verify --dcp-local --set dcp_routing=ag_rs \
   --set dcp_interleave=64
 run comm_nccl_gpu "$build/tests/test_comm_nccl_gpu"
+run dcp_nccl_gpu "$build/tests/test_dcp_nccl_gpu"
 if command -v mpirun >/dev/null; then
   run comm_nccl_mpirun mpirun --allow-run-as-root --oversubscribe -np 1 "$build/tests/test_comm_nccl_gpu"
+  run dcp_nccl_mpirun mpirun --allow-run-as-root --oversubscribe -np 1 "$build/tests/test_dcp_nccl_gpu"
 fi
 # 16 heads a rank at T = 1 and 4, 64 (glm5 heads=256 over tp 4) at T = 4, with the in-place combine
 # (opt-in, docs/attention.md; 64 heads at T <= 3 run in 16-row tiles, never in place)

@@ -1,8 +1,9 @@
 /* Decode-context parallel on the host: the local communicator's collectives,
  * where a cached token lives, and a D-rank step (ranks as threads, each
  * with its shard of the cache) against one rank over the whole cache, for
- * both routings and both cache formats; bad set-ups refused, a missing rank
- * a timeout and not a hang. */
+ * both routings and both cache formats, and a group of one rank giving the
+ * plain step's bytes; bad set-ups refused, a missing rank a timeout and not
+ * a hang. */
 #define _POSIX_C_SOURCE 200809L
 #include <check.h>
 #include <math.h>
@@ -55,8 +56,8 @@ static void *run_collectives(void *arg)
     rank_job *j = arg;
     j->rc = mlart_comm_all_gather(j->comm, j->send, j->recv, j->n, NULL);
     if (j->rc == 0)
-        j->rc = mlart_comm_all_to_all(j->comm, j->send + j->size * j->n,
-                                      j->recv + j->size * j->n, j->n, NULL);
+        j->rc = mlart_comm_all_to_all(j->comm, j->send + j->n, j->recv + j->size * j->n, j->n,
+                                      NULL);
     if (j->rc == 0)
         j->rc = mlart_comm_reduce_scatter_f32(j->comm, j->fsend, j->frecv, j->n, NULL);
     if (j->rc < 0)
@@ -100,7 +101,7 @@ START_TEST(local_collectives)
         for (int s = 0; s < D; s++) {
             ck_assert_int_eq(memcmp(j[k].recv + (size_t)s * n, j[s].send, n), 0);
             ck_assert_int_eq(memcmp(j[k].recv + (size_t)(D + s) * n,
-                                    j[s].send + (size_t)(D + k) * n, n), 0);
+                                    j[s].send + (size_t)(1 + k) * n, n), 0);
         }
         for (size_t i = 0; i < n; i++) {
             float want = 0.0f;
@@ -163,6 +164,8 @@ static const dcp_case cases[] = {
     {4, 1, MLART_DCP_A2A, 3, MLART_KV_FP8_DS_MLA}, {4, 2, MLART_DCP_AG_RS, 3, MLART_KV_FP8_DS_MLA},
     {3, 2, MLART_DCP_A2A, 4, MLART_KV_BF16},  {3, 1, MLART_DCP_AG_RS, 5, MLART_KV_BF16},
     {4, 3, MLART_DCP_A2A, 8, MLART_KV_FP8_DS_MLA}, {2, 3, MLART_DCP_AG_RS, 64, MLART_KV_FP8_DS_MLA},
+    /* one rank: the same path, the plain step's bytes */
+    {1, 2, MLART_DCP_A2A, 1, MLART_KV_BF16},  {1, 3, MLART_DCP_AG_RS, 3, MLART_KV_FP8_DS_MLA},
 };
 
 /* The whole cache of a fixture in format fmt: bf16 rows as they are, fp8
@@ -313,6 +316,9 @@ START_TEST(dcp_step_equals_one_rank)
                c->routing == MLART_DCP_A2A ? "a2a" : "ag_rs", il, mlart_kv_format_name(c->fmt), k,
                e);
         ck_assert_msg(e <= DCP_NMSE_BOUND, "rank %d: NMSE %.3e > %.1e", k, e, DCP_NMSE_BOUND);
+        if (D == 1) /* nothing combined: the plain step's bytes */
+            ck_assert_msg(e == 0.0 && !memcmp(lse, f.lse, sizeof(float) * H * T_),
+                          "one rank: output or lse differs from the plain step (NMSE %.3e)", e);
         for (int h = 0; h < H; h++)
             for (int t = 0; t < T_; t++) {
                 float a = lse[h * T_ + t], b = f.lse[(k * H + h) * T_ + t];
@@ -391,64 +397,68 @@ START_TEST(bad_setups_refused)
 }
 END_TEST
 
+/* Rank 0 of a local group of two on the host: its layer over the fixture
+ * (2 heads) with the a2a routing; rank 1's communicator exists but no
+ * thread runs it. */
+typedef struct two_ranks {
+    fx f;
+    mlart_context *ctx;
+    mlart_comm_group *grp;
+    mlart_comm *c[2];
+    mlart_layer *ly;
+    mlart_step_io io;
+} two_ranks;
+
+static void two_open(two_ranks *t)
+{
+    memset(t, 0, sizeof *t);
+    fx_init(&t->f, 2, P_, R_, L_, V_, K_, PAGE_, T_, B_, MB_, seed);
+    ck_assert_int_eq(mlart_context_create(-1, &t->ctx), 0);
+    ck_assert_int_eq(mlart_comm_group_create(2, -1, 300, &t->grp), 0);
+    for (int k = 0; k < 2; k++)
+        ck_assert_int_eq(mlart_comm_local_create(t->grp, k, &t->c[k]), 0);
+    ck_assert_int_eq(create_dcp(&t->f, t->ctx, t->c[0], "reference", 1, MLART_DCP_A2A, &t->ly), 0);
+    t->io = fx_io(&t->f);
+}
+
+static void two_close(two_ranks *t)
+{
+    mlart_layer_destroy(t->ly);
+    mlart_comm_destroy(t->c[0]), mlart_comm_destroy(t->c[1]);
+    mlart_comm_group_destroy(t->grp);
+    mlart_context_destroy(t->ctx);
+    fx_free(&t->f);
+}
+
 START_TEST(missing_rank_times_out)
 {
-    fx f;
-    mlart_context *ctx = NULL;
-    mlart_comm_group *grp = NULL;
-    mlart_comm *c0 = NULL, *c1 = NULL;
-    mlart_layer *ly = NULL;
-    mlart_step_io io;
+    two_ranks t;
     struct timespec a, b;
     double secs;
     int rc;
-    fx_init(&f, 2, P_, R_, L_, V_, K_, PAGE_, T_, B_, MB_, seed);
-    ck_assert_int_eq(mlart_context_create(-1, &ctx), 0);
-    ck_assert_int_eq(mlart_comm_group_create(2, -1, 300, &grp), 0);
-    ck_assert_int_eq(mlart_comm_local_create(grp, 0, &c0), 0);
-    ck_assert_int_eq(mlart_comm_local_create(grp, 1, &c1), 0);
-    ck_assert_int_eq(create_dcp(&f, ctx, c0, "reference", 1, MLART_DCP_A2A, &ly), 0);
-    io = fx_io(&f);
+    two_open(&t);
     /* rank 1 never comes */
     clock_gettime(CLOCK_MONOTONIC, &a);
-    rc = mlart_layer_decode(ly, &io, NULL);
+    rc = mlart_layer_decode(t.ly, &t.io, NULL);
     clock_gettime(CLOCK_MONOTONIC, &b);
     secs = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
     ck_assert_msg(rc == MLART_ETIMEDOUT, "rc %d: %s", rc, mlart_last_error());
     ck_assert_msg(secs < 3.0, "took %.2f s", secs);
     ck_assert_msg(strstr(mlart_last_error(), "did not arrive") != NULL, "%s", mlart_last_error());
     /* the group stays failed: a late rank does not pair with a later collective */
-    ck_assert_int_eq(mlart_comm_all_gather(c1, f.q, f.o, 4, NULL), MLART_ETIMEDOUT);
-    mlart_layer_destroy(ly);
-    mlart_comm_destroy(c0), mlart_comm_destroy(c1);
-    mlart_comm_group_destroy(grp);
-    mlart_context_destroy(ctx);
-    fx_free(&f);
+    ck_assert_int_eq(mlart_comm_all_gather(t.c[1], t.f.q, t.f.o, 4, NULL), MLART_ETIMEDOUT);
+    two_close(&t);
 }
 END_TEST
 
 START_TEST(index_past_seq_len_refused)
 {
-    fx f;
-    mlart_context *ctx = NULL;
-    mlart_comm_group *grp = NULL;
-    mlart_comm *c0 = NULL;
-    mlart_layer *ly = NULL;
-    mlart_step_io io;
-    fx_init(&f, 2, P_, R_, L_, V_, K_, PAGE_, T_, B_, MB_, seed);
-    ck_assert_int_eq(mlart_context_create(-1, &ctx), 0);
-    ck_assert_int_eq(mlart_comm_group_create(2, -1, 300, &grp), 0);
-    ck_assert_int_eq(mlart_comm_local_create(grp, 0, &c0), 0);
-    ck_assert_int_eq(create_dcp(&f, ctx, c0, "reference", 1, MLART_DCP_A2A, &ly), 0);
-    io = fx_io(&f);
-    f.idx[K_ + 3] = f.lens[f.req[1]]; /* global position == seq_len */
-    ck_assert_int_eq(mlart_layer_decode(ly, &io, NULL), MLART_ERANGE);
+    two_ranks t;
+    two_open(&t);
+    t.f.idx[K_ + 3] = t.f.lens[t.f.req[1]]; /* global position == seq_len */
+    ck_assert_int_eq(mlart_layer_decode(t.ly, &t.io, NULL), MLART_ERANGE);
     ck_assert_msg(strstr(mlart_last_error(), "idx[1][3]") != NULL, "%s", mlart_last_error());
-    mlart_layer_destroy(ly);
-    mlart_comm_destroy(c0);
-    mlart_comm_group_destroy(grp);
-    mlart_context_destroy(ctx);
-    fx_free(&f);
+    two_close(&t);
 }
 END_TEST
 

@@ -97,46 +97,28 @@ static void expect_env_error(const char *var)
 
 START_TEST(rank_env_refused)
 {
-    clear_rank_env();
-    setenv("MLART_RANK", "4", 1);
-    setenv("MLART_WORLD_SIZE", "4", 1);
-    expect_env_error("MLART_RANK=4");
-    clear_rank_env();
-    setenv("PMI_RANK", "7", 1);
-    setenv("PMI_SIZE", "2", 1);
-    expect_env_error("PMI_RANK");
-    clear_rank_env();
-    setenv("OMPI_COMM_WORLD_RANK", "1", 1);
-    setenv("OMPI_COMM_WORLD_SIZE", "4x", 1);
-    expect_env_error("OMPI_COMM_WORLD_SIZE");
-    clear_rank_env();
-    setenv("RANK", "one", 1);
-    setenv("WORLD_SIZE", "2", 1);
-    expect_env_error("RANK");
-    clear_rank_env();
-    setenv("RANK", "", 1);
-    setenv("WORLD_SIZE", "2", 1);
-    expect_env_error("RANK");
-    clear_rank_env();
-    setenv("MLART_RANK", "0", 1);
-    setenv("MLART_WORLD_SIZE", "2", 1);
-    setenv("MLART_LOCAL_RANK", "0.5", 1);
-    expect_env_error("MLART_LOCAL_RANK");
-    clear_rank_env();
-    setenv("MLART_RANK", "-1", 1);
-    setenv("MLART_WORLD_SIZE", "2", 1);
-    expect_env_error("MLART_RANK");
-    clear_rank_env();
-    setenv("MLART_RANK", "0", 1);
-    setenv("MLART_WORLD_SIZE", "0", 1);
-    expect_env_error("MLART_WORLD_SIZE");
-    clear_rank_env();
-    setenv("MLART_RANK", "99999999999999999999", 1);
-    setenv("MLART_WORLD_SIZE", "2", 1);
-    expect_env_error("MLART_RANK");
-    clear_rank_env();
-    setenv("WORLD_SIZE", "2", 1); /* size without rank */
-    expect_env_error("RANK");
+    /* variables set (name, value; NULL ends), the name the error must give */
+    static const struct {
+        const char *set[6], *want;
+    } bad[] = {
+        {{"MLART_RANK", "4", "MLART_WORLD_SIZE", "4"}, "MLART_RANK=4"},
+        {{"PMI_RANK", "7", "PMI_SIZE", "2"}, "PMI_RANK"},
+        {{"OMPI_COMM_WORLD_RANK", "1", "OMPI_COMM_WORLD_SIZE", "4x"}, "OMPI_COMM_WORLD_SIZE"},
+        {{"RANK", "one", "WORLD_SIZE", "2"}, "RANK"},
+        {{"RANK", "", "WORLD_SIZE", "2"}, "RANK"},
+        {{"MLART_RANK", "0", "MLART_WORLD_SIZE", "2", "MLART_LOCAL_RANK", "0.5"},
+         "MLART_LOCAL_RANK"},
+        {{"MLART_RANK", "-1", "MLART_WORLD_SIZE", "2"}, "MLART_RANK"},
+        {{"MLART_RANK", "0", "MLART_WORLD_SIZE", "0"}, "MLART_WORLD_SIZE"},
+        {{"MLART_RANK", "99999999999999999999", "MLART_WORLD_SIZE", "2"}, "MLART_RANK"},
+        {{"WORLD_SIZE", "2"}, "RANK"}, /* size without rank */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        clear_rank_env();
+        for (int k = 0; k < 6 && bad[i].set[k]; k += 2)
+            setenv(bad[i].set[k], bad[i].set[k + 1], 1);
+        expect_env_error(bad[i].want);
+    }
 }
 END_TEST
 
