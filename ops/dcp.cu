@@ -49,6 +49,18 @@ __device__ __forceinline__ uint16_t f2bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
+/* 16 bytes a thread: dst row (t, d) is src row (d, t), rows of H*C values */
+__global__ void gather_heads_kernel(const uint4 *src, int32_t D, int64_t T, int64_t row16,
+                                    uint4 *dst)
+{
+    const int64_t n = (int64_t)D * T * row16;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t k = i % row16, r = i / row16, t = r / D, d = r % D;
+        dst[i] = src[(d * T + t) * row16 + k];
+    }
+}
+
 /* max and sum of exp(lse - max) over D LSEs `step` apart, in the twin's order */
 __device__ __forceinline__ float2 lse_stats(const float *lse, int32_t D, int64_t step)
 {
@@ -121,6 +133,20 @@ int mlart_dcp_translate_cuda(const int32_t *idx, int64_t n_idx, const int32_t *s
     translate_kernel<<<blocks_for(n_idx + B, 256), 256, 0, (cudaStream_t)stream>>>(
         idx, n_idx, seq_lens, B, rank, size, interleave, idx_local, lens_local);
     return launched("dcp translate");
+}
+
+int mlart_dcp_gather_heads_cuda(const uint16_t *src, int32_t D, int64_t T, int64_t H, int64_t C,
+                                uint16_t *dst, void *stream)
+{
+    const int64_t row16 = H * C / 8, n = (int64_t)D * T * row16;
+    if (C % 8 || ((uintptr_t)src | (uintptr_t)dst) % 16)
+        return mlart_set_error(MLART_EINVAL, "dcp gather_heads: C = %lld and the buffers must "
+                               "give 16-byte rows", (long long)C);
+    if (n == 0)
+        return 0;
+    gather_heads_kernel<<<blocks_for(n < 132 * 1024 ? n : 132 * 1024, 256), 256, 0,
+                          (cudaStream_t)stream>>>((const uint4 *)src, D, T, row16, (uint4 *)dst);
+    return launched("dcp gather_heads");
 }
 
 int mlart_dcp_combine_cuda(const uint16_t *parts, const float *lses, int32_t D, int64_t H,

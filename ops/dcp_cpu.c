@@ -5,6 +5,7 @@
 #include "ops/ops.h"
 
 #include <math.h>
+#include <string.h>
 
 int mlart_dcp_translate_cpu(const int32_t *idx, int64_t n_idx, const int32_t *seq_lens, int32_t B,
                             int32_t rank, int32_t size, int32_t interleave, int32_t *idx_local,
@@ -19,6 +20,17 @@ int mlart_dcp_translate_cpu(const int32_t *idx, int64_t n_idx, const int32_t *se
     for (int32_t b = 0; b < B; b++)
         lens_local[b] = (int32_t)mlart_dcp_local_len(seq_lens[b] < 0 ? 0 : seq_lens[b], rank, size,
                                                      interleave);
+    return 0;
+}
+
+int mlart_dcp_gather_heads_cpu(const uint16_t *src, int32_t D, int64_t T, int64_t H, int64_t C,
+                               uint16_t *dst)
+{
+    const size_t row = (size_t)(H * C);
+    for (int32_t d = 0; d < D; d++)
+        for (int64_t t = 0; t < T; t++)
+            memcpy(dst + ((size_t)t * D + (size_t)d) * row, src + ((size_t)d * T + (size_t)t) * row,
+                   row * sizeof *src);
     return 0;
 }
 

@@ -86,6 +86,13 @@ int mlart_dcp_translate_cpu(const int32_t *idx, int64_t n_idx, const int32_t *se
 int mlart_dcp_translate_cuda(const int32_t *idx, int64_t n_idx, const int32_t *seq_lens,
                              int32_t B, int32_t rank, int32_t size, int32_t interleave,
                              int32_t *idx_local, int32_t *lens_local, void *stream);
+/* gather_heads: every rank's absorbed queries src [D][T,H,C] (rank-major,
+ * as an all-gather leaves them) -> dst [T,D*H,C] (head d*H+h of token t is
+ * rank d's head h); C a multiple of 8. */
+int mlart_dcp_gather_heads_cpu(const uint16_t *src, int32_t D, int64_t T, int64_t H, int64_t C,
+                               uint16_t *dst);
+int mlart_dcp_gather_heads_cuda(const uint16_t *src, int32_t D, int64_t T, int64_t H, int64_t C,
+                                uint16_t *dst, void *stream);
 /* combine (a2a): parts [D][H,T,L] bf16 and lses [D][H,T] f32 (natural log,
  * -inf = no slot) -> out [H,T,L] bf16 = sum_s w_s parts_s with w_s =
  * exp(lse_s - m) / sum_r exp(lse_r - m), m = max_s lse_s; lse_out [H,T] =

@@ -717,23 +717,12 @@ static int dcp_check_local(mlart_layer *ly, int32_t T, int32_t B, const int32_t 
 static int dcp_gather_queries(mlart_layer *ly, int64_t T, void *stream)
 {
     const int64_t D = ly->dcp_size, H = ly->geom.heads, C = ly->geom.kv_lora + ly->geom.rope;
-    const size_t block = (size_t)(T * H * C) * 2, row = (size_t)(H * C) * 2;
-    char *dst = ly->dq_mqa.p;
-    const char *src = ly->dq_all.p;
-    MLART_CHECK(mlart_comm_all_gather(ly->dcp, ly->q_mqa_buf, ly->dq_all.p, block, stream));
-    if (ly->device < 0) {
-        for (int64_t d = 0; d < D; d++)
-            for (int64_t t = 0; t < T; t++)
-                memcpy(dst + (size_t)(t * D + d) * row, src + (size_t)d * block + (size_t)t * row,
-                       row);
-        return 0;
-    }
+    MLART_CHECK(mlart_comm_all_gather(ly->dcp, ly->q_mqa_buf, ly->dq_all.p,
+                                      (size_t)(T * H * C) * 2, stream));
+    if (ly->device < 0)
+        return mlart_dcp_gather_heads_cpu(ly->dq_all.p, (int32_t)D, T, H, C, ly->dq_mqa.p);
 #ifdef MLART_WITH_CUDA
-    for (int64_t d = 0; d < D; d++)
-        CUDA_TRY_(cudaMemcpy2DAsync(dst + (size_t)d * row, (size_t)D * row, src + (size_t)d * block,
-                                    row, row, (size_t)T, cudaMemcpyDeviceToDevice,
-                                    (cudaStream_t)stream));
-    return 0;
+    return mlart_dcp_gather_heads_cuda(ly->dq_all.p, (int32_t)D, T, H, C, ly->dq_mqa.p, stream);
 #else
     return mlart_set_error(MLART_ENODEV, "this build has no CUDA");
 #endif

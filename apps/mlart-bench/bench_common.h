@@ -113,6 +113,8 @@ int mlart_bench_ops(const mlart_bench_opts *o);
 int mlart_bench_kvw(const mlart_bench_opts *o);
 /* The dependent latencies of a decode step (bench_lat.cu): rows "latency ...". */
 int mlart_bench_lat(const mlart_bench_opts *o);
+/* One rank's layer step under DCP against the plain step (bench_dcp.cu): rows "dcp ...". */
+int mlart_bench_dcp(const mlart_bench_opts *o);
 #ifdef MLART_BENCH_ATTN
 int mlart_bench_attn(const mlart_bench_opts *o);
 #endif

@@ -147,6 +147,10 @@ int main(int argc, char **argv)
     wrong += rc > 0 ? rc : 0;
     if (rc < 0)
         wrong++;
+    rc = mlart_bench_dcp(&o);
+    wrong += rc > 0 ? rc : 0;
+    if (rc < 0)
+        wrong++;
     if (o.json) {
         fprintf(o.json, "\n]\n");
         fclose(o.json);
