@@ -15,10 +15,13 @@ extern "C" {
 #define MLART_PRINTF(a, b)
 #endif
 
+/* Exported from libmlart.so although no public header declares them: the
+ * companion archive libmlart_rendezvous.a records its errors through them,
+ * linked against either libmlart. */
 /* Record the detail for mlart_last_error() on this thread; returns status. */
-int mlart_set_error(int status, const char *fmt, ...) MLART_PRINTF(2, 3);
+MLART_API int mlart_set_error(int status, const char *fmt, ...) MLART_PRINTF(2, 3);
 /* Log to stderr if level >= MLART_LOG (default warn). */
-void mlart_log(int level, const char *fmt, ...) MLART_PRINTF(2, 3);
+MLART_API void mlart_log(int level, const char *fmt, ...) MLART_PRINTF(2, 3);
 
 /* Return on error; the failing call has already recorded its detail. */
 #define MLART_CHECK(call)                                                               \

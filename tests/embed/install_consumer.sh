@@ -1,7 +1,8 @@
 #!/bin/sh
 # Install the build into a temporary prefix, then build the example of
 # README.md out of tree with find_package(mlart) and with pkg-config,
-# shared and static, and run each binary.
+# shared and static, and a program of the rendezvous archive against both
+# libraries, and run each binary.
 # usage: install_consumer.sh BUILD_DIR SOURCE_DIR C_COMPILER CMAKE
 set -eu
 build=$1 src=$2 cc=$3 cmake=$4
@@ -59,4 +60,33 @@ static=$(pkg-config --static --libs mlart | sed "s|-lmlart|-Wl,--whole-archive $
 "$cc" -std=c11 -o "$work/ex_pc_static" "$work/example.c" $(pkg-config --cflags mlart) $static ||
     { echo "FAIL: static link with Libs.private: $static"; exit 1; }
 check_run "pkg-config --static (whole archive + Libs.private)" "$work/ex_pc_static"
-echo "install + 4 consumers (cmake shared/static, pkg-config shared/static) built and ran"
+# 3. the rendezvous archive beside either library: its errors reach
+# mlart_last_error() of the library the program links
+[ -e "$libdir/libmlart_rendezvous.a" ] || { echo "FAIL: libmlart_rendezvous.a not installed"; exit 1; }
+cat >"$work/rdv.c" <<'EOF_C'
+#include <mlart/rendezvous.h>
+#include <stdio.h>
+#include <string.h>
+int main(void)
+{
+    char blob[8] = {0};
+    if (mlart_rendezvous("127.0.0.1", 29999, 0, 1, blob, sizeof blob, 100) != 0)
+        return 1; /* a group of one: nothing to exchange */
+    if (mlart_rendezvous("127.0.0.1", 0, 0, 2, blob, sizeof blob, 100) != MLART_EINVAL ||
+        !strstr(mlart_last_error(), "mlart_rendezvous"))
+        return 2;
+    printf("rendezvous: %s\n", mlart_last_error());
+    return 0;
+}
+EOF_C
+uv=$(pkg-config --static --libs mlart | tr ' ' '\n' | grep -E 'libuv|^-luv' | head -n 1)
+"$cc" -std=c11 -o "$work/rdv_shared" "$work/rdv.c" $(pkg-config --cflags mlart) \
+    "$libdir/libmlart_rendezvous.a" -L"$libdir" -lmlart $uv -pthread ||
+    { echo "FAIL: libmlart_rendezvous.a with the shared library"; exit 1; }
+check_run "libmlart_rendezvous.a + shared" env LD_LIBRARY_PATH="$libdir" "$work/rdv_shared"
+"$cc" -std=c11 -o "$work/rdv_static" "$work/rdv.c" $(pkg-config --cflags mlart) \
+    "$libdir/libmlart_rendezvous.a" "$libdir/libmlart.a" \
+    $(pkg-config --static --libs mlart | sed 's/-lmlart//') ||
+    { echo "FAIL: libmlart_rendezvous.a with the static library"; exit 1; }
+check_run "libmlart_rendezvous.a + static" "$work/rdv_static"
+echo "install + 4 consumers (cmake shared/static, pkg-config shared/static) and the rendezvous archive both ways built and ran"
