@@ -66,8 +66,27 @@ int mlart_comm_all_gather(mlart_comm *c, const void *send, void *recv, size_t by
 
 int mlart_comm_all_to_all(mlart_comm *c, const void *send, void *recv, size_t bytes, void *stream)
 {
-    MLART_CHECK(check_args(c, send, recv, bytes, "all_to_all"));
-    return bytes ? c->ops->all_to_all(c, send, recv, bytes, stream) : 0;
+    return mlart_comm_all_to_all_n(c, 1, &send, &recv, &bytes, stream);
+}
+
+int mlart_comm_all_to_all_n(mlart_comm *c, int n, const void *const *send, void *const *recv,
+                            const size_t *bytes, void *stream)
+{
+    enum { MAX_N = 8 };
+    const void *s[MAX_N];
+    void *r[MAX_N];
+    size_t b[MAX_N];
+    int k = 0;
+    if (n < 1 || n > MAX_N || !send || !recv || !bytes)
+        return mlart_set_error(MLART_EINVAL, "all_to_all_n: %d arrays (want 1..%d) at %p %p %p",
+                               n, MAX_N, (const void *)send, (const void *)recv,
+                               (const void *)bytes);
+    for (int i = 0; i < n; i++) {
+        MLART_CHECK(check_args(c, send[i], recv[i], bytes[i], "all_to_all"));
+        if (bytes[i])
+            s[k] = send[i], r[k] = recv[i], b[k++] = bytes[i];
+    }
+    return k ? c->ops->all_to_all(c, k, s, r, b, stream) : 0;
 }
 
 int mlart_comm_reduce_scatter_f32(mlart_comm *c, const float *send, float *recv, size_t n,
@@ -253,11 +272,24 @@ static int body_all_gather(mlart_comm *c, const void *const *peers, void *recv, 
     return 0;
 }
 
-static int body_all_to_all(mlart_comm *c, const void *const *peers, void *recv, size_t bytes)
+/* all_to_all_n: `peers` holds each rank's n send pointers, rank after rank;
+ * `recv` this rank's n receive pointers, `n` packs the count and the sizes */
+typedef struct a2a_args {
+    int n;
+    void *const *recv;
+    const size_t *bytes;
+} a2a_args;
+
+static int body_all_to_all(mlart_comm *c, const void *const *peers, void *recv, size_t n)
 {
+    const a2a_args *a = recv;
+    (void)n;
     for (int r = 0; r < c->size; r++)
-        MLART_CHECK(copy_bytes(c->device, (char *)recv + (size_t)r * bytes,
-                               (const char *)peers[r] + (size_t)c->rank * bytes, bytes));
+        for (int i = 0; i < a->n; i++) {
+            const char *src = ((const void *const *)peers[r])[i];
+            MLART_CHECK(copy_bytes(c->device, (char *)a->recv[i] + (size_t)r * a->bytes[i],
+                                   src + (size_t)c->rank * a->bytes[i], a->bytes[i]));
+        }
     return 0;
 }
 
@@ -296,10 +328,12 @@ static int local_all_gather(mlart_comm *c, const void *send, void *recv, size_t 
     return local_run(c, send, recv, bytes, stream, body_all_gather, "all_gather");
 }
 
-static int local_all_to_all(mlart_comm *c, const void *send, void *recv, size_t bytes,
-                            void *stream)
+static int local_all_to_all(mlart_comm *c, int n, const void *const *send, void *const *recv,
+                            const size_t *bytes, void *stream)
 {
-    return local_run(c, send, recv, bytes, stream, body_all_to_all, "all_to_all");
+    a2a_args a = {n, recv, bytes};
+    /* what the peers read is this rank's array of send pointers */
+    return local_run(c, (const void *)send, &a, 0, stream, body_all_to_all, "all_to_all");
 }
 
 static int local_reduce_scatter(mlart_comm *c, const float *send, float *recv, size_t n,

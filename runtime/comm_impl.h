@@ -9,7 +9,10 @@
 typedef struct mlart_comm_ops {
     const char *kind;
     int (*all_gather)(mlart_comm *c, const void *send, void *recv, size_t bytes, void *stream);
-    int (*all_to_all)(mlart_comm *c, const void *send, void *recv, size_t bytes, void *stream);
+    /* n all-to-alls at once (one NCCL group): array i sends send[i], size
+     * blocks of bytes[i], into recv[i]; n >= 1, every bytes[i] > 0 */
+    int (*all_to_all)(mlart_comm *c, int n, const void *const *send, void *const *recv,
+                      const size_t *bytes, void *stream);
     int (*reduce_scatter_f32)(mlart_comm *c, const float *send, float *recv, size_t n,
                               void *stream);
     void (*destroy)(mlart_comm *c); /* frees impl and c */

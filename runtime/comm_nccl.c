@@ -173,24 +173,26 @@ static int nccl_all_gather(mlart_comm *c, const void *send, void *recv, size_t b
                                       (cudaStream_t)stream), "ncclAllGather");
 }
 
-static int nccl_all_to_all(mlart_comm *c, const void *send, void *recv, size_t bytes,
-                           void *stream)
+/* Every array's sends and receives in one group: one launch. */
+static int nccl_all_to_all(mlart_comm *c, int n, const void *const *send, void *const *recv,
+                           const size_t *bytes, void *stream)
 {
     nccl_impl *m = c->impl;
     ncclResult_t r = api.GroupStart(), end;
     const char *what = "ncclGroupStart";
     if (r != ncclSuccess)
         return nccl_done(c, r, what);
-    for (int p = 0; p < c->size && r == ncclSuccess; p++) {
-        what = "ncclSend";
-        r = api.Send((const char *)send + (size_t)p * bytes, bytes, ncclUint8, p, m->comm,
-                     (cudaStream_t)stream);
-        if (r == ncclSuccess) {
-            what = "ncclRecv";
-            r = api.Recv((char *)recv + (size_t)p * bytes, bytes, ncclUint8, p, m->comm,
-                         (cudaStream_t)stream);
+    for (int p = 0; p < c->size && r == ncclSuccess; p++)
+        for (int i = 0; i < n && r == ncclSuccess; i++) {
+            what = "ncclSend";
+            r = api.Send((const char *)send[i] + (size_t)p * bytes[i], bytes[i], ncclUint8, p,
+                         m->comm, (cudaStream_t)stream);
+            if (r == ncclSuccess) {
+                what = "ncclRecv";
+                r = api.Recv((char *)recv[i] + (size_t)p * bytes[i], bytes[i], ncclUint8, p,
+                             m->comm, (cudaStream_t)stream);
+            }
         }
-    }
     end = api.GroupEnd();
     if (r != ncclSuccess && r != ncclInProgress) {
         if (end == ncclInProgress)

@@ -769,10 +769,11 @@ static int dcp_attend(mlart_layer *ly, const mlart_step *s, void *lse_out, void 
     }
     MLART_CHECK(ly->vt->attend(ly->dstate, &a, stream));
     if (ly->dcp_routing == MLART_DCP_A2A) {
-        MLART_CHECK(mlart_comm_all_to_all(ly->dcp, ly->dattn.p, ly->drecv.p,
-                                          (size_t)(H * T * L) * 2, stream));
-        MLART_CHECK(mlart_comm_all_to_all(ly->dcp, ly->dlse.p, ly->drecv_lse.p, (size_t)(H * T) * 4,
-                                          stream));
+        /* the partials and their LSEs in one operation */
+        const void *send[2] = {ly->dattn.p, ly->dlse.p};
+        void *recv[2] = {ly->drecv.p, ly->drecv_lse.p};
+        const size_t bytes[2] = {(size_t)(H * T * L) * 2, (size_t)(H * T) * 4};
+        MLART_CHECK(mlart_comm_all_to_all_n(ly->dcp, 2, send, recv, bytes, stream));
         if (cpu)
             return mlart_dcp_combine_cpu(ly->drecv.p, ly->drecv_lse.p, D, H, T, L,
                                          s->attn_out.data, lse_out);

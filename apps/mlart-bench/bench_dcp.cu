@@ -8,12 +8,12 @@
  *             step plus the path's own work (index translation, the
  *             gather's copy, the combine, NCCL's one-rank collectives);
  *             checked to give the plain step's bytes
- *   a2a4/ag4  rank 0 of a group of 4 with each collective replaced by one
- *             device copy of this rank's own block (the peers' blocks are
+ *   a2a4/ag4  rank 0 of a group of 4 with each collective replaced by
+ *             device copies of this rank's own blocks, one an array (the peers' blocks are
  *             left as they are: the values are not a real group's): the
  *             rank's own work, 64 heads over its quarter of each top-k
- *             list, with the a2a or ag_rs combine, and the least any
- *             exchange costs, one node a collective; the exchange itself
+ *             list, with the a2a or ag_rs combine, and about the least any
+ *             exchange costs, one node an array; the exchange itself
  *             (NCCL's latency, the bytes over NVLink) needs one GPU a rank
  *             and is not in these columns, so they bound a rank's step from
  *             below
@@ -36,7 +36,7 @@ const int kH = 16, kP = 192, kR = 64, kL = 512, kV = 256, kTopk = 2048, kPage = 
 const int kPages = kCtxTokens / kPage;             /* a request's pages */
 const int kPagesL = kCtxTokens / kD / kPage;       /* rank 0's shard of them (interleave 1) */
 
-/* ---- the loopback group: a collective is one copy of this rank's block ----- */
+/* ---- the loopback group: a collective copies this rank's own blocks -------- */
 
 int lb_copy(void *dst, const void *src, size_t n, void *stream)
 {
@@ -52,10 +52,14 @@ int lb_all_gather(mlart_comm *c, const void *send, void *recv, size_t bytes, voi
     return lb_copy((char *)recv + (size_t)c->rank * bytes, send, bytes, stream);
 }
 
-int lb_all_to_all(mlart_comm *c, const void *send, void *recv, size_t bytes, void *stream)
+int lb_all_to_all(mlart_comm *c, int n, const void *const *send, void *const *recv,
+                  const size_t *bytes, void *stream)
 {
-    return lb_copy((char *)recv + (size_t)c->rank * bytes,
-                   (const char *)send + (size_t)c->rank * bytes, bytes, stream);
+    for (int i = 0; i < n; i++)
+        if (lb_copy((char *)recv[i] + (size_t)c->rank * bytes[i],
+                    (const char *)send[i] + (size_t)c->rank * bytes[i], bytes[i], stream))
+            return -1;
+    return 0;
 }
 
 int lb_reduce_scatter(mlart_comm *c, const float *send, float *recv, size_t n, void *stream)
@@ -398,8 +402,8 @@ extern "C" int mlart_bench_dcp(const mlart_bench_opts *o)
     if (head)
         mlart_bench_summary(o, "dcp",
                             "dcp: plain and dcp1 are whole steps of one rank; a2a4/ag4 leave out the exchange "
-                            "between ranks (NCCL latency and NVLink bytes) but one copy node a collective, so "
-                            "they bound a rank's step from below");
+                            "between ranks (NCCL latency and NVLink bytes) but one copy node an array, about "
+                            "the least any exchange costs");
     mlart_comm_destroy(nccl1);
     free(lb4);
     cudaFree(wuk);

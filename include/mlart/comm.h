@@ -87,6 +87,10 @@ MLART_API int mlart_comm_all_gather(mlart_comm *comm, const void *send, void *re
  * recv's block s came from rank s. */
 MLART_API int mlart_comm_all_to_all(mlart_comm *comm, const void *send, void *recv, size_t bytes,
                                     void *stream);
+/* n all-to-alls in one operation (one NCCL launch): array i as above with
+ * send[i], recv[i] and bytes[i]; arrays of 0 bytes are left out.  n in 1..8. */
+MLART_API int mlart_comm_all_to_all_n(mlart_comm *comm, int n, const void *const *send,
+                                      void *const *recv, const size_t *bytes, void *stream);
 /* send holds size blocks of n floats; recv (n floats) gets the sum over
  * ranks of their block `rank`. */
 MLART_API int mlart_comm_reduce_scatter_f32(mlart_comm *comm, const float *send, float *recv,

@@ -42,7 +42,7 @@ static void check(int ok, const char *fmt, ...)
         }                                                                                     \
     } while (0)
 
-static inline int nccl_rank_join(long port, mlart_rank_info *me, int *device, mlart_comm **comm)
+static inline int nccl_rank_join(long port, mlart_rank_info *who, int *device, mlart_comm **comm)
 {
     const char *addr = getenv("MLART_MASTER_ADDR"), *port_s = getenv("MLART_MASTER_PORT");
     int ndev = 0, rc;
@@ -50,7 +50,7 @@ static inline int nccl_rank_join(long port, mlart_rank_info *me, int *device, ml
         printf("SKIP: no CUDA device (%s)\n", mlart_last_error());
         return 77;
     }
-    if (mlart_rank_from_env(me) < 0) {
+    if (mlart_rank_from_env(who) < 0) {
         printf("FAIL: %s\n", mlart_last_error());
         return 1;
     }
@@ -65,17 +65,17 @@ static inline int nccl_rank_join(long port, mlart_rank_info *me, int *device, ml
     }
     if (!addr || !*addr)
         addr = "127.0.0.1";
-    *device = me->local_rank % ndev;
-    printf("rank %d of %d (%s), local rank %d, device %d of %d, rendezvous %s:%ld\n", me->rank,
-           me->size, me->source[0] ? me->source : "no launcher", me->local_rank, *device, ndev,
+    *device = who->local_rank % ndev;
+    printf("rank %d of %d (%s), local rank %d, device %d of %d, rendezvous %s:%ld\n", who->rank,
+           who->size, who->source[0] ? who->source : "no launcher", who->local_rank, *device, ndev,
            addr, port);
-    rc = mlart_comm_nccl_join(me->rank, me->size, *device, addr, (int)port, 60000, comm);
+    rc = mlart_comm_nccl_join(who->rank, who->size, *device, addr, (int)port, 60000, comm);
     if (rc == MLART_ECOMM && strstr(mlart_last_error(), "cannot be opened")) {
         printf("SKIP: %s\n", mlart_last_error());
         return 77;
     }
     if (rc < 0) {
-        printf("FAIL: rank %d of %d: mlart_comm_nccl_join: %s: %s\n", me->rank, me->size,
+        printf("FAIL: rank %d of %d: mlart_comm_nccl_join: %s: %s\n", who->rank, who->size,
                mlart_status_name(rc), mlart_last_error());
         return 1;
     }

@@ -1,5 +1,6 @@
-/* The NCCL communicator on CUDA devices: all_gather, all_to_all and
- * reduce_scatter_f32 against results computed on the host, first called
+/* The NCCL communicator on CUDA devices: all_gather, all_to_all,
+ * reduce_scatter_f32 and a two-array all_to_all_n against results computed
+ * on the host, first called
  * directly, then captured in a CUDA graph on a non-default stream and
  * replayed twice with new inputs.  Alone it is rank 0 of 1; under
  * `mpirun -np N` (or any launcher mlart_rank_from_env knows) it is one of N
@@ -43,6 +44,8 @@ static float rs_val(int src, int blk, size_t i, int round)
 typedef struct bufs {
     uint8_t *ag_send, *ag_recv, *a2a_send, *a2a_recv; /* device */
     float *rs_send, *rs_recv;
+    uint8_t *a2a_recv2; /* all_to_all_n: a2a_send again, and rs_send as bytes into rs_a2a */
+    float *rs_a2a;
     uint8_t *h_ag, *h_a2a; /* host staging, size blocks */
     float *h_rs;
 } bufs;
@@ -66,6 +69,8 @@ static void upload(bufs *b, int round)
     CUDA_OR_DIE(cudaMemset(b->ag_recv, 0xee, (size_t)R * BLOCK));
     CUDA_OR_DIE(cudaMemset(b->a2a_recv, 0xee, (size_t)R * BLOCK));
     CUDA_OR_DIE(cudaMemset(b->rs_recv, 0xff, NF * sizeof(float)));
+    CUDA_OR_DIE(cudaMemset(b->a2a_recv2, 0xee, (size_t)R * BLOCK));
+    CUDA_OR_DIE(cudaMemset(b->rs_a2a, 0xff, (size_t)R * NF * sizeof(float)));
     CUDA_OR_DIE(cudaDeviceSynchronize());
 }
 
@@ -109,6 +114,22 @@ static void verify(bufs *b, int round, const char *how)
             first = i;
     }
     report(bad, first, NF, "reduce_scatter_f32", how, round);
+
+    /* all_to_all_n: the same blocks again, and every rank's reduce-scatter
+     * inputs block by block, in one operation */
+    bad = first = 0;
+    CUDA_OR_DIE(cudaMemcpy(b->h_a2a, b->a2a_recv2, (size_t)R * BLOCK, cudaMemcpyDeviceToHost));
+    for (int s = 0; s < R; s++)
+        for (size_t i = 0; i < BLOCK; i++)
+            if (b->h_a2a[(size_t)s * BLOCK + i] != a2a_val(s, me.rank, i, round) && !bad++)
+                first = (size_t)s * BLOCK + i;
+    CUDA_OR_DIE(cudaMemcpy(b->h_rs, b->rs_a2a, (size_t)R * NF * sizeof(float),
+                           cudaMemcpyDeviceToHost));
+    for (int s = 0; s < R; s++)
+        for (size_t i = 0; i < NF; i++)
+            if (b->h_rs[(size_t)s * NF + i] != rs_val(s, me.rank, i, round) && !bad++)
+                first = (size_t)R * BLOCK + (size_t)s * NF + i;
+    report(bad, first, (size_t)R * (BLOCK + NF), "all_to_all_n (2 arrays)", how, round);
 }
 
 static int collectives(mlart_comm *c, bufs *b, cudaStream_t s)
@@ -118,6 +139,13 @@ static int collectives(mlart_comm *c, bufs *b, cudaStream_t s)
         (rc = mlart_comm_all_to_all(c, b->a2a_send, b->a2a_recv, BLOCK, s)) < 0 ||
         (rc = mlart_comm_reduce_scatter_f32(c, b->rs_send, b->rs_recv, NF, s)) < 0)
         check(0, "collective: %s: %s", mlart_status_name(rc), mlart_last_error());
+    if (rc == 0) {
+        const void *send[2] = {b->a2a_send, b->rs_send};
+        void *recv[2] = {b->a2a_recv2, b->rs_a2a};
+        const size_t bytes[2] = {BLOCK, NF * sizeof(float)};
+        if ((rc = mlart_comm_all_to_all_n(c, 2, send, recv, bytes, s)) < 0)
+            check(0, "all_to_all_n: %s: %s", mlart_status_name(rc), mlart_last_error());
+    }
     return rc;
 }
 
@@ -147,6 +175,8 @@ int main(void)
     CUDA_OR_DIE(cudaMalloc((void **)&b.a2a_recv, (size_t)me.size * BLOCK));
     CUDA_OR_DIE(cudaMalloc((void **)&b.rs_send, (size_t)me.size * NF * sizeof(float)));
     CUDA_OR_DIE(cudaMalloc((void **)&b.rs_recv, NF * sizeof(float)));
+    CUDA_OR_DIE(cudaMalloc((void **)&b.a2a_recv2, (size_t)me.size * BLOCK));
+    CUDA_OR_DIE(cudaMalloc((void **)&b.rs_a2a, (size_t)me.size * NF * sizeof(float)));
     b.h_ag = malloc((size_t)me.size * BLOCK);
     b.h_a2a = malloc((size_t)me.size * BLOCK);
     b.h_rs = malloc((size_t)me.size * NF * sizeof(float));
@@ -196,6 +226,8 @@ int main(void)
     cudaFree(b.a2a_recv);
     cudaFree(b.rs_send);
     cudaFree(b.rs_recv);
+    cudaFree(b.a2a_recv2);
+    cudaFree(b.rs_a2a);
     free(b.h_ag);
     free(b.h_a2a);
     free(b.h_rs);
