@@ -63,8 +63,36 @@ run decode_glm5_dcp_local_ag_rs "$dec" --config "$src/configs/glm5-tp4-dcp4.ini"
 run comm_nccl_gpu "$build/tests/test_comm_nccl_gpu"
 run dcp_nccl_gpu "$build/tests/test_dcp_nccl_gpu"
 if command -v mpirun >/dev/null; then
-  run comm_nccl_mpirun mpirun --allow-run-as-root --oversubscribe -np 1 "$build/tests/test_comm_nccl_gpu"
-  run dcp_nccl_mpirun mpirun --allow-run-as-root --oversubscribe -np 1 "$build/tests/test_dcp_nccl_gpu"
+  mp=(mpirun --allow-run-as-root --oversubscribe)
+  run comm_nccl_mpirun "${mp[@]}" -np 1 "$build/tests/test_comm_nccl_gpu"
+  run dcp_nccl_mpirun "${mp[@]}" -np 1 "$build/tests/test_dcp_nccl_gpu"
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  if [ "$ngpu" -ge 2 ]; then
+    # one GPU a rank: the collectives, the layer's DCP step and mlart-decode over NCCL
+    n=$((ngpu >= 4 ? 4 : 2))
+    run comm_nccl_np$n "${mp[@]}" -np $n "$build/tests/test_comm_nccl_gpu"
+    run dcp_nccl_np$n "${mp[@]}" -np $n "$build/tests/test_dcp_nccl_gpu"
+    run decode_glm5_dcp_np$n "${mp[@]}" -np $n "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" \
+      --device cuda --set heads=$((16 * n)) --set tp_size=$n --set dcp_size=$n --batch 8 \
+      --context 4096 --steps 3 --verify
+  else
+    # one GPU: NCCL refuses a group of two ranks on one device; the run must say so and
+    # exit non-zero, not hang (mpirun ends the other rank once one fails)
+    name=decode_dcp_np2_one_gpu
+    echo "== $name: two ranks on one GPU, expecting NCCL's refusal" | tee "$out/$name.log"
+    timeout 150 "${mp[@]}" -np 2 "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda \
+      --set heads=32 --set tp_size=2 --set dcp_size=2 --steps 1 >>"$out/$name.log" 2>&1
+    rc=$?
+    if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] ||
+       ! grep -q 'Duplicate GPU' "$out/$name.log"; then
+      echo "== $name FAILED: rc $rc, want non-zero with a rank naming the duplicate GPU" |
+        tee -a "$out/$name.log"
+      failed=$((failed + 1))
+    else
+      echo "== $name: rc $rc, refused: $(grep -m1 'Duplicate GPU' "$out/$name.log")" |
+        tee -a "$out/$name.log"
+    fi
+  fi
 fi
 # 16 heads a rank at T = 1 and 4, 64 (glm5 heads=256 over tp 4) at T = 4, with the in-place combine
 # (opt-in, docs/attention.md; 64 heads at T <= 3 run in 16-row tiles, never in place)
