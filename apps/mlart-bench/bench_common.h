@@ -68,6 +68,15 @@ int mlart_bench_sets(const mlart_bench_opts *o, size_t bytes_per_set, int min_se
  * graph, bytes read + written) into o->copy_gbs.  0 or -1. */
 int mlart_bench_copy_roofline(mlart_bench_opts *o);
 
+/* splitmix64: the next draw from state *s (host side). */
+static inline uint64_t mlart_bench_rand(uint64_t *s)
+{
+    uint64_t x = (*s += 0x9E3779B97F4A7C15ull);
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
 /* Fill n bf16 values at p with uniform [-1, 1) from a hash of seed and index. */
 int mlart_bench_fill_bf16(void *p, size_t n, uint64_t seed, cudaStream_t stream);
 

@@ -135,14 +135,6 @@ int dcp_enqueue(void *ctx, int set, cudaStream_t stream)
     return 0;
 }
 
-uint64_t dcp_rand(uint64_t *s)
-{
-    uint64_t x = (*s += 0x9E3779B97F4A7C15ull);
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
 /* Every row of the cache written by the layer's own cache write, from
  * uniform bf16 rows, in chunks. */
 int fill_cache(mlart_layer *ly, int64_t rows)
@@ -211,7 +203,7 @@ int alloc_sets(DCtx &c, uint64_t seed)
             for (int i = 0; i < kCtxTokens; i++)
                 pool[i] = i;
             for (int k = 0; k < kTopk; k++) { /* distinct positions */
-                const int j = k + (int)(dcp_rand(&seed) % (uint64_t)(kCtxTokens - k));
+                const int j = k + (int)(mlart_bench_rand(&seed) % (uint64_t)(kCtxTokens - k));
                 const int32_t x = pool[k];
                 pool[k] = pool[j], pool[j] = x;
                 h_idx[(size_t)t * kTopk + k] = pool[k];

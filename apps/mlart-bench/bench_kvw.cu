@@ -58,14 +58,6 @@ int kv_enqueue(void *vctx, int set, cudaStream_t stream)
     return 0;
 }
 
-uint64_t kv_rand(uint64_t *s)
-{
-    uint64_t x = (*s += 0x9E3779B97F4A7C15ull);
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
 /* Set 0 on `path` from a zeroed cache, against the CPU twin: records that
  * differ (0 = all equal), or -1 if it could not run. */
 int kv_check(KvCtx *c, int path, const int32_t *h_slots, const uint8_t *want)
@@ -153,7 +145,7 @@ extern "C" int mlart_bench_kvw(const mlart_bench_opts *o)
                 for (int64_t k = 0; k < c.num_slots; k++)
                     perm[k] = (int32_t)k;
                 for (int64_t k = 0; k < c.N; k++) {
-                    const int64_t j = k + (int64_t)(kv_rand(&rng) % (uint64_t)(c.num_slots - k));
+                    const int64_t j = k + (int64_t)(mlart_bench_rand(&rng) % (uint64_t)(c.num_slots - k));
                     const int32_t x = perm[k];
                     perm[k] = perm[j];
                     perm[j] = x;
