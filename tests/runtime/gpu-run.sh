@@ -143,6 +143,14 @@ if [ -x "$san" ]; then
     --batch 4 --context 4096 --steps 3 --verify
   run leakcheck_glm5_bf16_direct "${lc[@]}" "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda \
     --kv-format bf16 --batch 2 --context 4096 --steps 3 --no-graph
+  # a DCP group of 4 as threads, both routings (the translate, gather, combine and scale kernels
+  # and attention over 64 heads on each shard), and every allocation of its layers freed
+  run leakcheck_glm5_dcp_local_a2a "${lc[@]}" "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" \
+    --device cuda --batch 3 --context 2048 --steps 2 --verify --dcp-local --set dcp_routing=a2a \
+    --set dcp_interleave=3
+  run leakcheck_glm5_dcp_local_ag_rs "${lc[@]}" "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" \
+    --device cuda --kv-format bf16 --batch 3 --context 2048 --steps 2 --verify --dcp-local \
+    --set dcp_routing=ag_rs
 else
   echo "== compute-sanitizer not found: memcheck of the in-place and swap kernels not run"
 fi
