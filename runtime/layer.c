@@ -56,7 +56,7 @@ struct mlart_layer {
     size_t workspace_bytes;
     int32_t *h_meta; /* CUDA + validate_indices: host copies of idx, req_of_token, seq_lens, bt
                         (and under DCP the local idx and lengths) */
-    /* decode-context parallel (mlart_layer_desc.dcp of D > 1 ranks), else dcp == NULL */
+    /* decode-context parallel (mlart_layer_desc.dcp, a group of D >= 1 ranks), else dcp == NULL */
     mlart_comm *dcp;
     int32_t dcp_size, dcp_rank, dcp_interleave;
     mlart_dcp_routing dcp_routing;
