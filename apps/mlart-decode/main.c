@@ -863,6 +863,18 @@ static int run_decode(run *r)
     }
 }
 
+/* bt[0..n) = a seeded permutation of 0..n-1: blocks in no particular order. */
+static void scatter_blocks(int32_t *bt, int64_t n, uint64_t s)
+{
+    for (int64_t i = 0; i < n; i++)
+        bt[i] = (int32_t)i;
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)(rng_next(&s) % (uint64_t)(i + 1));
+        int32_t x = bt[i];
+        bt[i] = bt[j], bt[j] = x;
+    }
+}
+
 static int setup(run *r)
 {
     const mlart_geometry *g = &r->cfg.geom;
@@ -900,32 +912,17 @@ static int setup(run *r)
         /* this rank's shard: its positions of each request, on blocks of its own */
         const int64_t mine = mlart_dcp_local_len(total, r->dcp_rank, r->dcp_size,
                                                  r->cfg.dcp_interleave);
-        uint64_t s = r->cfg.seed * 69069u + 23 + (uint64_t)r->dcp_rank * 104729u;
         r->MBl = (int32_t)((mine + g->page_size - 1) / g->page_size);
         if (r->MBl < 1)
             r->MBl = 1;
         r->num_slots_l = (int64_t)r->B * r->MBl * g->page_size;
         if (!(r->h_bt_l = malloc((size_t)(r->B * r->MBl) * 4)))
             return fail(MLART_ENOMEM, "allocating host buffers");
-        for (int64_t i = 0; i < (int64_t)r->B * r->MBl; i++)
-            r->h_bt_l[i] = (int32_t)i;
-        for (int64_t i = (int64_t)r->B * r->MBl - 1; i > 0; i--) {
-            int64_t j = (int64_t)(rng_next(&s) % (uint64_t)(i + 1));
-            int32_t x = r->h_bt_l[i];
-            r->h_bt_l[i] = r->h_bt_l[j], r->h_bt_l[j] = x;
-        }
+        scatter_blocks(r->h_bt_l, (int64_t)r->B * r->MBl,
+                       r->cfg.seed * 69069u + 23 + (uint64_t)r->dcp_rank * 104729u);
     }
-    {
-        /* each request's blocks scattered over the cache in a seeded order */
-        uint64_t s = r->cfg.seed * 48271u + 17;
-        for (int64_t i = 0; i < nb; i++)
-            r->h_bt[i] = (int32_t)i;
-        for (int64_t i = nb - 1; i > 0; i--) {
-            int64_t j = (int64_t)(rng_next(&s) % (uint64_t)(i + 1));
-            int32_t x = r->h_bt[i];
-            r->h_bt[i] = r->h_bt[j], r->h_bt[j] = x;
-        }
-    }
+    /* each request's blocks scattered over the cache in a seeded order */
+    scatter_blocks(r->h_bt, nb, r->cfg.seed * 48271u + 17);
     for (int32_t b = 0; b < r->B; b++) {
         r->h_req[b] = b;
         r->h_lens[b] = r->cfg.context;
