@@ -209,6 +209,9 @@ template <bool FP8, int RT> struct Smem {
     static constexpr int P_PAIR = 16 * BN * 2;
     static constexpr int OFF_MAX = OFF_P + 4 * P_PAIR;
     static constexpr int OFF_SLOT = OFF_MAX + 4 * 2 * 16 * 4;
+    /* resolve_slots' scan words: the row maxima, first written in the loop */
+    static constexpr int OFF_SCAN = OFF_MAX;
+    static_assert(4 * 2 * 16 * 4 >= b12x::SCAN_BYTES, "scan words fit");
     /* End-of-loop merge of the groups (GROUPS > 1): per (row tile, group
      * past the first, column half) one warp's 128 accumulators + 2 maxima +
      * 2 sums per lane, in the (then idle) KV and raw stages. */
@@ -438,9 +441,9 @@ __device__ __forceinline__ Pipeline<FP8, S> start_block(const AttendArgs &a, uin
     B12X_PROF_SEQ_ENTER(0);
     B12X_PROF_MAIN(0, prof_gt());
     B12X_PROF_MAIN(6, clock64());
-    b12x::resolve_slots<NTHREADS>(a, t, k0, kend, nblk * BN, s_slot);
-    __syncthreads();
-    const Pipeline<FP8, S> pipe{a, smem, sbase, s_slot, nblk};
+    const int nbc = b12x::resolve_slots<NTHREADS>(a, t, k0, kend, nblk * BN, s_slot,
+                                                  reinterpret_cast<int32_t *>(smem + S::OFF_SCAN));
+    const Pipeline<FP8, S> pipe{a, smem, sbase, s_slot, nbc};
     pipe.prefetch();
     B12X_PROF_MAIN(1, clock64());
     grid_dep_wait();
@@ -467,12 +470,13 @@ template <bool FP8, int RT, bool IP> __device__ __forceinline__ void attend_body
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const b12x::Chunk ck = b12x::chunk_of(a, HEAD_TILE, HEAD_TILE);
     const int t = ck.t, h0 = ck.h0, rows = ck.rows, split = ck.split;
-    const int k0 = ck.k0, kend = ck.kend, nblk = ck.nblk;
+    const int k0 = ck.k0, kend = ck.kend;
     const uint32_t sbase = smem_u32(smem);
     int32_t *s_slot = reinterpret_cast<int32_t *>(smem + S::OFF_SLOT);
 
     const Pipeline<FP8, S> pipe =
-        start_block<FP8, S>(a, smem, sbase, s_slot, t, h0, rows, RT * 16, k0, kend, nblk);
+        start_block<FP8, S>(a, smem, sbase, s_slot, t, h0, rows, RT * 16, k0, kend, ck.nblk);
+    const int nblk = pipe.nblk; /* after compaction */
 
     const int pair = warp >> 1, ch = warp & 1;
     /* gi: the pair's group within its row tile, g: its slot half */
@@ -752,6 +756,9 @@ template <bool FP8, bool SHORT> struct SmallSmem {
     static constexpr int OFF_P = OFF_S + 4 * 16 * S_LD * 4; /* four partial score tiles */
     static constexpr int OFF_STAT = OFF_P + 16 * BN * 2; /* alpha, m, l per row */
     static constexpr int OFF_SLOT = OFF_STAT + 3 * 16 * 4;
+    /* resolve_slots' scan words (16 warps): the row statistics, first
+     * written in the loop */
+    static constexpr int OFF_SCAN = OFF_STAT;
     static constexpr int O_LD = KV_L + 8; /* staged output row, in elements */
     static_assert(16 * O_LD * 4 <= KV_STAGES * KV_STAGE, "output stage fits in the KV stages");
     static constexpr size_t bytes(int chunk_slots) { return (size_t)OFF_SLOT + 4u * chunk_slots; }
@@ -799,11 +806,13 @@ __device__ __forceinline__ void load_sync()
 
 /* The start of both small-head kernels: the block's chunk, and its
  * physical slots resolved into s_slot by all 512 threads (before the
- * dependency wait: load_query's comment says why that is safe).  The
+ * dependency wait: load_query's comment says why that is safe), the
+ * chunk's block count that of the compacted slots (resolve_slots, its
+ * scan words at s_scan).  The
  * block's 16 head rows start 16 x blockIdx.y rows into head tile
  * a.tile_base: a step of more than 16 heads can run as several 16-row
  * tiles (step_tiled), one of <= 16 heads runs as one. */
-__device__ __forceinline__ b12x::Chunk small_start(const AttendArgs &a, int32_t *s_slot)
+__device__ __forceinline__ b12x::Chunk small_start(const AttendArgs &a, int32_t *s_slot, int32_t *s_scan)
 {
     b12x::Chunk ck = b12x::chunk_of(a, HEAD_TILE, 16);
     ck.h0 = a.tile_base * HEAD_TILE + 16 * (int)blockIdx.y;
@@ -811,8 +820,7 @@ __device__ __forceinline__ b12x::Chunk small_start(const AttendArgs &a, int32_t 
     B12X_PROF_SEQ_ENTER(0);
     B12X_PROF_MAIN(0, prof_gt());
     B12X_PROF_MAIN(6, clock64());
-    b12x::resolve_slots<SMALL_THREADS>(a, ck.t, ck.k0, ck.kend, ck.nblk * BN, s_slot);
-    __syncthreads();
+    ck.nblk = b12x::resolve_slots<SMALL_THREADS>(a, ck.t, ck.k0, ck.kend, ck.nblk * BN, s_slot, s_scan);
     B12X_PROF_MAIN(1, clock64());
     return ck;
 }
@@ -886,7 +894,7 @@ __global__ void __maxnreg__((SmallRegs<FP8, SHORT>::launch + (IP && FP8 && SHORT
     int32_t *s_slot = reinterpret_cast<int32_t *>(smem + S::OFF_SLOT);
     float *s_part = reinterpret_cast<float *>(smem + S::OFF_S);
     float *s_stat = reinterpret_cast<float *>(smem + S::OFF_STAT);
-    b12x::Chunk ck = small_start(a, s_slot);
+    b12x::Chunk ck = small_start(a, s_slot, reinterpret_cast<int32_t *>(smem + S::OFF_SCAN));
     /* HALF: the block's y index picks half `half` of the 512 output
      * columns (one tile of <= 16 heads from tile_base): the scores and
      * the softmax of both halves are the same, P.V and the partial write
@@ -1229,6 +1237,8 @@ struct RcSmem {
     static constexpr int OFF_PST = OFF_P + 2 * P_BUF;            /* alpha per row */
     static constexpr int OFF_STAT = OFF_PST + 2 * 16 * 4;        /* final m, l per row */
     static constexpr int OFF_SLOT = OFF_STAT + 32 * 4;
+    /* resolve_slots' scan words (16 warps): the final row statistics */
+    static constexpr int OFF_SCAN = OFF_STAT;
     static constexpr size_t bytes(int chunk_slots) { return (size_t)OFF_SLOT + 4u * chunk_slots; }
     static_assert(STAGE == BN * FP8_BYTES, "a stage holds a block's records");
 };
@@ -1306,7 +1316,7 @@ template <bool IP> __device__ __forceinline__ void small_rc(const AttendArgs &a)
     const uint32_t sbase = smem_u32(smem);
     int32_t *s_slot = reinterpret_cast<int32_t *>(smem + S::OFF_SLOT);
     float *s_stat = reinterpret_cast<float *>(smem + S::OFF_STAT);
-    const b12x::Chunk ck = small_start(a, s_slot);
+    const b12x::Chunk ck = small_start(a, s_slot, reinterpret_cast<int32_t *>(smem + S::OFF_SCAN));
     const int t = ck.t, h0 = ck.h0, rows = ck.rows, split = ck.split, nblk = ck.nblk;
     constexpr int R = RC_STAGES;
 

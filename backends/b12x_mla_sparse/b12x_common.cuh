@@ -266,18 +266,102 @@ __device__ __forceinline__ void convert_fp8_pieces(const uint8_t *raw, int r, ui
     st_shared16(dst + off(64 + w), rp);
 }
 
+/* Shared scratch of resolve_slots: one int a warp, 32 warps at most. */
+constexpr int SCAN_BYTES = 128;
+
+/* bar.red.or over the n threads of named barrier ID (ID 0 with the whole
+ * block is __syncthreads_or). */
+template <int ID, int N> __device__ __forceinline__ bool bar_red_or(bool p)
+{
+    uint32_t r;
+    asm volatile("{\n\t.reg .pred p, q;\n\t"
+                 "setp.ne.u32 p, %1, 0;\n\t"
+                 "bar.red.or.pred q, %2, %3, p;\n\t"
+                 "selp.u32 %0, 1, 0, q;\n\t}\n"
+                 : "=r"(r)
+                 : "r"((uint32_t)p), "n"(ID), "n"(N)
+                 : "memory");
+    return r != 0;
+}
+
+/* A value every lane of the warp holds, through a uniform register (the
+ * warp reduction's result), so that the compiler knows it is uniform: a
+ * loop bound from shared memory or a block barrier otherwise looks
+ * divergent to it and costs the loops around wgmma and named barriers
+ * their uniform branches. */
+__device__ __forceinline__ int uniform(int v)
+{
+    return (int)__reduce_max_sync(0xffffffffu, (unsigned)v);
+}
+
+/* resolve_slots' compaction of a chunk with empty entries: slots[u] is
+ * this thread's slot of index tid + u * NT (-1 empty), cnt how many of
+ * them are valid, nb the chunk's blocks.  Returns the blocks the valid
+ * slots fill (at least 1); rewrites s_slot only when that is fewer, and
+ * then meets the other threads once more. */
+template <int NT, int ID, int PER>
+__device__ __forceinline__ int compact_slots(int32_t *s_slot, int32_t *s_scan, const int (&slots)[PER], int cnt,
+                                             int nb)
+{
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int incl = cnt;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d)
+            incl += v;
+    }
+    if (lane == 31)
+        s_scan[warp] = incl;
+    bar_sync(ID, NT);
+    int total = 0, pos = incl - cnt;
+#pragma unroll
+    for (int w = 0; w < NT / 32; w++) {
+        const int v = s_scan[w];
+        total += v;
+        pos += w < warp ? v : 0;
+    }
+    const int nbc = total > 0 ? (total + BLOCK_SLOTS - 1) / BLOCK_SLOTS : 1;
+    if (nbc == nb)
+        return nb;
+    /* Every in-place store came before the caller's first barrier. */
+#pragma unroll
+    for (int u = 0; u < PER; u++)
+        if (slots[u] >= 0)
+            s_slot[pos++] = slots[u];
+    for (int k = total + tid; k < nbc * BLOCK_SLOTS; k += NT)
+        s_slot[k] = -1;
+    bar_sync(ID, NT);
+    return nbc;
+}
+
 /* Physical slot of every index of a chunk (s_slot[k] for index k0 + k, k <
- * n), -1 where it selects nothing, by the NT threads of the block.
- * Anything out of range reads as empty; the host validates when asked.
- * The loads are ordered so that only two round trips to memory are
- * dependent: the request and every index of the chunk, then its sequence
- * length and every block-table entry (read for any index in
- * [0, max_blocks * page), the length check comes after). */
-template <int NT>
-__device__ __forceinline__ void resolve_slots(const AttendArgs &a, int t, int k0, int kend, int n,
-                                              int32_t *s_slot)
+ * n, n a whole number of blocks), -1 where it selects nothing, by NT
+ * threads of the block that meet at named barrier ID (0 when they are the
+ * whole block).  Anything out of range reads as empty; the host validates
+ * when asked.  The loads are ordered so that only two round trips to
+ * memory are dependent: the request and every index of the chunk, then
+ * its sequence length and every block-table entry (read for any index in
+ * [0, max_blocks * page), the length check comes after).
+ *
+ * Returns the number of blocks to compute, the same in every lane.  A
+ * chunk whose empty entries (-1 indices, positions past the length: a DCP
+ * rank's list holds only its share of the slots) would fill at least one
+ * whole block is compacted: its valid slots move to the front, thread by
+ * thread in thread order and each thread's in index order (the same order
+ * every call, so replays give the same bytes), the rest of the last block
+ * is -1, and the block count drops to what they fill (at least 1).
+ * Otherwise s_slot keeps index order.  The NT threads have met when it
+ * returns: s_slot is ready to read.  A chunk of one block, or without
+ * empty entries, costs that one barrier (a bar.red) and a warp reduction;
+ * s_scan (SCAN_BYTES) must not be written until every thread has
+ * returned. */
+template <int NT, int ID = 0>
+__device__ __forceinline__ int resolve_slots(const AttendArgs &a, int t, int k0, int kend, int n,
+                                             int32_t *s_slot, int32_t *s_scan)
 {
     constexpr int PER = B12X_MAX_TOPK / NT;
+    static_assert(NT % 32 == 0 && NT / 32 <= SCAN_BYTES / 4, "one scan word a warp");
     const int tid = threadIdx.x;
     const int b = __ldcg(a.req + (int64_t)t * a.req_s);
     int iv[PER];
@@ -298,20 +382,35 @@ __device__ __forceinline__ void resolve_slots(const AttendArgs &a, int t, int k0
                     ? __ldcg(a.bt + (int64_t)b * a.bt_sb + (int64_t)blk * a.bt_sk)
                     : -1;
     }
+    bool hole = false;
+    int cnt = 0;
 #pragma unroll
     for (int u = 0; u < PER; u++) {
         const int k = tid + u * NT;
-        if (k < n) {
-            const int i = iv[u];
-            int slot = -1;
-            if (i >= 0 && i < len && pb[u] >= 0) {
-                const int64_t phys = (int64_t)pb[u] * a.page + (i - (i / a.page) * a.page);
-                if (phys < a.num_slots)
-                    slot = (int)phys;
-            }
-            s_slot[k] = slot;
+        const int i = iv[u];
+        int slot = -1;
+        if (i >= 0 && i < len && pb[u] >= 0) {
+            const int64_t phys = (int64_t)pb[u] * a.page + (i - (i / a.page) * a.page);
+            if (phys < a.num_slots)
+                slot = (int)phys;
         }
+        if (k < n)
+            s_slot[k] = slot;
+        iv[u] = slot;
+        hole |= k < n && slot < 0;
+        cnt += slot >= 0;
     }
+    /* Empty entries anywhere (the last block's tail past kend counts): a
+     * full chunk goes no further. */
+    const int nb = n / BLOCK_SLOTS;
+    if (nb == 1) {
+        bar_sync(ID, NT);
+        return 1;
+    }
+    int nbc = nb;
+    if (bar_red_or<ID, NT>(hole))
+        nbc = compact_slots<NT, ID>(s_slot, s_scan, iv, cnt, nb);
+    return uniform(nbc);
 }
 
 /* ---- the in-place combine (docs/attention.md, "In-place combine") -------

@@ -95,6 +95,9 @@ template <bool FP8> struct WgSmem {
     static constexpr int OFF_INV = OFF_ALPHA + 2 * HT * 4;
     static constexpr int OFF_MBAR = OFF_INV + HT * 4; /* fp8: one mbarrier per raw stage */
     static constexpr int OFF_SLOT = OFF_MBAR + 8 * 4;
+    /* resolve_slots' scan words: the row weights, first written in the loop */
+    static constexpr int OFF_SCAN = OFF_ALPHA;
+    static_assert(2 * HT * 4 >= b12x::SCAN_BYTES, "scan words fit");
     /* + 1024: the dynamic window is aligned up to 1024 in the kernel */
     static constexpr size_t bytes(int chunk_slots) { return (size_t)OFF_SLOT + 4u * chunk_slots + 1024; }
     static_assert(bytes(B12X_MAX_TOPK) <= 232448, "over the sm_90 shared memory per block");
@@ -314,7 +317,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_wgmma_kernel(const WgArgs a)
     const int q4 = lane & 3;
     const b12x::Chunk ck = b12x::chunk_of(a, HT, HT);
     const int t = ck.t, h0 = ck.h0, rows = ck.rows, split = ck.split;
-    const int k0 = ck.k0, kend = ck.kend, nblk = ck.nblk;
+    const int k0 = ck.k0, kend = ck.kend;
     int32_t *const s_slot = reinterpret_cast<int32_t *>(smem + S::OFF_SLOT);
     float *const s_alpha = reinterpret_cast<float *>(smem + S::OFF_ALPHA);
     float *const s_inv = reinterpret_cast<float *>(smem + S::OFF_INV);
@@ -322,7 +325,8 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_wgmma_kernel(const WgArgs a)
     /* Programmatic dependent launch, as the mma.sync kernel: the slots
      * (inputs the previous kernel does not write) before the wait, the
      * query after it. */
-    b12x::resolve_slots<NTHREADS>(a, t, k0, kend, nblk * BN, s_slot);
+    const int nblk = b12x::resolve_slots<NTHREADS>(a, t, k0, kend, ck.nblk * BN, s_slot,
+                                                   reinterpret_cast<int32_t *>(smem + S::OFF_SCAN));
     if (FP8 && tid == 0) {
         for (int i = 0; i < S::NR; i++)
             mbar_init(sb + S::OFF_MBAR + 8 * i, 1);
@@ -740,6 +744,9 @@ template <bool FP8> struct SwSmem {
     static constexpr int OFF_CMAX = OFF_P + 2048;      /* [4 warps][16] */
     static constexpr int OFF_L = OFF_CMAX + 256;       /* [4 warps][16] */
     static constexpr int OFF_SLOT = OFF_L + 256;
+    /* resolve_slots' scan words and the block count (word 31): the column
+     * maxima, first written in the loop */
+    static constexpr int OFF_SCAN = OFF_CMAX;
     static constexpr int O_LD = KV_L + 8;
     static constexpr size_t bytes(int chunk_slots)
     {
@@ -770,16 +777,24 @@ template <bool FP8> __global__ void __launch_bounds__(SW_THREADS, 1) b12x_swg_ke
     uint8_t *const smem = smem_raw + pad;
     const uint32_t sb = sraw + pad;
     const int tid = threadIdx.x, lane = tid & 31;
-    const b12x::Chunk ck = b12x::chunk_of(a, HT, 16);
+    b12x::Chunk ck = b12x::chunk_of(a, HT, 16);
     const int t = ck.t, h0 = ck.h0, rows = ck.rows, split = ck.split;
-    const int nb = (ck.nblk + 1) / 2; /* 64-slot blocks */
     int32_t *const s_slot = reinterpret_cast<int32_t *>(smem + S::OFF_SLOT);
+    int32_t *const s_scan = reinterpret_cast<int32_t *>(smem + S::OFF_SCAN);
 
-    if (tid < NTHREADS)
-        b12x::resolve_slots<NTHREADS>(a, t, ck.k0, ck.kend, ck.nblk * BN, s_slot);
-    if (tid < BN && (ck.nblk & 1))
-        s_slot[ck.nblk * BN + tid] = -1; /* the absent half of the last block */
+    /* The first two warpgroups resolve (named barrier 1; the third waits
+     * at the block barrier) and hand the compacted block count over in
+     * scan word 31. */
+    if (tid < NTHREADS) {
+        const int nbc = b12x::resolve_slots<NTHREADS, 1>(a, t, ck.k0, ck.kend, ck.nblk * BN, s_slot, s_scan);
+        if (tid == 0)
+            s_scan[31] = nbc;
+        if (tid < BN && (nbc & 1))
+            s_slot[nbc * BN + tid] = -1; /* the absent half of the last block */
+    }
     __syncthreads();
+    ck.nblk = b12x::uniform(s_scan[31]);
+    const int nb = (ck.nblk + 1) / 2; /* 64-slot blocks */
 
     if (tid >= 128) {
         /* ---- load warpgroups: block jb into stage jb % 2, 8 lanes a row ---- */

@@ -47,6 +47,7 @@ typedef struct attn_shape {
     int out_of_range;   /* also draw indices >= seq_len and < -1 (GPU: read as empty) */
     float scale;
     int lead_empty;     /* each token's first lead_empty indices are -1 (0: none) */
+    int thin;           /* > 1: keep about one index in `thin`, the rest -1 (a DCP rank's share) */
 } attn_shape;
 
 /* Host copy of one step's inputs.  The cache is shared by the requests:
@@ -174,6 +175,9 @@ static inline void attn_host_make(attn_host *h, const attn_shape *sh, const uint
         }
         for (int k = 0; k < sh->lead_empty && k < topk; k++)
             row[k] = -1;
+        for (int k = 0; sh->thin > 1 && k < topk; k++)
+            if (gpu_rand(rng) % (uint64_t)sh->thin)
+                row[k] = -1;
         if (sh->empty_rows && t % 5 == 3)
             for (int k = 0; k < topk; k++)
                 row[k] = -1;
