@@ -759,6 +759,7 @@ template <bool FP8, bool SHORT> struct SmallSmem {
     /* resolve_slots' scan words (16 warps): the row statistics, first
      * written in the loop */
     static constexpr int OFF_SCAN = OFF_STAT;
+    static_assert(3 * 16 * 4 >= 2 * NTHREADS / 32 * 4, "scan words fit");
     static constexpr int O_LD = KV_L + 8; /* staged output row, in elements */
     static_assert(16 * O_LD * 4 <= KV_STAGES * KV_STAGE, "output stage fits in the KV stages");
     static constexpr size_t bytes(int chunk_slots) { return (size_t)OFF_SLOT + 4u * chunk_slots; }
@@ -1239,6 +1240,7 @@ struct RcSmem {
     static constexpr int OFF_SLOT = OFF_STAT + 32 * 4;
     /* resolve_slots' scan words (16 warps): the final row statistics */
     static constexpr int OFF_SCAN = OFF_STAT;
+    static_assert(32 * 4 >= 2 * NTHREADS / 32 * 4, "scan words fit");
     static constexpr size_t bytes(int chunk_slots) { return (size_t)OFF_SLOT + 4u * chunk_slots; }
     static_assert(STAGE == BN * FP8_BYTES, "a stage holds a block's records");
 };

@@ -747,6 +747,7 @@ template <bool FP8> struct SwSmem {
     /* resolve_slots' scan words and the block count (word 31): the column
      * maxima, first written in the loop */
     static constexpr int OFF_SCAN = OFF_CMAX;
+    static_assert(OFF_L - OFF_CMAX >= b12x::SCAN_BYTES, "scan words and word 31 fit");
     static constexpr int O_LD = KV_L + 8;
     static constexpr size_t bytes(int chunk_slots)
     {
