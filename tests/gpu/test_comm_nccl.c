@@ -84,6 +84,19 @@ static void report(size_t bad, size_t first, size_t total, const char *what, con
         check(1, "%s %s, round %d: %zu values right", what, how, round, total);
 }
 
+/* Mismatches of an all-to-all's received blocks (device recv) in round
+ * `round`; *first gets the index of the first one. */
+static size_t a2a_bad(bufs *b, const void *recv, int round, size_t *first)
+{
+    size_t bad = 0;
+    CUDA_OR_DIE(cudaMemcpy(b->h_a2a, recv, (size_t)me.size * BLOCK, cudaMemcpyDeviceToHost));
+    for (int s = 0; s < me.size; s++)
+        for (size_t i = 0; i < BLOCK; i++)
+            if (b->h_a2a[(size_t)s * BLOCK + i] != a2a_val(s, me.rank, i, round) && !bad++)
+                *first = (size_t)s * BLOCK + i;
+    return bad;
+}
+
 /* Compare the outputs of round `round` with the host's results. */
 static void verify(bufs *b, int round, const char *how)
 {
@@ -96,12 +109,8 @@ static void verify(bufs *b, int round, const char *how)
                 first = (size_t)s * BLOCK + i;
     report(bad, first, (size_t)R * BLOCK, "all_gather", how, round);
 
-    bad = first = 0;
-    CUDA_OR_DIE(cudaMemcpy(b->h_a2a, b->a2a_recv, (size_t)R * BLOCK, cudaMemcpyDeviceToHost));
-    for (int s = 0; s < R; s++)
-        for (size_t i = 0; i < BLOCK; i++)
-            if (b->h_a2a[(size_t)s * BLOCK + i] != a2a_val(s, me.rank, i, round) && !bad++)
-                first = (size_t)s * BLOCK + i;
+    first = 0;
+    bad = a2a_bad(b, b->a2a_recv, round, &first);
     report(bad, first, (size_t)R * BLOCK, "all_to_all", how, round);
 
     bad = first = 0;
@@ -117,12 +126,8 @@ static void verify(bufs *b, int round, const char *how)
 
     /* all_to_all_n: the same blocks again, and every rank's reduce-scatter
      * inputs block by block, in one operation */
-    bad = first = 0;
-    CUDA_OR_DIE(cudaMemcpy(b->h_a2a, b->a2a_recv2, (size_t)R * BLOCK, cudaMemcpyDeviceToHost));
-    for (int s = 0; s < R; s++)
-        for (size_t i = 0; i < BLOCK; i++)
-            if (b->h_a2a[(size_t)s * BLOCK + i] != a2a_val(s, me.rank, i, round) && !bad++)
-                first = (size_t)s * BLOCK + i;
+    first = 0;
+    bad = a2a_bad(b, b->a2a_recv2, round, &first);
     CUDA_OR_DIE(cudaMemcpy(b->h_rs, b->rs_a2a, (size_t)R * NF * sizeof(float),
                            cudaMemcpyDeviceToHost));
     for (int s = 0; s < R; s++)
