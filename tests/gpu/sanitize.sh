@@ -10,14 +10,15 @@
 # register-conversion kernel for fp8 at T >= 8, the column halves at T = 1;
 # 64 heads a rank at batch 2 and 128 at batch 1: the small-head kernel in
 # 16-row tiles (8 tiles over the step's tokens); 64 heads at batch 4 and
-# 128 at batch 2: the wgmma kernel), each with --verify, and on
+# 128 at batch 2: the wgmma kernel), each with --verify, once with full
+# top-k lists (context 2048) and once with short requests (context 300:
+# lists mostly -1, so the chunks compact their slots), and on
 # the test cases of the column halves (racecheck) and the wgmma kernel
 # (memcheck; racecheck on that case takes over 300 s).  One log per run in
 # OUT_DIR; prints a line per run (errors or hazards counted from the
 # tool's summary, and whether the backend's launch log named the kernel
 # the run is for) and exits non-zero when any run failed, reported an
-# error or hazard, took another kernel, or did not finish in time.  About
-# 230 s on an H200.
+# error or hazard, took another kernel, or did not finish in time.
 set -uo pipefail
 build=${1:?usage: sanitize.sh BUILD_DIR OUT_DIR [TIME_BUDGET_S]}
 out=${2:?usage: sanitize.sh BUILD_DIR OUT_DIR [TIME_BUDGET_S]}
@@ -63,19 +64,29 @@ run() { # name tool limit want command...
 }
 
 dec=("$build/apps/mlart-decode/mlart-decode" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda
-     --context 2048 --steps 1 --verify)
+     --steps 1 --verify)
 tiles='kernel=b12x_small(_rc)?_kernel \(16-row tiles\)'
 wgmma='kernel=b12x_wgmma_kernel \(64-head tiles\)'
 for tool in racecheck synccheck memcheck; do
   for fmt in bf16 fp8_ds_mla; do
-    [ "$fmt" = bf16 ] && b16=b12x_small_kernel || b16=b12x_small_rc_kernel
-    run "${tool}_h16_${fmt}_b1" "$tool" 90 'kernel=b12x_small_kernel \(one tile, column halves\)' \
-      "${dec[@]}" --kv-format "$fmt" --batch 1
-    run "${tool}_h16_${fmt}_b16" "$tool" 120 "kernel=$b16 \\(one tile\\)" "${dec[@]}" --kv-format "$fmt" --batch 16
-    run "${tool}_tiles_h64_${fmt}_b2" "$tool" 120 "$tiles" "${dec[@]}" --kv-format "$fmt" --batch 2 --set tp_size=2
-    run "${tool}_tiles_h128_${fmt}_b1" "$tool" 120 "$tiles" "${dec[@]}" --kv-format "$fmt" --batch 1 --set tp_size=1
-    run "${tool}_h64_${fmt}_b4" "$tool" 120 "$wgmma" "${dec[@]}" --kv-format "$fmt" --batch 4 --set tp_size=2
-    run "${tool}_h128_${fmt}_b2" "$tool" 120 "$wgmma" "${dec[@]}" --kv-format "$fmt" --batch 2 --set tp_size=1
+    for ctx in 2048 300; do
+      # context 300 < top-k 2048: each list is 300 positions and 1748 -1s,
+      # so the chunks past them compact (b12x::resolve_slots)
+      [ "$ctx" = 2048 ] && sfx= || sfx=_c$ctx
+      [ "$fmt" = bf16 ] && b16=b12x_small_kernel || b16=b12x_small_rc_kernel
+      run "${tool}_h16_${fmt}_b1$sfx" "$tool" 90 'kernel=b12x_small_kernel \(one tile, column halves\)' \
+        "${dec[@]}" --kv-format "$fmt" --context "$ctx" --batch 1
+      run "${tool}_h16_${fmt}_b16$sfx" "$tool" 120 "kernel=$b16 \\(one tile\\)" \
+        "${dec[@]}" --kv-format "$fmt" --context "$ctx" --batch 16
+      run "${tool}_tiles_h64_${fmt}_b2$sfx" "$tool" 120 "$tiles" \
+        "${dec[@]}" --kv-format "$fmt" --context "$ctx" --batch 2 --set tp_size=2
+      run "${tool}_tiles_h128_${fmt}_b1$sfx" "$tool" 120 "$tiles" \
+        "${dec[@]}" --kv-format "$fmt" --context "$ctx" --batch 1 --set tp_size=1
+      run "${tool}_h64_${fmt}_b4$sfx" "$tool" 120 "$wgmma" \
+        "${dec[@]}" --kv-format "$fmt" --context "$ctx" --batch 4 --set tp_size=2
+      run "${tool}_h128_${fmt}_b2$sfx" "$tool" 120 "$wgmma" \
+        "${dec[@]}" --kv-format "$fmt" --context "$ctx" --batch 2 --set tp_size=1
+    done
   done
 done
 # attn_backend_gpu runs each test in a child process whatever CK_FORK says
