@@ -62,7 +62,9 @@
  * (bench_attn_choice): 32, 40, 48 and 56 heads on the launch's kernel, the
  * general, the wgmma and the small-head kernel; and the same four columns
  * for whole steps of 64..128 heads at small T (the `attn tiles` table,
- * where the 16-row tiles' bound lies). */
+ * where the 16-row tiles' bound lies).  Last the `attn short` table
+ * (bench_attn_short): requests shorter than top-k, whose lists are mostly
+ * -1, against the step on their valid entries alone. */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <math.h>
@@ -124,11 +126,13 @@ void bench_log(int level, const char *fmt, ...)
 struct Set {
     void *q, *idx, *req, *seq, *bt, *out, *lse, *ref_out, *ref_lse;
     void *qin, *wuk, *wuv, *o;
+    void *didx; /* Ctx.valid > 0: the lists' valid entries alone, [T, valid] */
 };
 
 struct Ctx {
     mlart_geometry g;
     int T, nsets;
+    int valid; /* 0: every list 2048 distinct positions; else short requests of `valid` tokens (alloc_sets) */
     int64_t P, V; /* the absorption's P and the V up-projection's V (the model's) */
     void *kv;
     void *kvw_src, *kvw_slots; /* MLART_BENCH_ATTN_KVW: slots 0..kKvwRows-1's bf16 rows, and 0..kKvwRows-1 */
@@ -145,7 +149,9 @@ mlart_tensor dense(void *p, mlart_dtype dt, int n, int64_t a, int64_t b, int64_t
     return mlart_tensor_dense(p, dt, 0, n, shape);
 }
 
-mlart_step make_step(const Ctx &c, int set, bool ref)
+/* peer: the list of the valid entries alone (Ctx.valid > 0), a step of
+ * top-k `valid`. */
+mlart_step make_step(const Ctx &c, int set, bool ref, bool peer = false)
 {
     const Set &s = c.sets[set];
     const int T = c.T, H = c.g.heads;
@@ -158,7 +164,9 @@ mlart_step make_step(const Ctx &c, int set, bool ref)
     st.B = T;
     st.q_mqa = dense(s.q, MLART_DTYPE_BF16, 3, T, H, 576);
     st.kv_cache = dense(c.kv, MLART_DTYPE_U8, 2, kSlots, (int64_t)mlart_kv_bytes_per_token(&c.g), 0);
-    st.idx = dense(s.idx, MLART_DTYPE_I32, 2, T, kTopk, 0);
+    st.idx = peer ? dense(s.didx, MLART_DTYPE_I32, 2, T, c.valid, 0) : dense(s.idx, MLART_DTYPE_I32, 2, T, kTopk, 0);
+    if (peer)
+        st.geom.topk = c.valid;
     st.req_of_token = dense(s.req, MLART_DTYPE_I32, 1, T, 0, 0);
     st.seq_lens = dense(s.seq, MLART_DTYPE_I32, 1, T, 0, 0);
     st.block_table = dense(s.bt, MLART_DTYPE_I32, 2, T, kPagesPerReq, 0);
@@ -484,13 +492,18 @@ void free_sets(Ctx &c)
         cudaFree(x.wuk);
         cudaFree(x.wuv);
         cudaFree(x.o);
+        cudaFree(x.didx);
     }
     memset(c.sets, 0, sizeof c.sets);
     c.nsets = 0;
 }
 
 /* nsets sets of T tokens: token t of set s is request t with its own 64
- * pages (page p of the rotation), 2048 distinct positions of 4096. */
+ * pages (page p of the rotation), 2048 distinct positions of 4096.  With
+ * c.valid > 0 each request is `valid` tokens long and its list, as an
+ * indexer gives it for a request shorter than top-k, holds every position
+ * 0..valid-1 in a shuffled order, then -1s; didx holds the same positions
+ * alone. */
 int alloc_sets(Ctx &c, int nsets, uint64_t seed)
 {
     const int T = c.T, H = c.g.heads;
@@ -517,6 +530,8 @@ int alloc_sets(Ctx &c, int nsets, uint64_t seed)
         ATT_CUDA(cudaMalloc(&x.wuk, (size_t)H * P * 512 * 2));
         ATT_CUDA(cudaMalloc(&x.wuv, (size_t)H * 512 * V * 2));
         ATT_CUDA(cudaMalloc(&x.o, (size_t)T * H * V * 2));
+        if (c.valid)
+            ATT_CUDA(cudaMalloc(&x.didx, sizeof(int32_t) * T * c.valid));
         if (mlart_bench_fill_bf16(x.q, (size_t)T * H * 576, seed * 977 + s, 0) ||
             mlart_bench_fill_bf16(x.qin, (size_t)T * H * qrow, seed * 977 + s + 500, 0) ||
             mlart_bench_fill_bf16(x.wuk, (size_t)H * P * 512, seed * 977 + s + 900, 0) ||
@@ -524,12 +539,28 @@ int alloc_sets(Ctx &c, int nsets, uint64_t seed)
             goto fail;
         for (int t = 0; t < T; t++) {
             req[t] = t;
-            seq[t] = kSeq;
+            seq[t] = c.valid ? c.valid : kSeq;
             for (int p = 0; p < kPagesPerReq; p++)
                 bt[t * kPagesPerReq + p] = (int32_t)(next_page++ % pages);
+            int32_t *row = idx + (size_t)t * kTopk;
+            if (c.valid) {
+                for (int k = 0; k < kTopk; k++)
+                    row[k] = k < c.valid ? k : -1;
+                for (int k = c.valid - 1; k > 0; k--) { /* Fisher-Yates over the valid entries */
+                    const int j = (int)(mix(seed ^ ((uint64_t)s << 40) ^ ((uint64_t)t << 20) ^ k) % (uint64_t)(k + 1));
+                    const int32_t v = row[k];
+                    row[k] = row[j];
+                    row[j] = v;
+                }
+                continue;
+            }
             for (int k = 0; k < kTopk; k++) /* position 2k or 2k+1: distinct, spread over the request */
-                idx[t * kTopk + k] = 2 * k + (int)(mix(seed ^ ((uint64_t)s << 40) ^ ((uint64_t)t << 20) ^ k) & 1);
+                row[k] = 2 * k + (int)(mix(seed ^ ((uint64_t)s << 40) ^ ((uint64_t)t << 20) ^ k) & 1);
         }
+        if (c.valid)
+            for (int t = 0; t < T; t++)
+                ATT_CUDA(cudaMemcpy((int32_t *)x.didx + (size_t)t * c.valid, idx + (size_t)t * kTopk,
+                                    sizeof(int32_t) * c.valid, cudaMemcpyHostToDevice));
         ATT_CUDA(cudaMemcpy(x.idx, idx, sizeof(int32_t) * T * kTopk, cudaMemcpyHostToDevice));
         ATT_CUDA(cudaMemcpy(x.req, req, sizeof(int32_t) * T, cudaMemcpyHostToDevice));
         ATT_CUDA(cudaMemcpy(x.seq, seq, sizeof(int32_t) * T, cudaMemcpyHostToDevice));
@@ -684,12 +715,13 @@ struct Variant {
     Ctx *c;
     b12x_tune tune;
     const b12x_dev *dev;
+    bool peer; /* make_step's peer: the valid entries alone */
 };
 
 int enqueue_variant(void *ctx, int set, cudaStream_t stream)
 {
     Variant *v = (Variant *)ctx;
-    mlart_step st = make_step(*v->c, set, false);
+    mlart_step st = make_step(*v->c, set, false, v->peer);
     return b12x_attend_launch_tuned(&st, v->dev, &v->tune, stream, bench_err) != 0;
 }
 
@@ -703,6 +735,7 @@ struct Grid {
     const int *Ts;
     int ts_stride;
     uint64_t seed; /* of the input sets: seed + 131 * (T index) + 7 * m + f */
+    int valid;     /* Ctx.valid of its rows (0: full lists) */
 };
 
 void grid_name(char *name, size_t n, const Grid &g, int f, int m, int it)
@@ -761,6 +794,7 @@ int grid_run(const mlart_bench_opts *o, const Grid &g, GridRow row, void *arg)
                 c->g = g0;
                 c->g.heads = g.Hs[m];
                 c->P = c->V = 128;
+                c->valid = g.valid;
                 c->kv = kv;
                 c->ws_bytes = (size_t)64 * max_t * g.Hs[m] * (512 * 2 + 4); /* 64 splits */
             }
@@ -776,7 +810,7 @@ int grid_run(const mlart_bench_opts *o, const Grid &g, GridRow row, void *arg)
                 grid_name(name, sizeof name, g, f, m, it);
                 if (!mlart_bench_match(o, name))
                     continue;
-                const int nsets = mlart_bench_sets(o, (size_t)c->T * kTopk * row_bytes, 2);
+                const int nsets = mlart_bench_sets(o, (size_t)c->T * (g.valid ? g.valid : kTopk) * row_bytes, 2);
                 double ref_us;
                 if (alloc_sets(*c, nsets, g.seed + 131 * it + 7 * m + f) ||
                     mlart_bench_time(&ref_opts, enqueue_ref, c, 1, &ref_us))
@@ -993,6 +1027,81 @@ int bench_attn_choice(const mlart_bench_opts *o, const Grid &g, const mlart_benc
     return wrong;
 }
 
+/* Short requests (the `attn short` table): each token's request is 512
+ * tokens long, so its 2048-entry list holds those 512 positions, shuffled,
+ * then 1536 -1s, as an indexer pads a list for a request shorter than
+ * top-k.  `time` is the launch on that list; `dense` the same step with
+ * the 512 valid entries as the whole list (a step of top-k 512: the least
+ * work the padded call can come down to, as the chunks take the list's
+ * blocks interleaved and compact their slots, docs/attention.md "Sparse
+ * lists" and "Chunks interleave"); x_dense = time / dense; GB/s
+ * the unique bytes of the valid rows over `time`; err the larger NMSE of
+ * the two against the CUDA reference on the padded list.  At T = 1 the
+ * rotation's 128 sets hold less than 3x L2 (their rows are under 0.6 MB
+ * a set), so those rows read partly from L2; `time` and `dense` alike. */
+const int kShortValid = 512;
+const int kShortHs[2] = {16, 64};
+const int kShortTs[5] = {1, 4, 16, 64, 0};
+const Grid kShortGrid = {"attn short", 2, kShortHs, kShortTs, 0, 0x5407, kShortValid};
+const mlart_bench_col kShortCols[] = {{"time", "us", 8, 2},  {"dense", "us", 8, 2}, {"x_dense", "x", 7, 2},
+                                      {"GB/s", "", 7, 0},    {"err", "nmse", 9, 7}};
+const mlart_bench_table kShortTable = {"attn short: requests of 512 tokens, their top-k 2048 lists padded with -1, "
+                                       "against the same step on the 512 valid entries alone",
+                                       "shape", 32, kShortCols, 5};
+
+struct ShortStats {
+    const mlart_bench_opts *o;
+    int rows;
+    double worst, log_sum;
+    char worst_name[64];
+};
+
+int short_row(void *arg, Ctx &c, const b12x_dev &dev, const char *name, int nsets)
+{
+    ShortStats *ss = (ShortStats *)arg;
+    const size_t out_b = (size_t)c.g.heads * c.T * 1024;
+    const double row_bytes = c.g.kv_format == MLART_KV_BF16 ? 1152 : 656;
+    double vals[5], err = 0;
+    for (int k = 0; k < 2; k++) {
+        Variant v = {&c, {0, 0, 0, 1}, &dev, k == 1};
+        double e = NAN;
+        if (cudaMemset(c.sets[0].out, 0xff, out_b) != cudaSuccess ||
+            cudaMemset(c.sets[0].lse, 0xff, (size_t)c.g.heads * c.T * 4) != cudaSuccess ||
+            mlart_bench_time(ss->o, enqueue_variant, &v, nsets, &vals[k]) || !((e = check_set0(c)) <= kNmseMax)) {
+            fprintf(stderr, "mlart-bench attn: %s: %s call failed or disagreed with the reference (nmse %g)\n", name,
+                    k ? "the dense" : "the padded", e);
+            return 1;
+        }
+        err = fmax(err, e);
+    }
+    vals[2] = vals[0] / vals[1];
+    vals[3] = (double)c.T * c.valid * row_bytes / (vals[0] * 1e3);
+    vals[4] = err;
+    mlart_bench_table_row(ss->o, &kShortTable, name, vals);
+    if (++ss->rows == 1 || vals[2] > ss->worst) {
+        ss->worst = vals[2];
+        snprintf(ss->worst_name, sizeof ss->worst_name, "%s", name + strlen(kShortGrid.prefix) + 1);
+    }
+    ss->log_sum += log(vals[2]);
+    return 0;
+}
+
+int bench_attn_short(const mlart_bench_opts *o)
+{
+    ShortStats ss = {o, 0, 0, 0, ""};
+    if (!grid_match(o, kShortGrid))
+        return 0;
+    mlart_bench_table_head(o, &kShortTable);
+    const int wrong = grid_run(o, kShortGrid, short_row, &ss);
+    if (ss.rows) {
+        char line[200];
+        snprintf(line, sizeof line, "%d rows: padded list / valid entries alone worst %.2fx (%s), geomean %.2fx",
+                 ss.rows, ss.worst, ss.worst_name, exp(ss.log_sum / ss.rows));
+        mlart_bench_summary(o, kShortTable.title, line);
+    }
+    return wrong;
+}
+
 } /* namespace */
 
 extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
@@ -1044,7 +1153,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     const char *kv_env = getenv("MLART_BENCH_ATTN_KVW");
     const int kvw = !(kv_env && !strcmp(kv_env, "0"));
     const int partial = grid_match(o, kPartGrid) || grid_match(o, kTileGrid);
-    if (!any && !partial && !(variants && grid_match(o, kVarGrid)))
+    if (!any && !partial && !grid_match(o, kShortGrid) && !(variants && grid_match(o, kVarGrid)))
         return 0;
 
     const double tc_peak = measure_tc_peak();
@@ -1291,6 +1400,10 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     if (partial) {
         const int rc = bench_attn_choice(o, kPartGrid, &kPartTable), rt = bench_attn_choice(o, kTileGrid, &kTileTable);
         wrong += (rc < 0 ? 1 : rc) + (rt < 0 ? 1 : rt);
+    }
+    {
+        const int rs = bench_attn_short(o);
+        wrong += rs < 0 ? 1 : rs;
     }
     char bare[160] = "";
     if (kvw)

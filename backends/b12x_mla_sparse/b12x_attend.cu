@@ -436,12 +436,12 @@ template <bool FP8, class S> struct Pipeline {
 template <bool FP8, class S>
 __device__ __forceinline__ Pipeline<FP8, S> start_block(const AttendArgs &a, uint8_t *smem, uint32_t sbase,
                                                         int32_t *s_slot, int t, int h0, int rows, int padded,
-                                                        int k0, int kend, int nblk)
+                                                        int split, int nblk)
 {
     B12X_PROF_SEQ_ENTER(0);
     B12X_PROF_MAIN(0, prof_gt());
     B12X_PROF_MAIN(6, clock64());
-    const int nbc = b12x::resolve_slots<NTHREADS>(a, t, k0, kend, nblk * BN, s_slot,
+    const int nbc = b12x::resolve_slots<NTHREADS>(a, t, split, nblk * BN, s_slot,
                                                   reinterpret_cast<int32_t *>(smem + S::OFF_SCAN));
     const Pipeline<FP8, S> pipe{a, smem, sbase, s_slot, nbc};
     pipe.prefetch();
@@ -470,12 +470,11 @@ template <bool FP8, int RT, bool IP> __device__ __forceinline__ void attend_body
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const b12x::Chunk ck = b12x::chunk_of(a, HEAD_TILE, HEAD_TILE);
     const int t = ck.t, h0 = ck.h0, rows = ck.rows, split = ck.split;
-    const int k0 = ck.k0, kend = ck.kend;
     const uint32_t sbase = smem_u32(smem);
     int32_t *s_slot = reinterpret_cast<int32_t *>(smem + S::OFF_SLOT);
 
     const Pipeline<FP8, S> pipe =
-        start_block<FP8, S>(a, smem, sbase, s_slot, t, h0, rows, RT * 16, k0, kend, ck.nblk);
+        start_block<FP8, S>(a, smem, sbase, s_slot, t, h0, rows, RT * 16, split, ck.nblk);
     const int nblk = pipe.nblk; /* after compaction */
 
     const int pair = warp >> 1, ch = warp & 1;
@@ -821,7 +820,7 @@ __device__ __forceinline__ b12x::Chunk small_start(const AttendArgs &a, int32_t 
     B12X_PROF_SEQ_ENTER(0);
     B12X_PROF_MAIN(0, prof_gt());
     B12X_PROF_MAIN(6, clock64());
-    ck.nblk = b12x::resolve_slots<SMALL_THREADS>(a, ck.t, ck.k0, ck.kend, ck.nblk * BN, s_slot, s_scan);
+    ck.nblk = b12x::resolve_slots<SMALL_THREADS>(a, ck.t, ck.split, ck.nblk * BN, s_slot, s_scan);
     B12X_PROF_MAIN(1, clock64());
     return ck;
 }
@@ -2343,8 +2342,7 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
     const bool pdl = tune ? tune->pdl != 0 : true;
     AttendArgs a;
     b12x::args_from_step(&a, s);
-    a.blocks_per_split = sp.blocks_per_split;
-    a.splits = sp.splits;
+    b12x::set_splits(&a, sp.splits);
     if (sp.splits > 1) {
         const size_t rows = (size_t)sp.splits * T * H;
         const size_t need = rows * KV_L * sizeof(__nv_bfloat16) + rows * sizeof(float);

@@ -40,8 +40,8 @@ struct AttendArgs {
     float *ws_lse;       /* [splits][T][H] */
     int T, H, B, topk, page;
     int tile_base;        /* first head tile of this launch */
-    int blocks_per_split; /* pipeline blocks (32 slots) per chunk */
     int splits;
+    int chunk_blocks, chunk_extra; /* chunk c owns chunk_blocks + (c < chunk_extra) blocks (set_splits) */
     float scale_log2;     /* softmax scale * log2(e) */
     unsigned *bar;        /* barriers of the in-place combine (its kernel instantiations), else NULL */
 };
@@ -52,9 +52,18 @@ constexpr int BLOCK_SLOTS = 32;
 
 /* What one thread block owns: token t, head rows [h0, h0 + rows) of its
  * tile (tiles of `tile` heads from a.tile_base, at most max_rows rows),
- * and chunk `split` of the top-k list, indices [k0, kend) in nblk blocks. */
+ * and chunk `split` of the top-k list: its nblk blocks of 32 indices are
+ * the list's blocks split, split + splits, split + 2 splits, ... (block b
+ * holds indices [32 b, 32 b + 32) below top-k).  Interleaved rather than
+ * one run of the list: an indexer pads a request shorter than top-k with
+ * -1s at the end of its list, and in runs its valid entries would all
+ * fall to the first chunks while the others compute nothing; interleaved,
+ * every chunk takes its share of them and compacts the rest away
+ * (resolve_slots).  The host's split (blocks_per_split, splits with
+ * (splits - 1) x blocks_per_split < the list's blocks) gives each chunk
+ * at most blocks_per_split blocks and at least one. */
 struct Chunk {
-    int t, h0, rows, split, k0, kend, nblk;
+    int t, h0, rows, split, nblk;
 };
 
 __device__ __forceinline__ Chunk chunk_of(const AttendArgs &a, int tile, int max_rows)
@@ -64,10 +73,18 @@ __device__ __forceinline__ Chunk chunk_of(const AttendArgs &a, int tile, int max
     c.h0 = (a.tile_base + (int)blockIdx.y) * tile;
     c.rows = min(max_rows, a.H - c.h0);
     c.split = blockIdx.z;
-    c.k0 = c.split * a.blocks_per_split * BLOCK_SLOTS;
-    c.kend = min(a.topk, c.k0 + a.blocks_per_split * BLOCK_SLOTS);
-    c.nblk = (c.kend - c.k0 + BLOCK_SLOTS - 1) / BLOCK_SLOTS;
+    c.nblk = a.chunk_blocks + (c.split < a.chunk_extra);
     return c;
+}
+
+/* The split of a launch into `splits` chunks, interleaved (Chunk): the
+ * list's blocks over the chunks, counted here so that no kernel divides. */
+inline void set_splits(AttendArgs *a, int splits)
+{
+    const int nb = (a->topk + BLOCK_SLOTS - 1) / BLOCK_SLOTS;
+    a->splits = splits;
+    a->chunk_blocks = nb / splits;
+    a->chunk_extra = nb % splits;
 }
 
 /* Every field that comes from the step; the caller sets the split, the
@@ -108,8 +125,7 @@ inline void args_from_step(AttendArgs *a, const mlart_step *s)
     a->topk = g->topk;
     a->page = g->page_size;
     a->tile_base = 0;
-    a->blocks_per_split = 1;
-    a->splits = 1;
+    set_splits(a, 1);
     a->scale_log2 = g->softmax_scale * LOG2E; /* exp2 units */
 }
 
@@ -335,8 +351,9 @@ __device__ __forceinline__ int compact_slots(int32_t *s_slot, int32_t *s_scan, c
     return nbc;
 }
 
-/* Physical slot of every index of a chunk (s_slot[k] for index k0 + k, k <
- * n, n a whole number of blocks), -1 where it selects nothing, by NT
+/* Physical slot of every index of chunk `split` (s_slot[k] for the k-th
+ * index of its blocks, k < n, n a whole number of blocks: Chunk says which
+ * indices), -1 where it selects nothing, by NT
  * threads of the block that meet at named barrier ID (0 when they are the
  * whole block).  Anything out of range reads as empty; the host validates
  * when asked.  The loads are ordered so that only two round trips to
@@ -357,8 +374,8 @@ __device__ __forceinline__ int compact_slots(int32_t *s_slot, int32_t *s_scan, c
  * s_scan (SCAN_BYTES) must not be written until every thread has
  * returned. */
 template <int NT, int ID = 0>
-__device__ __forceinline__ int resolve_slots(const AttendArgs &a, int t, int k0, int kend, int n,
-                                             int32_t *s_slot, int32_t *s_scan)
+__device__ __forceinline__ int resolve_slots(const AttendArgs &a, int t, int split, int n, int32_t *s_slot,
+                                             int32_t *s_scan)
 {
     constexpr int PER = B12X_MAX_TOPK / NT;
     static_assert(NT % 32 == 0 && NT / 32 <= SCAN_BYTES / 4, "one scan word a warp");
@@ -368,8 +385,9 @@ __device__ __forceinline__ int resolve_slots(const AttendArgs &a, int t, int k0,
 #pragma unroll
     for (int u = 0; u < PER; u++) {
         const int k = tid + u * NT;
-        iv[u] = k < n && k0 + k < kend ? __ldcg(a.idx + (int64_t)t * a.idx_st + (int64_t)(k0 + k) * a.idx_sk)
-                                       : -1;
+        /* block k / 32 of the chunk is block split + (k / 32) splits of the list */
+        const int e = (split + (k / BLOCK_SLOTS) * a.splits) * BLOCK_SLOTS + k % BLOCK_SLOTS;
+        iv[u] = k < n && e < a.topk ? __ldcg(a.idx + (int64_t)t * a.idx_st + (int64_t)e * a.idx_sk) : -1;
     }
     const bool b_ok = b >= 0 && b < a.B;
     const int len = b_ok ? __ldcg(a.seq + (int64_t)b * a.seq_s) : 0;
@@ -400,7 +418,7 @@ __device__ __forceinline__ int resolve_slots(const AttendArgs &a, int t, int k0,
         hole |= k < n && slot < 0;
         cnt += slot >= 0;
     }
-    /* Empty entries anywhere (the last block's tail past kend counts): a
+    /* Empty entries anywhere (the last block's tail past top-k counts): a
      * full chunk goes no further. */
     const int nb = n / BLOCK_SLOTS;
     if (nb == 1) {

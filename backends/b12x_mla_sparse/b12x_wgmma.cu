@@ -317,7 +317,6 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_wgmma_kernel(const WgArgs a)
     const int q4 = lane & 3;
     const b12x::Chunk ck = b12x::chunk_of(a, HT, HT);
     const int t = ck.t, h0 = ck.h0, rows = ck.rows, split = ck.split;
-    const int k0 = ck.k0, kend = ck.kend;
     int32_t *const s_slot = reinterpret_cast<int32_t *>(smem + S::OFF_SLOT);
     float *const s_alpha = reinterpret_cast<float *>(smem + S::OFF_ALPHA);
     float *const s_inv = reinterpret_cast<float *>(smem + S::OFF_INV);
@@ -325,7 +324,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) b12x_wgmma_kernel(const WgArgs a)
     /* Programmatic dependent launch, as the mma.sync kernel: the slots
      * (inputs the previous kernel does not write) before the wait, the
      * query after it. */
-    const int nblk = b12x::resolve_slots<NTHREADS>(a, t, k0, kend, ck.nblk * BN, s_slot,
+    const int nblk = b12x::resolve_slots<NTHREADS>(a, t, split, ck.nblk * BN, s_slot,
                                                    reinterpret_cast<int32_t *>(smem + S::OFF_SCAN));
     if (FP8 && tid == 0) {
         for (int i = 0; i < S::NR; i++)
@@ -787,7 +786,7 @@ template <bool FP8> __global__ void __launch_bounds__(SW_THREADS, 1) b12x_swg_ke
      * at the block barrier) and hand the compacted block count over in
      * scan word 31. */
     if (tid < NTHREADS) {
-        const int nbc = b12x::resolve_slots<NTHREADS, 1>(a, t, ck.k0, ck.kend, ck.nblk * BN, s_slot, s_scan);
+        const int nbc = b12x::resolve_slots<NTHREADS, 1>(a, t, ck.split, ck.nblk * BN, s_slot, s_scan);
         if (tid == 0)
             s_scan[31] = nbc;
         if (tid < BN && (nbc & 1))
@@ -1113,16 +1112,14 @@ namespace {
 /* The kernels' arguments for a step and its split, and a launch of T x
  * tiles x splits blocks with programmatic stream serialization when `pdl`
  * (`at` must outlive the launch). */
-WgArgs split_args(const mlart_step *s, int splits, int blocks_per_split, int tile_base, uint16_t *ws_o,
-                  float *ws_lse)
+WgArgs split_args(const mlart_step *s, int splits, int tile_base, uint16_t *ws_o, float *ws_lse)
 {
     WgArgs a;
     b12x::args_from_step(&a, s);
     a.ws_o = reinterpret_cast<__nv_bfloat16 *>(ws_o);
     a.ws_lse = ws_lse;
     a.tile_base = tile_base;
-    a.blocks_per_split = blocks_per_split;
-    a.splits = splits;
+    b12x::set_splits(&a, splits);
     return a;
 }
 
@@ -1146,7 +1143,7 @@ extern "C" int b12x_wgmma_launch(const mlart_step *s, int splits, int blocks_per
     if (splits < 1 || blocks_per_split < 1 || tiles < 1 ||
         (int64_t)(splits - 1) * blocks_per_split * BN >= (int64_t)s->geom.topk)
         return (int)cudaErrorInvalidValue;
-    WgArgs a = split_args(s, splits, blocks_per_split, tile_base, ws_o, ws_lse);
+    WgArgs a = split_args(s, splits, tile_base, ws_o, ws_lse);
     a.bar = bar;
     const int chunk = blocks_per_split * BN;
     cudaLaunchAttribute at[1];
@@ -1181,7 +1178,7 @@ extern "C" int b12x_swg_launch(const mlart_step *s, int splits, int blocks_per_s
                                uint16_t *ws_o, float *ws_lse, int pdl, void *stream)
 {
     const bool fp8 = s->geom.kv_format == MLART_KV_FP8_DS_MLA;
-    const WgArgs a = split_args(s, splits, blocks_per_split, tile_base, ws_o, ws_lse);
+    const WgArgs a = split_args(s, splits, tile_base, ws_o, ws_lse);
     const int chunk = blocks_per_split * BN;
     cudaLaunchAttribute at[1];
     const cudaLaunchConfig_t cfg =

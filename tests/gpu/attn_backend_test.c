@@ -221,7 +221,7 @@ START_TEST(test_sweep)
     for (int it = 0; it < 5; it++)
         for (int ih = 0; ih < 5; ih++) {
             attn_shape sh = {Ts[it], Hs[ih], topks[(it + ih + _i) % 3], g_fmts[_i], 1, 1, 0,
-                             (it + ih) % 2 ? 0.0417f : 0.3f, 0, 0};
+                             (it + ih) % 2 ? 0.0417f : 0.3f, 0, 0, 0};
             check_step(&sh, &e);
         }
     printf("sweep %s: 25 shapes match (seed 0x%llx)\n", mlart_kv_format_name(g_fmts[_i]),
@@ -237,21 +237,21 @@ START_TEST(test_awkward)
     case_env e;
     env_open(&e, g_fmts[_i], _i + 11);
     const attn_shape shapes[] = {
-        {5, 20, 100, g_fmts[_i], 1, 1, 0, 0.0417f, 0, 0},   /* topk % 32 != 0, 20 heads */
-        {4, 100, 576, g_fmts[_i], 1, 0, 0, 0.0417f, 0, 0},  /* seven 16-row tiles, the last of 4 rows */
-        {7, 80, 2048, g_fmts[_i], 1, 1, 0, 0.1f, 0, 0},     /* 64 + 16 heads at 7 tokens: two launches */
-        {17, 100, 576, g_fmts[_i], 1, 0, 0, 0.0417f, 0, 0}, /* tiles of 64 + 36 heads (wgmma twice) */
-        {18, 80, 2048, g_fmts[_i], 1, 1, 0, 0.1f, 0, 0},    /* 64 + 16 heads: wgmma, then a small-head kernel */
-        {12, 16, 2048, g_fmts[_i], 4, 1, 0, 0.0417f, 0, 0}, /* 4 tokens per request */
-        {9, 16, 2048, g_fmts[_i], 1, 1, 1, 0.0417f, 0, 0},  /* out-of-range indices */
-        {75, 128, 64, g_fmts[_i], 3, 1, 1, 0.5f, 0, 0},
-        {2, 33, 1, g_fmts[_i], 1, 0, 0, 0.0417f, 0, 0},     /* topk 1 */
+        {5, 20, 100, g_fmts[_i], 1, 1, 0, 0.0417f, 0, 0, 0},   /* topk % 32 != 0, 20 heads */
+        {4, 100, 576, g_fmts[_i], 1, 0, 0, 0.0417f, 0, 0, 0},  /* seven 16-row tiles, the last of 4 rows */
+        {7, 80, 2048, g_fmts[_i], 1, 1, 0, 0.1f, 0, 0, 0},     /* 64 + 16 heads at 7 tokens: two launches */
+        {17, 100, 576, g_fmts[_i], 1, 0, 0, 0.0417f, 0, 0, 0}, /* tiles of 64 + 36 heads (wgmma twice) */
+        {18, 80, 2048, g_fmts[_i], 1, 1, 0, 0.1f, 0, 0, 0},    /* 64 + 16 heads: wgmma, then a small-head kernel */
+        {12, 16, 2048, g_fmts[_i], 4, 1, 0, 0.0417f, 0, 0, 0}, /* 4 tokens per request */
+        {9, 16, 2048, g_fmts[_i], 1, 1, 1, 0.0417f, 0, 0, 0},  /* out-of-range indices */
+        {75, 128, 64, g_fmts[_i], 3, 1, 1, 0.5f, 0, 0, 0},
+        {2, 33, 1, g_fmts[_i], 1, 0, 0, 0.0417f, 0, 0, 0},     /* topk 1 */
         /* the combine's extremes: chunks whose LSEs lie hundreds apart
          * (scale 30), the leading chunks empty, and both */
-        {1, 16, 2048, g_fmts[_i], 1, 0, 0, 30.0f, 0, 0},
-        {2, 16, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 700, 0},
-        {1, 64, 2048, g_fmts[_i], 1, 0, 0, 30.0f, 100, 0},
-        {8, 16, 2048, g_fmts[_i], 1, 1, 0, 30.0f, 300, 0},
+        {1, 16, 2048, g_fmts[_i], 1, 0, 0, 30.0f, 0, 0, 0},
+        {2, 16, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 700, 0, 0},
+        {1, 64, 2048, g_fmts[_i], 1, 0, 0, 30.0f, 100, 0, 0},
+        {8, 16, 2048, g_fmts[_i], 1, 1, 0, 30.0f, 300, 0, 0},
     };
     check_steps(&e, shapes, sizeof shapes / sizeof shapes[0]);
     printf("awkward %s: %zu shapes match (seed 0x%llx)\n", mlart_kv_format_name(g_fmts[_i]),
@@ -278,21 +278,21 @@ START_TEST(test_wgmma)
     setenv("MLART_B12X_INPLACE", _i >= 6 ? "1" : "0", 1); /* every kernel mode with the in-place combine too */
     env_open(&e, fmt, _i + 31);
     const attn_shape shapes[] = {
-        {1, 64, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0},   /* split + combine */
-        {3, 128, 576, fmt, 1, 1, 0, 0.3f, 0, 0},
-        {9, 64, 64, fmt, 1, 1, 0, 0.0417f, 0, 0},
-        {64, 128, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0}, /* one pass, two tiles */
-        {64, 64, 576, fmt, 1, 1, 0, 0.3f, 0, 0},
-        {75, 128, 64, fmt, 3, 1, 1, 0.3f, 0, 0},      /* shared requests, out of range */
-        {16, 64, 2048, fmt, 4, 1, 1, 0.0417f, 0, 0},
-        {5, 100, 100, fmt, 1, 1, 0, 0.0417f, 0, 0},   /* 64 + 36 heads, topk % 32 != 0 */
-        {7, 80, 2048, fmt, 1, 1, 0, 0.1f, 0, 0},      /* 64 + 16 heads */
-        {2, 33, 1, fmt, 1, 0, 0, 0.0417f, 0, 0},      /* one partial tile, topk 1 (=1: three 16-row tiles) */
-        {4, 127, 576, fmt, 1, 1, 0, 0.0417f, 0, 0},   /* 64 + 63 heads */
+        {1, 64, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},   /* split + combine */
+        {3, 128, 576, fmt, 1, 1, 0, 0.3f, 0, 0, 0},
+        {9, 64, 64, fmt, 1, 1, 0, 0.0417f, 0, 0, 0},
+        {64, 128, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0, 0}, /* one pass, two tiles */
+        {64, 64, 576, fmt, 1, 1, 0, 0.3f, 0, 0, 0},
+        {75, 128, 64, fmt, 3, 1, 1, 0.3f, 0, 0, 0},      /* shared requests, out of range */
+        {16, 64, 2048, fmt, 4, 1, 1, 0.0417f, 0, 0, 0},
+        {5, 100, 100, fmt, 1, 1, 0, 0.0417f, 0, 0, 0},   /* 64 + 36 heads, topk % 32 != 0 */
+        {7, 80, 2048, fmt, 1, 1, 0, 0.1f, 0, 0, 0},      /* 64 + 16 heads */
+        {2, 33, 1, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},      /* one partial tile, topk 1 (=1: three 16-row tiles) */
+        {4, 127, 576, fmt, 1, 1, 0, 0.0417f, 0, 0, 0},   /* 64 + 63 heads */
         /* shapes the in-place combine takes (_i >= 6) in every mode */
-        {2, 80, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0},   /* 64 + 16 */
-        {2, 128, 576, fmt, 1, 0, 0, 0.3f, 0, 0},      /* 18 splits, two passes */
-        {4, 64, 2048, fmt, 4, 1, 1, 0.0417f, 0, 0},   /* shared requests, out of range */
+        {2, 80, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0, 0},   /* 64 + 16 */
+        {2, 128, 576, fmt, 1, 0, 0, 0.3f, 0, 0, 0},      /* 18 splits, two passes */
+        {4, 64, 2048, fmt, 4, 1, 1, 0.0417f, 0, 0, 0},   /* shared requests, out of range */
     };
     check_steps(&e, shapes, sizeof shapes / sizeof shapes[0]);
     printf("64-head tiles, MLART_B12X_WGMMA=%s, MLART_B12X_INPLACE=%d, %s: %zu shapes match (seed 0x%llx)\n",
@@ -314,14 +314,14 @@ START_TEST(test_swg)
     setenv("MLART_B12X_SWG", "1", 1);
     env_open(&e, fmt, _i + 41);
     const attn_shape shapes[] = {
-        {1, 16, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0},  /* 64 splits of one 32-slot block: absent halves */
-        {3, 11, 576, fmt, 1, 1, 0, 0.3f, 0, 0},
-        {9, 1, 64, fmt, 1, 1, 0, 0.0417f, 0, 0},
-        {64, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0}, /* two splits of 32 blocks */
-        {75, 16, 576, fmt, 3, 1, 1, 0.3f, 0, 0},     /* shared requests, out of range */
-        {5, 16, 100, fmt, 1, 1, 0, 0.0417f, 0, 0},   /* topk % 32 != 0 */
-        {7, 80, 2048, fmt, 1, 1, 0, 0.1f, 0, 0},     /* 64 + 16 heads */
-        {16, 16, 576, fmt, 2, 1, 0, 0.0417f, 0, 0},  /* 18 blocks, split */
+        {1, 16, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},  /* 64 splits of one 32-slot block: absent halves */
+        {3, 11, 576, fmt, 1, 1, 0, 0.3f, 0, 0, 0},
+        {9, 1, 64, fmt, 1, 1, 0, 0.0417f, 0, 0, 0},
+        {64, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0, 0}, /* two splits of 32 blocks */
+        {75, 16, 576, fmt, 3, 1, 1, 0.3f, 0, 0, 0},     /* shared requests, out of range */
+        {5, 16, 100, fmt, 1, 1, 0, 0.0417f, 0, 0, 0},   /* topk % 32 != 0 */
+        {7, 80, 2048, fmt, 1, 1, 0, 0.1f, 0, 0, 0},     /* 64 + 16 heads */
+        {16, 16, 576, fmt, 2, 1, 0, 0.0417f, 0, 0, 0},  /* 18 blocks, split */
     };
     check_steps(&e, shapes, sizeof shapes / sizeof shapes[0]);
     printf("slots-as-M prototype, %s: %zu shapes match (seed 0x%llx)\n", mlart_kv_format_name(fmt),
@@ -344,16 +344,16 @@ START_TEST(test_rc)
     setenv("MLART_B12X_RC", _i == 0 ? "1" : "0", 1);
     env_open(&e, fmt, _i + 51);
     const attn_shape shapes[] = {
-        {8, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0},  /* the smallest step it takes, 16 splits */
-        {64, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0}, /* two splits of 32 blocks */
-        {8, 16, 96, fmt, 1, 0, 0, 0.3f, 0, 0},       /* three blocks, one chunk */
-        {9, 1, 64, fmt, 1, 1, 0, 0.0417f, 0, 0},
-        {10, 11, 100, fmt, 1, 1, 0, 0.0417f, 0, 0},  /* topk % 32 != 0 */
-        {33, 16, 1, fmt, 1, 0, 0, 0.0417f, 0, 0},    /* topk 1: one block */
-        {12, 16, 2048, fmt, 4, 1, 0, 0.0417f, 0, 0}, /* 4 tokens per request */
-        {75, 16, 576, fmt, 3, 1, 1, 0.3f, 0, 0},     /* shared requests, out of range */
-        {16, 16, 576, fmt, 2, 1, 0, 0.0417f, 0, 0},  /* 18 blocks, split */
-        {8, 80, 2048, fmt, 1, 1, 0, 0.1f, 0, 0},     /* 64 + 16 heads */
+        {8, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0, 0},  /* the smallest step it takes, 16 splits */
+        {64, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0, 0}, /* two splits of 32 blocks */
+        {8, 16, 96, fmt, 1, 0, 0, 0.3f, 0, 0, 0},       /* three blocks, one chunk */
+        {9, 1, 64, fmt, 1, 1, 0, 0.0417f, 0, 0, 0},
+        {10, 11, 100, fmt, 1, 1, 0, 0.0417f, 0, 0, 0},  /* topk % 32 != 0 */
+        {33, 16, 1, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},    /* topk 1: one block */
+        {12, 16, 2048, fmt, 4, 1, 0, 0.0417f, 0, 0, 0}, /* 4 tokens per request */
+        {75, 16, 576, fmt, 3, 1, 1, 0.3f, 0, 0, 0},     /* shared requests, out of range */
+        {16, 16, 576, fmt, 2, 1, 0, 0.0417f, 0, 0, 0},  /* 18 blocks, split */
+        {8, 80, 2048, fmt, 1, 1, 0, 0.1f, 0, 0, 0},     /* 64 + 16 heads */
     };
     check_steps(&e, shapes, sizeof shapes / sizeof shapes[0]);
     printf("fp8 <= 16 heads, T >= 8, MLART_B12X_RC=%d: %zu shapes match (seed 0x%llx)\n", _i == 0,
@@ -363,9 +363,11 @@ START_TEST(test_rc)
 END_TEST
 
 /* Sparse lists, as a DCP rank sees them (about one index in 4 or in 64
- * kept, the rest -1, spread over the list): every chunk compacts its valid
- * slots to the front and computes only the blocks they fill
- * (b12x::resolve_slots).  Each kernel family on the same shapes, picked
+ * kept, the rest -1, spread over the list), and lists whose valid entries
+ * all sit at the front (an indexer's list for a request shorter than
+ * top-k; the chunks take the list's blocks interleaved, b12x::chunk_of):
+ * every chunk compacts its valid slots to the front and computes only the
+ * blocks they fill (b12x::resolve_slots).  Each kernel family on the same shapes, picked
  * by the variables read when the backend is created (each test runs in
  * its own process): _i / 2 = 0 the default launch (small-head kernels at
  * <= 16 heads, with column halves at T = 1 and the register-conversion
@@ -384,21 +386,26 @@ START_TEST(test_thin)
     setenv("MLART_B12X_INPLACE", mode == 2 ? "1" : "0", 1);
     env_open(&e, fmt, _i + 61);
     const attn_shape shapes[] = {
-        /* T, H, topk, fmt, tokens/req, empty rows, out of range, scale, lead empty, thin */
-        {1, 16, 2048, fmt, 1, 0, 0, 0.0417f, 0, 4},
-        {2, 16, 2048, fmt, 1, 0, 0, 0.3f, 0, 64},
-        {8, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0, 4},
-        {64, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0, 4}, /* chunks of 32 blocks -> about 8 */
-        {64, 16, 2048, fmt, 1, 1, 1, 0.0417f, 0, 64},
-        {9, 11, 576, fmt, 1, 1, 0, 0.3f, 0, 4},
-        {1, 64, 2048, fmt, 1, 0, 0, 0.0417f, 0, 4},
-        {4, 64, 2048, fmt, 4, 1, 1, 0.0417f, 0, 4},
-        {64, 64, 2048, fmt, 1, 1, 0, 0.0417f, 0, 4},
-        {16, 64, 2048, fmt, 1, 1, 0, 30.0f, 300, 64},
-        {3, 128, 2048, fmt, 1, 1, 0, 0.3f, 0, 4},
-        {64, 128, 576, fmt, 1, 1, 0, 0.0417f, 0, 4},
-        {7, 80, 2048, fmt, 1, 1, 0, 0.1f, 0, 4},     /* 64 + 16 heads */
-        {5, 100, 100, fmt, 1, 1, 0, 0.0417f, 0, 4},  /* topk % 32 != 0 */
+        /* T, H, topk, fmt, tokens/req, empty rows, out of range, scale, lead empty, thin, keep head */
+        {1, 16, 2048, fmt, 1, 0, 0, 0.0417f, 0, 4, 0},
+        {2, 16, 2048, fmt, 1, 0, 0, 0.3f, 0, 64, 0},
+        {8, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0, 4, 0},
+        {64, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0, 4, 0}, /* chunks of 32 blocks -> about 8 */
+        {64, 16, 2048, fmt, 1, 1, 1, 0.0417f, 0, 64, 0},
+        {9, 11, 576, fmt, 1, 1, 0, 0.3f, 0, 4, 0},
+        {1, 64, 2048, fmt, 1, 0, 0, 0.0417f, 0, 4, 0},
+        {4, 64, 2048, fmt, 4, 1, 1, 0.0417f, 0, 4, 0},
+        {64, 64, 2048, fmt, 1, 1, 0, 0.0417f, 0, 4, 0},
+        {16, 64, 2048, fmt, 1, 1, 0, 30.0f, 300, 64, 0},
+        {3, 128, 2048, fmt, 1, 1, 0, 0.3f, 0, 4, 0},
+        {64, 128, 576, fmt, 1, 1, 0, 0.0417f, 0, 4, 0},
+        {7, 80, 2048, fmt, 1, 1, 0, 0.1f, 0, 4, 0},     /* 64 + 16 heads */
+        {5, 100, 100, fmt, 1, 1, 0, 0.0417f, 0, 4, 0},  /* topk % 32 != 0 */
+        /* valid entries at the front: 512, 300, 100, 33 of the list */
+        {16, 16, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 512},
+        {4, 64, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0, 300},
+        {64, 128, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 100},
+        {9, 11, 576, fmt, 1, 0, 0, 0.3f, 0, 0, 33},
     };
     check_steps(&e, shapes, sizeof shapes / sizeof shapes[0]);
     printf("sparse lists, mode %d, %s: %zu shapes match (seed 0x%llx)\n", mode, mlart_kv_format_name(fmt),
@@ -419,11 +426,11 @@ START_TEST(test_half)
     const mlart_kv_format fmt = g_fmts[_i];
     env_open(&e, fmt, _i + 61);
     const attn_shape shapes[] = {
-        {1, 16, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0},
-        {1, 11, 2048, fmt, 1, 0, 0, 0.3f, 0, 0},
-        {1, 1, 576, fmt, 1, 0, 0, 0.0417f, 0, 0},
-        {1, 16, 100, fmt, 1, 0, 0, 0.0417f, 0, 0},    /* topk % 32 != 0 */
-        {1, 16, 2048, fmt, 1, 0, 1, 0.0417f, 1500, 0}, /* empty chunks, out-of-range indices */
+        {1, 16, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},
+        {1, 11, 2048, fmt, 1, 0, 0, 0.3f, 0, 0, 0},
+        {1, 1, 576, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},
+        {1, 16, 100, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},    /* topk % 32 != 0 */
+        {1, 16, 2048, fmt, 1, 0, 1, 0.0417f, 1500, 0, 0}, /* empty chunks, out-of-range indices */
     };
     int sms = 0, halves = 0;
     GPU_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -506,27 +513,27 @@ START_TEST(test_small_tiles)
     GPU_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     env_open(&e, fmt, _i + 71);
     const attn_shape shapes[] = {
-        {1, 32, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0},    /* two tiles */
-        {1, 17, 2048, fmt, 1, 0, 0, 0.3f, 0, 0},       /* the second tile of one row */
-        {2, 48, 576, fmt, 1, 1, 0, 0.0417f, 0, 0},     /* three tiles */
-        {1, 63, 100, fmt, 1, 0, 0, 0.0417f, 0, 0},     /* four, the last of 15 rows; topk % 32 != 0 */
-        {2, 56, 2048, fmt, 2, 1, 1, 0.0417f, 0, 0},    /* eight pairs; a shared request, out of range */
-        {4, 32, 2048, fmt, 1, 0, 1, 0.0417f, 1500, 0}, /* eight pairs; chunks with no valid slot */
-        {4, 40, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0},    /* twelve pairs */
-        {64, 24, 576, fmt, 4, 1, 0, 0.0417f, 0, 0},    /* two tiles at 64 tokens */
-        {5, 40, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0},    /* fifteen pairs: the wgmma kernel */
-        {4, 56, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0},    /* sixteen: wgmma */
-        {65, 24, 64, fmt, 1, 0, 0, 0.0417f, 0, 0},     /* two tiles past 64 tokens: wgmma */
-        {1, 64, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0},    /* 64 heads: four tiles */
-        {3, 64, 576, fmt, 1, 1, 1, 0.0417f, 0, 0},     /* twelve pairs */
-        {1, 128, 2048, fmt, 2, 0, 0, 0.0417f, 0, 0},   /* eight tiles; a shared request */
-        {2, 80, 2048, fmt, 1, 0, 0, 0.3f, 0, 0},       /* five tiles, the last of 16 rows */
-        {4, 64, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0},    /* sixteen pairs: wgmma */
-        {2, 127, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0},   /* sixteen pairs of 65..127 heads: tiles */
-        {6, 100, 576, fmt, 3, 1, 1, 0.0417f, 0, 0},    /* 42 pairs at 6 tokens: tiles */
-        {7, 100, 576, fmt, 1, 1, 0, 0.0417f, 0, 0},    /* 7 tokens: wgmma twice */
-        {17, 72, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0},   /* 17 tokens: wgmma, then a small-head kernel */
-        {3, 128, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0},   /* 24 pairs of 128 heads: wgmma */
+        {1, 32, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},    /* two tiles */
+        {1, 17, 2048, fmt, 1, 0, 0, 0.3f, 0, 0, 0},       /* the second tile of one row */
+        {2, 48, 576, fmt, 1, 1, 0, 0.0417f, 0, 0, 0},     /* three tiles */
+        {1, 63, 100, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},     /* four, the last of 15 rows; topk % 32 != 0 */
+        {2, 56, 2048, fmt, 2, 1, 1, 0.0417f, 0, 0, 0},    /* eight pairs; a shared request, out of range */
+        {4, 32, 2048, fmt, 1, 0, 1, 0.0417f, 1500, 0, 0}, /* eight pairs; chunks with no valid slot */
+        {4, 40, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},    /* twelve pairs */
+        {64, 24, 576, fmt, 4, 1, 0, 0.0417f, 0, 0, 0},    /* two tiles at 64 tokens */
+        {5, 40, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},    /* fifteen pairs: the wgmma kernel */
+        {4, 56, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},    /* sixteen: wgmma */
+        {65, 24, 64, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},     /* two tiles past 64 tokens: wgmma */
+        {1, 64, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},    /* 64 heads: four tiles */
+        {3, 64, 576, fmt, 1, 1, 1, 0.0417f, 0, 0, 0},     /* twelve pairs */
+        {1, 128, 2048, fmt, 2, 0, 0, 0.0417f, 0, 0, 0},   /* eight tiles; a shared request */
+        {2, 80, 2048, fmt, 1, 0, 0, 0.3f, 0, 0, 0},       /* five tiles, the last of 16 rows */
+        {4, 64, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},    /* sixteen pairs: wgmma */
+        {2, 127, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},   /* sixteen pairs of 65..127 heads: tiles */
+        {6, 100, 576, fmt, 3, 1, 1, 0.0417f, 0, 0, 0},    /* 42 pairs at 6 tokens: tiles */
+        {7, 100, 576, fmt, 1, 1, 0, 0.0417f, 0, 0, 0},    /* 7 tokens: wgmma twice */
+        {17, 72, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},   /* 17 tokens: wgmma, then a small-head kernel */
+        {3, 128, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},   /* 24 pairs of 128 heads: wgmma */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const attn_shape *sh = &shapes[i];
@@ -583,30 +590,30 @@ START_TEST(test_inplace)
     setenv("MLART_B12X_INPLACE", inplace ? "1" : "0", 1);
     env_open(&e, fmt, _i + 61);
     const attn_shape shapes[] = {
-        {1, 16, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0},  /* 64 chunks of one block */
-        {2, 16, 2048, fmt, 1, 0, 0, 0.3f, 0, 0},
-        {4, 11, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0},  /* 11 heads: 1408 units over 32 chunks */
-        {3, 1, 576, fmt, 1, 1, 0, 0.0417f, 0, 0},    /* one head */
-        {8, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0},  /* fp8: the register-conversion kernel */
-        {12, 16, 2048, fmt, 4, 1, 0, 0.0417f, 0, 0}, /* 4 tokens per request */
-        {9, 16, 2048, fmt, 1, 1, 1, 0.0417f, 0, 0},  /* out-of-range indices */
-        {64, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0}, /* two chunks: resident, but four round trips (kernel) */
-        {5, 16, 100, fmt, 1, 1, 0, 0.0417f, 0, 0},   /* topk % 32 != 0 */
-        {1, 64, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0},  /* four 16-row tiles: the combine kernel either way */
-        {4, 64, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0},  /* wgmma kernel */
-        {2, 128, 2048, fmt, 1, 0, 0, 0.3f, 0, 0},    /* two tiles */
-        {4, 64, 2048, fmt, 4, 1, 1, 0.0417f, 0, 0},  /* shared requests, out of range */
-        {24, 128, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0}, /* splits, but not resident at once */
-        {1, 32, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0},  /* 16-row tiles: the combine kernel either way */
-        {3, 40, 2048, fmt, 1, 1, 0, 0.3f, 0, 0},
-        {5, 40, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0},  /* a partial tile on the wgmma kernel */
-        {2, 100, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0}, /* 16-row tiles: the combine kernel either way */
-        {3, 80, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0},
-        {2, 127, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0},
-        {2, 100, 576, fmt, 1, 1, 1, 0.0417f, 0, 0},  /* out-of-range indices */
-        {3, 128, 576, fmt, 1, 1, 0, 0.0417f, 0, 0},  /* 9 splits: four round trips (kernel) */
-        {24, 80, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0}, /* two launches, 5 splits: the combine kernel */
-        {24, 127, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0},
+        {1, 16, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},  /* 64 chunks of one block */
+        {2, 16, 2048, fmt, 1, 0, 0, 0.3f, 0, 0, 0},
+        {4, 11, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0, 0},  /* 11 heads: 1408 units over 32 chunks */
+        {3, 1, 576, fmt, 1, 1, 0, 0.0417f, 0, 0, 0},    /* one head */
+        {8, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0, 0},  /* fp8: the register-conversion kernel */
+        {12, 16, 2048, fmt, 4, 1, 0, 0.0417f, 0, 0, 0}, /* 4 tokens per request */
+        {9, 16, 2048, fmt, 1, 1, 1, 0.0417f, 0, 0, 0},  /* out-of-range indices */
+        {64, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0, 0}, /* two chunks: resident, but four round trips (kernel) */
+        {5, 16, 100, fmt, 1, 1, 0, 0.0417f, 0, 0, 0},   /* topk % 32 != 0 */
+        {1, 64, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},  /* four 16-row tiles: the combine kernel either way */
+        {4, 64, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},  /* wgmma kernel */
+        {2, 128, 2048, fmt, 1, 0, 0, 0.3f, 0, 0, 0},    /* two tiles */
+        {4, 64, 2048, fmt, 4, 1, 1, 0.0417f, 0, 0, 0},  /* shared requests, out of range */
+        {24, 128, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0, 0}, /* splits, but not resident at once */
+        {1, 32, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},  /* 16-row tiles: the combine kernel either way */
+        {3, 40, 2048, fmt, 1, 1, 0, 0.3f, 0, 0, 0},
+        {5, 40, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0, 0},  /* a partial tile on the wgmma kernel */
+        {2, 100, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0}, /* 16-row tiles: the combine kernel either way */
+        {3, 80, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},
+        {2, 127, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},
+        {2, 100, 576, fmt, 1, 1, 1, 0.0417f, 0, 0, 0},  /* out-of-range indices */
+        {3, 128, 576, fmt, 1, 1, 0, 0.0417f, 0, 0, 0},  /* 9 splits: four round trips (kernel) */
+        {24, 80, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0, 0}, /* two launches, 5 splits: the combine kernel */
+        {24, 127, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0, 0},
     };
     if (inplace) {
         /* the launch's own rule: the first shapes of each kernel do take the path */
@@ -669,9 +676,9 @@ START_TEST(test_inplace_parts)
     setenv("MLART_B12X_INPLACE_TRIPS", "16", 1);
     env_open(&e, fmt, _i + 67);
     const attn_shape shapes[] = {
-        {17, 80, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0},  /* 64 heads on wgmma + 16 on a small-head kernel */
-        {17, 127, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0}, /* 64 + 63, wgmma twice */
-        {20, 100, 576, fmt, 1, 1, 1, 0.0417f, 0, 0},  /* 64 + 36, out-of-range indices */
+        {17, 80, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},  /* 64 heads on wgmma + 16 on a small-head kernel */
+        {17, 127, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0, 0}, /* 64 + 63, wgmma twice */
+        {20, 100, 576, fmt, 1, 1, 1, 0.0417f, 0, 0, 0},  /* 64 + 36, out-of-range indices */
     };
     const size_t n = sizeof shapes / sizeof shapes[0];
     ck_assert_msg(b12x_attend_setup(&dev, attn_error_cb) == 0, "setup: %s", attn_last_msg);
@@ -705,7 +712,7 @@ START_TEST(test_inplace_repeat)
     attn_result once, again, ref;
     b12x_run run, fresh;
     char msg[256];
-    const attn_shape sh = {4, _i < 2 ? 16 : 128, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0};
+    const attn_shape sh = {4, _i < 2 ? 16 : 128, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0};
     setenv("MLART_B12X_INPLACE", "1", 1);
     env_open(&e, fmt, _i + 71);
     attn_host_make(&h, &sh, e.c.host, &e.rng);
@@ -769,7 +776,7 @@ START_TEST(test_back_to_back)
     char msg[256];
     env_open(&e, fmt, _i + 81);
     for (int i = 0; i < 4; i++) {
-        const attn_shape sh = {Ts[i], 16, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0};
+        const attn_shape sh = {Ts[i], 16, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0};
         attn_host_make(&h[i], &sh, e.c.host, &e.rng);
         attn_dev_upload(&d[i], &h[i], e.c.dev);
     }
@@ -833,14 +840,14 @@ START_TEST(test_graph)
     setenv("MLART_B12X_INPLACE", _i >= 2 ? "1" : "0", 1);
     env_open(&e, fmt, _i + 21);
     const attn_shape shapes[] = {
-        {3, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0},   /* split + combine */
-        {64, 128, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0}, /* one pass, two head tiles */
-        {16, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0},  /* small-head kernel, 8 splits */
-        {1, 128, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0},  /* eight 16-row tiles, split */
-        {2, 128, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0},  /* wgmma kernel, two tiles, split */
+        {3, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0, 0},   /* split + combine */
+        {64, 128, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0, 0}, /* one pass, two head tiles */
+        {16, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0, 0, 0},  /* small-head kernel, 8 splits */
+        {1, 128, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},  /* eight 16-row tiles, split */
+        {2, 128, 2048, fmt, 1, 0, 0, 0.0417f, 0, 0, 0},  /* wgmma kernel, two tiles, split */
         /* sparse lists: the chunks compact their slots */
-        {64, 64, 2048, fmt, 1, 1, 0, 0.0417f, 0, 4},
-        {8, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0, 4},
+        {64, 64, 2048, fmt, 1, 1, 0, 0.0417f, 0, 4, 0},
+        {8, 16, 2048, fmt, 1, 1, 0, 0.0417f, 0, 4, 0},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         attn_host h, h2;
@@ -934,12 +941,12 @@ START_TEST(test_pdl_order)
     ck_assert_msg(early[1] == 1, "control: in a graph a dependent that does not wait saw only the new bytes; the "
                                  "device did not start it early, so this test could not catch a missing wait");
     const attn_shape shapes[] = {
-        {1, 16, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0, 0},
-        {2, 40, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0, 0},  /* 16-row tiles on the small-head kernel */
-        {2, 100, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0, 0}, /* wgmma, then the general kernel */
-        {5, 40, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0, 0},  /* a partial tile on the wgmma kernel */
-        {2, 64, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0, 0},
-        {64, 128, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0, 0},
+        {1, 16, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0, 0, 0},
+        {2, 40, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0, 0, 0},  /* 16-row tiles on the small-head kernel */
+        {2, 100, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0, 0, 0}, /* wgmma, then the general kernel */
+        {5, 40, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0, 0, 0},  /* a partial tile on the wgmma kernel */
+        {2, 64, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0, 0, 0},
+        {64, 128, 2048, g_fmts[_i], 1, 0, 0, 0.0417f, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         attn_host h, h2;
@@ -1021,7 +1028,7 @@ START_TEST(test_bad_input)
     mlart_backend_init init;
     void *state = NULL;
     const mlart_backend_vtable *vt = mlart_backend_b12x_mla_sparse_vtable();
-    const attn_shape sh = {1, 16, 2048, MLART_KV_BF16, 1, 0, 0, 0.0417f, 0, 0};
+    const attn_shape sh = {1, 16, 2048, MLART_KV_BF16, 1, 0, 0, 0.0417f, 0, 0, 0};
     ck_assert_str_eq(vt->name, "b12x_mla_sparse");
     ck_assert_uint_eq(vt->contract.output, MLART_OUT_HEAD_MAJOR);
     ck_assert_uint_eq(vt->contract.graph_safe, 1);

@@ -48,6 +48,8 @@ typedef struct attn_shape {
     float scale;
     int lead_empty;     /* each token's first lead_empty indices are -1 (0: none) */
     int thin;           /* > 1: keep about one index in `thin`, the rest -1 (a DCP rank's share) */
+    int keep_head;      /* > 0: only each list's first keep_head entries, the rest -1 (an indexer's
+                         * list for a request shorter than top-k) */
 } attn_shape;
 
 /* Host copy of one step's inputs.  The cache is shared by the requests:
@@ -178,6 +180,8 @@ static inline void attn_host_make(attn_host *h, const attn_shape *sh, const uint
         for (int k = 0; sh->thin > 1 && k < topk; k++)
             if (gpu_rand(rng) % (uint64_t)sh->thin)
                 row[k] = -1;
+        for (int k = sh->keep_head > 0 ? sh->keep_head : topk; k < topk; k++)
+            row[k] = -1;
         if (sh->empty_rows && t % 5 == 3)
             for (int k = 0; k < topk; k++)
                 row[k] = -1;
