@@ -59,9 +59,10 @@ constexpr int BLOCK_SLOTS = 32;
  * -1s at the end of its list, and in runs its valid entries would all
  * fall to the first chunks while the others compute nothing; interleaved,
  * every chunk takes its share of them and compacts the rest away
- * (resolve_slots).  The host's split (blocks_per_split, splits with
- * (splits - 1) x blocks_per_split < the list's blocks) gives each chunk
- * at most blocks_per_split blocks and at least one. */
+ * (resolve_slots).  The host's split (b12x_split: splits x
+ * blocks_per_split covers the list's blocks and splits - 1 of them do
+ * not) gives each chunk at most blocks_per_split blocks (what its shared
+ * memory holds) and at least one. */
 struct Chunk {
     int t, h0, rows, split, nblk;
 };
