@@ -162,8 +162,9 @@ static void env_close(case_env *e)
     cudaStreamDestroy(e->st);
 }
 
-/* b12x vs the CUDA reference (and both vs the host one when cheap). */
-static void check_step(const attn_shape *sh, case_env *e)
+/* b12x vs the CUDA reference (and both vs the host one when cheap), the
+ * backend planned for `plan_tokens` >= sh->T tokens. */
+static void check_step_planned(const attn_shape *sh, case_env *e, int plan_tokens)
 {
     const uint8_t *kv = e->c.host;
     void *kv_dev = e->c.dev;
@@ -176,7 +177,7 @@ static void check_step(const attn_shape *sh, case_env *e)
     char msg[256];
     attn_host_make(&h, sh, kv, rng);
     attn_dev_upload(&d, &h, kv_dev);
-    b12x_open(&run, &h, &d, sh->T);
+    b12x_open(&run, &h, &d, plan_tokens);
     b12x_attend_sync(&run, &h, &d, st);
     attn_fetch(&fast, &d, &h);
     ref_attend_sync(&h, &d, st);
@@ -202,6 +203,11 @@ static void check_step(const attn_shape *sh, case_env *e)
     run.vt->destroy(run.state);
     attn_dev_free(&d);
     attn_host_free(&h);
+}
+
+static void check_step(const attn_shape *sh, case_env *e)
+{
+    check_step_planned(sh, e, sh->T);
 }
 
 static void check_steps(case_env *e, const attn_shape *shapes, size_t n)
@@ -410,6 +416,69 @@ START_TEST(test_thin)
     check_steps(&e, shapes, sizeof shapes / sizeof shapes[0]);
     printf("sparse lists, mode %d, %s: %zu shapes match (seed 0x%llx)\n", mode, mlart_kv_format_name(fmt),
            sizeof shapes / sizeof shapes[0], (unsigned long long)g_seed);
+    env_close(&e);
+}
+END_TEST
+
+/* A number in [lo, hi] from the case's generator. */
+static int rand_in(uint64_t *rng, int lo, int hi)
+{
+    return lo + (int)(gpu_rand(rng) % (uint64_t)(hi - lo + 1));
+}
+
+/* Steps drawn at random from the whole space the launch dispatches on,
+ * fresh every run (the seed printed repeats them): heads 1..128 (half of
+ * the draws at the counts where the rules change: 16, 17, 32, 33, 63, 64,
+ * 65, 127, 128), T 1..96 (most at <= 16), top-k 1..2048 (most at 2048,
+ * 576 and 64), shared requests, empty rows, out-of-range indices, leading
+ * empty entries, a DCP rank's thin lists and an indexer's short lists,
+ * the backend planned for up to twice the step's tokens, and each step
+ * under the default kernels or, for a third of them, under another mode
+ * (the mma.sync kernels for 64-head tiles or wgmma for every tile, no
+ * register-conversion kernel, no column halves, the in-place combine).
+ * Every step against the CUDA reference (and the host one where cheap). */
+START_TEST(test_random)
+{
+    case_env e;
+    const mlart_kv_format fmt = g_fmts[_i];
+    static const int edge_heads[] = {16, 17, 32, 33, 63, 64, 65, 127, 128};
+    static const int common_topk[] = {2048, 2048, 2048, 576, 64};
+    static const float scales[] = {0.0417f, 0.0417f, 0.1f, 0.3f, 30.0f};
+    enum { N = 24 };
+    env_open(&e, fmt, _i + 91);
+    uint64_t *rng = &e.rng;
+    for (int i = 0; i < N; i++) {
+        attn_shape sh;
+        memset(&sh, 0, sizeof sh);
+        sh.fmt = fmt;
+        sh.H = gpu_rand(rng) % 2 ? edge_heads[gpu_rand(rng) % 9] : rand_in(rng, 1, 128);
+        const int tr = rand_in(rng, 0, 9);
+        sh.T = tr < 6 ? rand_in(rng, 1, 8) : tr < 8 ? rand_in(rng, 9, 32) : rand_in(rng, 33, 96);
+        sh.topk = gpu_rand(rng) % 3 ? common_topk[gpu_rand(rng) % 5] : rand_in(rng, 1, 2048);
+        sh.tokens_per_req = gpu_rand(rng) % 3 ? 1 : rand_in(rng, 2, 4);
+        sh.empty_rows = gpu_rand(rng) % 4 == 0;
+        sh.out_of_range = gpu_rand(rng) % 5 == 0;
+        sh.scale = scales[gpu_rand(rng) % 5];
+        const int lists = rand_in(rng, 0, 9);
+        if (lists == 0)
+            sh.lead_empty = rand_in(rng, 1, sh.topk);
+        else if (lists <= 2)
+            sh.thin = (int[]){2, 4, 16, 64}[gpu_rand(rng) % 4];
+        else if (lists <= 4)
+            sh.keep_head = rand_in(rng, 1, sh.topk);
+        const int plan_tokens = gpu_rand(rng) % 4 ? sh.T : rand_in(rng, sh.T, 2 * sh.T);
+        /* the kernel modes, read when the backend is created */
+        const int mode = gpu_rand(rng) % 3 ? 0 : rand_in(rng, 1, 5);
+        setenv("MLART_B12X_WGMMA", mode == 1 ? "0" : mode == 2 ? "2" : "1", 1);
+        setenv("MLART_B12X_RC", mode == 3 ? "0" : "1", 1);
+        setenv("MLART_B12X_HALF", mode == 4 ? "0" : "1", 1);
+        setenv("MLART_B12X_INPLACE", mode == 5 ? "1" : "0", 1);
+        printf("  random step %d: mode %d, lead empty %d, thin %d, keep head %d, planned for %d tokens\n", i,
+               mode, sh.lead_empty, sh.thin, sh.keep_head, plan_tokens);
+        check_step_planned(&sh, &e, plan_tokens);
+    }
+    printf("random %s: %d steps match (seed 0x%llx)\n", mlart_kv_format_name(fmt), N,
+           (unsigned long long)g_seed);
     env_close(&e);
 }
 END_TEST
@@ -1119,6 +1188,7 @@ int main(void)
     add_case(s, "half", test_half, 2);
     add_case(s, "tiles", test_small_tiles, 2);
     add_case(s, "thin", test_thin, 6);
+    add_case(s, "random", test_random, 2);
     tc = tcase_create("inplace");
     tcase_set_timeout(tc, 240);
     tcase_add_loop_test(tc, test_inplace, 0, 4);
