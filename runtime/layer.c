@@ -713,12 +713,17 @@ static int dcp_check_local(mlart_layer *ly, int32_t T, int32_t B, const int32_t 
     return check_indices(ly, T, B, lidx, req, llens, bt);
 }
 
-/* Every rank's absorbed queries [D][T,H,C] -> [T,D*H,C]. */
-static int dcp_gather_queries(mlart_layer *ly, int64_t T, void *stream)
+/* Every rank's absorbed queries [D][T,H,C] -> [T,D*H,C], in *q.  One
+ * token's [D][1,H,C] already is [1,D*H,C]: attend reads the all-gather's
+ * buffer and no copy runs. */
+static int dcp_gather_queries(mlart_layer *ly, int64_t T, const dcp_buf **q, void *stream)
 {
     const int64_t D = ly->dcp_size, H = ly->geom.heads, C = ly->geom.kv_lora + ly->geom.rope;
     MLART_CHECK(mlart_comm_all_gather(ly->dcp, ly->q_mqa_buf, ly->dq_all.p,
                                       (size_t)(T * H * C) * 2, stream));
+    *q = T == 1 ? &ly->dq_all : &ly->dq_mqa;
+    if (T == 1)
+        return 0;
     if (ly->device < 0)
         return mlart_dcp_gather_heads_cpu(ly->dq_all.p, (int32_t)D, T, H, C, ly->dq_mqa.p);
 #ifdef MLART_WITH_CUDA
@@ -749,12 +754,13 @@ static int dcp_attend(mlart_layer *ly, const mlart_step *s, void *lse_out, void 
         MLART_CHECK(mlart_dcp_translate_cuda(s->idx.data, n_idx, s->seq_lens.data, B, rank, D,
                                              ly->dcp_interleave, ly->didx.p, ly->dlens.p, stream));
 #endif
-    MLART_CHECK(dcp_gather_queries(ly, T, stream));
+    const dcp_buf *q;
+    MLART_CHECK(dcp_gather_queries(ly, T, &q, stream));
     {
         int64_t q_shape[3] = {T, G, C}, idx_shape[2] = {T, ly->geom.topk}, b_shape[1] = {B},
                 o_shape[3] = {G, T, L}, lse_shape[2] = {G, T};
         a.geom.heads = (int32_t)G;
-        a.q_mqa = own_view(ly, ly->dq_mqa.p, ly->dq_mqa.bytes, MLART_DTYPE_BF16, 3, q_shape);
+        a.q_mqa = own_view(ly, q->p, q->bytes, MLART_DTYPE_BF16, 3, q_shape);
         a.idx = own_view(ly, ly->didx.p, ly->didx.bytes, MLART_DTYPE_I32, 2, idx_shape);
         a.seq_lens = own_view(ly, ly->dlens.p, ly->dlens.bytes, MLART_DTYPE_I32, 1, b_shape);
         a.attn_out = own_view(ly, ly->dattn.p, ly->dattn.bytes, MLART_DTYPE_BF16, 3, o_shape);

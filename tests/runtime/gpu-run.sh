@@ -60,6 +60,9 @@ run decode_glm5_dcp_local_a2a "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" -
 run decode_glm5_dcp_local_ag_rs "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda \
   --kv-format bf16 --batch 5 --context 3000 --steps 2 --verify --dcp-local --set dcp_routing=ag_rs \
   --set dcp_interleave=64
+# one token a step: attend reads the all-gather's buffer (no head gather)
+run decode_glm5_dcp_local_one_token "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda \
+  --batch 1 --context 4096 --steps 2 --verify --dcp-local
 run comm_nccl_gpu "$build/tests/test_comm_nccl_gpu"
 run dcp_nccl_gpu "$build/tests/test_dcp_nccl_gpu"
 if command -v mpirun >/dev/null; then

@@ -157,15 +157,19 @@ typedef struct dcp_case {
     mlart_dcp_routing routing;
     int interleave;
     mlart_kv_format fmt;
+    int T; /* tokens of the step; 0 = T_ */
 } dcp_case;
 
 static const dcp_case cases[] = {
-    {2, 2, MLART_DCP_A2A, 1, MLART_KV_BF16},  {2, 2, MLART_DCP_AG_RS, 1, MLART_KV_BF16},
-    {4, 1, MLART_DCP_A2A, 3, MLART_KV_FP8_DS_MLA}, {4, 2, MLART_DCP_AG_RS, 3, MLART_KV_FP8_DS_MLA},
-    {3, 2, MLART_DCP_A2A, 4, MLART_KV_BF16},  {3, 1, MLART_DCP_AG_RS, 5, MLART_KV_BF16},
-    {4, 3, MLART_DCP_A2A, 8, MLART_KV_FP8_DS_MLA}, {2, 3, MLART_DCP_AG_RS, 64, MLART_KV_FP8_DS_MLA},
+    {2, 2, MLART_DCP_A2A, 1, MLART_KV_BF16, 0},  {2, 2, MLART_DCP_AG_RS, 1, MLART_KV_BF16, 0},
+    {4, 1, MLART_DCP_A2A, 3, MLART_KV_FP8_DS_MLA, 0}, {4, 2, MLART_DCP_AG_RS, 3, MLART_KV_FP8_DS_MLA, 0},
+    {3, 2, MLART_DCP_A2A, 4, MLART_KV_BF16, 0},  {3, 1, MLART_DCP_AG_RS, 5, MLART_KV_BF16, 0},
+    {4, 3, MLART_DCP_A2A, 8, MLART_KV_FP8_DS_MLA, 0}, {2, 3, MLART_DCP_AG_RS, 64, MLART_KV_FP8_DS_MLA, 0},
     /* one rank: the same path, the plain step's bytes */
-    {1, 2, MLART_DCP_A2A, 1, MLART_KV_BF16},  {1, 3, MLART_DCP_AG_RS, 3, MLART_KV_FP8_DS_MLA},
+    {1, 2, MLART_DCP_A2A, 1, MLART_KV_BF16, 0},  {1, 3, MLART_DCP_AG_RS, 3, MLART_KV_FP8_DS_MLA, 0},
+    /* one token: attend reads the all-gather's buffer, no head gather */
+    {4, 2, MLART_DCP_A2A, 1, MLART_KV_BF16, 1}, {3, 2, MLART_DCP_AG_RS, 2, MLART_KV_FP8_DS_MLA, 1},
+    {1, 2, MLART_DCP_A2A, 1, MLART_KV_FP8_DS_MLA, 1},
 };
 
 /* The whole cache of a fixture in format fmt: bf16 rows as they are, fp8
@@ -217,7 +221,7 @@ static double nmse(const uint16_t *got, const uint16_t *want, size_t n, size_t s
 START_TEST(dcp_step_equals_one_rank)
 {
     const dcp_case *c = &cases[_i];
-    const int D = c->D, H = c->H, G = D * H, il = c->interleave;
+    const int D = c->D, H = c->H, G = D * H, il = c->interleave, T = c->T ? c->T : T_;
     const size_t qrow = (size_t)(P_ + R_);
     fx f;
     mlart_context *ctx = NULL;
@@ -232,7 +236,7 @@ START_TEST(dcp_step_equals_one_rank)
     mlart_layer *one = NULL;
     mlart_layer_desc d1;
     mlart_step_io io1;
-    fx_init(&f, G, P_, R_, L_, V_, K_, PAGE_, T_, B_, MB_, seed + 101u * (uint64_t)_i);
+    fx_init(&f, G, P_, R_, L_, V_, K_, PAGE_, T, B_, MB_, seed + 101u * (uint64_t)_i);
     g = f.g;
     g.kv_format = c->fmt;
     bpt = mlart_kv_bytes_per_token(&g);
@@ -272,7 +276,7 @@ START_TEST(dcp_step_equals_one_rank)
     ck_assert_int_eq(mlart_comm_group_create(D, -1, 10000, &grp), 0);
     for (int k = 0; k < D; k++) {
         mlart_layer_desc d = fx_desc(&f, "reference");
-        int64_t qs[3] = {T_, H, (int64_t)qrow};
+        int64_t qs[3] = {T, H, (int64_t)qrow};
         memset(&j[k], 0, sizeof j[k]);
         ck_assert_int_eq(mlart_comm_local_create(grp, k, &j[k].comm), 0);
         d.geom = g;
@@ -293,13 +297,13 @@ START_TEST(dcp_step_equals_one_rank)
         j[k].io.q.data = f.q + (size_t)k * H * qrow;
         j[k].io.q.stride[0] = (int64_t)G * (int64_t)qrow;
         j[k].io.q.stride[1] = (int64_t)qrow;
-        j[k].io.q.extent = sizeof(uint16_t) * (size_t)T_ * (size_t)G * qrow;
+        j[k].io.q.extent = sizeof(uint16_t) * (size_t)T * (size_t)G * qrow;
         j[k].io.block_table = fx_view(bt_l, MLART_DTYPE_I32, 2, B_, MBl, 0);
-        j[k].io.o = fx_view(malloc(sizeof(uint16_t) * T_ * H * V_), MLART_DTYPE_BF16, 2, T_,
+        j[k].io.o = fx_view(malloc(sizeof(uint16_t) * T * H * V_), MLART_DTYPE_BF16, 2, T,
                             (int64_t)H * V_, 0);
-        j[k].io.lse = fx_view(malloc(sizeof(float) * H * T_), MLART_DTYPE_F32, 2, H, T_, 0);
-        memset(j[k].io.o.data, 0xff, sizeof(uint16_t) * T_ * H * V_); /* NaN: must be written */
-        memset(j[k].io.lse.data, 0xff, sizeof(float) * H * T_);
+        j[k].io.lse = fx_view(malloc(sizeof(float) * H * T), MLART_DTYPE_F32, 2, H, T, 0);
+        memset(j[k].io.o.data, 0xff, sizeof(uint16_t) * T * H * V_); /* NaN: must be written */
+        memset(j[k].io.lse.data, 0xff, sizeof(float) * H * T);
     }
     for (int k = 0; k < D; k++)
         pthread_create(&th[k], NULL, run_decode, &j[k]);
@@ -311,17 +315,17 @@ START_TEST(dcp_step_equals_one_rank)
         const float *lse = j[k].io.lse.data;
         double e;
         ck_assert_msg(j[k].rc == 0, "rank %d: %s", k, j[k].err);
-        e = nmse(o, f.o + (size_t)k * H * V_, (size_t)H * V_, (size_t)H * V_, (size_t)G * V_, T_);
+        e = nmse(o, f.o + (size_t)k * H * V_, (size_t)H * V_, (size_t)H * V_, (size_t)G * V_, T);
         printf("D %d H %d %s interleave %d %s rank %d: NMSE %.2e\n", D, H,
                c->routing == MLART_DCP_A2A ? "a2a" : "ag_rs", il, mlart_kv_format_name(c->fmt), k,
                e);
         ck_assert_msg(e <= DCP_NMSE_BOUND, "rank %d: NMSE %.3e > %.1e", k, e, DCP_NMSE_BOUND);
         if (D == 1) /* nothing combined: the plain step's bytes */
-            ck_assert_msg(e == 0.0 && !memcmp(lse, f.lse, sizeof(float) * H * T_),
+            ck_assert_msg(e == 0.0 && !memcmp(lse, f.lse, sizeof(float) * H * T),
                           "one rank: output or lse differs from the plain step (NMSE %.3e)", e);
         for (int h = 0; h < H; h++)
-            for (int t = 0; t < T_; t++) {
-                float a = lse[h * T_ + t], b = f.lse[(k * H + h) * T_ + t];
+            for (int t = 0; t < T; t++) {
+                float a = lse[h * T + t], b = f.lse[(k * H + h) * T + t];
                 if (isinf(b)) {
                     ck_assert_msg(isinf(a) && a < 0, "rank %d head %d token %d: lse %g, want -inf",
                                   k, h, t, a);
