@@ -71,6 +71,11 @@ struct mlart_layer {
     dcp_buf drecv_lse;  /* a2a: [D][H,T] f32; ag_rs: [D][D*H,T] f32 every rank's LSEs */
     dcp_buf dsum;       /* ag_rs: [H,T,L] f32, the reduce-scatter's result */
     dcp_buf dwork;      /* the D*H-head backend's workspace */
+    /* CUDA: the branch the index translation runs on, forked from the
+     * caller's stream at the step's start and joined right after the
+     * all-gather (dcp_fork_translate); cudaStream_t and cudaEvent_t, NULL
+     * on the host */
+    void *dside, *dfork, *djoin;
 };
 
 /* ---- memory on the layer's device --------------------------------------- */
@@ -311,6 +316,14 @@ void mlart_layer_destroy(mlart_layer *ly)
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             mem_free(ly->device, bufs[i]->p);
     }
+#ifdef MLART_WITH_CUDA
+    if (ly->dside)
+        cudaStreamDestroy((cudaStream_t)ly->dside);
+    if (ly->dfork)
+        cudaEventDestroy((cudaEvent_t)ly->dfork);
+    if (ly->djoin)
+        cudaEventDestroy((cudaEvent_t)ly->djoin);
+#endif
     mem_free(ly->device, ly->w_uk_t_own);
     mem_free(ly->device, ly->w_uv_own);
     mem_free(ly->device, ly->q_nope_buf);
@@ -396,6 +409,18 @@ static int dcp_setup(mlart_layer *ly, const mlart_layer_desc *desc, const char *
         MLART_CHECK(dcp_alloc(ly, &ly->drecv_lse, (size_t)(D * G * T) * 4));
         MLART_CHECK(dcp_alloc(ly, &ly->dsum, (size_t)(H * T * L) * 4));
     }
+#ifdef MLART_WITH_CUDA
+    if (ly->device >= 0) {
+        cudaStream_t side = NULL;
+        cudaEvent_t fork = NULL, join = NULL;
+        CUDA_TRY_(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+        ly->dside = side;
+        CUDA_TRY_(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+        ly->dfork = fork;
+        CUDA_TRY_(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+        ly->djoin = join;
+    }
+#endif
     mlart_log(MLART_LOG_INFO, "layer: dcp rank %d of %d (%s comm), %" PRId64 " heads attended, "
               "interleave %d, routing %s", ly->dcp_rank, D, mlart_comm_kind(comm), G,
               ly->dcp_interleave, ly->dcp_routing == MLART_DCP_A2A ? "a2a" : "ag_rs");
@@ -713,14 +738,21 @@ static int dcp_check_local(mlart_layer *ly, int32_t T, int32_t B, const int32_t 
     return check_indices(ly, T, B, lidx, req, llens, bt);
 }
 
+static int dcp_join(mlart_layer *ly, void *stream);
+
 /* Every rank's absorbed queries [D][T,H,C] -> [T,D*H,C], in *q.  One
  * token's [D][1,H,C] already is [1,D*H,C]: attend reads the all-gather's
  * buffer and no copy runs. */
 static int dcp_gather_queries(mlart_layer *ly, int64_t T, const dcp_buf **q, void *stream)
 {
     const int64_t D = ly->dcp_size, H = ly->geom.heads, C = ly->geom.kv_lora + ly->geom.rope;
-    MLART_CHECK(mlart_comm_all_gather(ly->dcp, ly->q_mqa_buf, ly->dq_all.p,
-                                      (size_t)(T * H * C) * 2, stream));
+    int rc = mlart_comm_all_gather(ly->dcp, ly->q_mqa_buf, ly->dq_all.p, (size_t)(T * H * C) * 2,
+                                   stream);
+    if (ly->device >= 0) { /* the translation's branch joins here (dcp_fork_translate) */
+        const int jrc = dcp_join(ly, stream);
+        rc = rc < 0 ? rc : jrc;
+    }
+    MLART_CHECK(rc);
     *q = T == 1 ? &ly->dq_all : &ly->dq_mqa;
     if (T == 1)
         return 0;
@@ -729,6 +761,56 @@ static int dcp_gather_queries(mlart_layer *ly, int64_t T, const dcp_buf **q, voi
 #ifdef MLART_WITH_CUDA
     return mlart_dcp_gather_heads_cuda(ly->dq_all.p, (int32_t)D, T, H, C, ly->dq_mqa.p, stream);
 #else
+    return mlart_set_error(MLART_ENODEV, "this build has no CUDA");
+#endif
+}
+
+/* CUDA: the step's index translation on the layer's side branch: forked
+ * from `stream` before the query absorption (it reads only the step's
+ * indices and lengths, which the caller wrote before the step) and joined
+ * by dcp_join right after the all-gather, before the head gather (or, for
+ * one token, before attend()), so it overlaps the absorption and the
+ * all-gather instead of taking a node of its own on the step's path.
+ * Measured (docs/PERF.md, "Decode-context parallel"): joined there, a
+ * rank of a group of 4 (collectives as local copies) 0.4-2.4 us less a
+ * step and the one-rank NCCL group level at T <= 8, 0.6-0.9 us less from
+ * T = 16; joined before the all-gather instead, the NCCL group was
+ * 0.8-1.8 us slower at T <= 8.  The kernel just before attend() is still
+ * never the one that wrote the indices.  Whatever fails between the fork
+ * and the join, the branch is joined before the error goes up, so a
+ * capture never ends with it open. */
+static int dcp_join(mlart_layer *ly, void *stream)
+{
+#ifdef MLART_WITH_CUDA
+    CUDA_TRY_(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)ly->djoin, 0));
+    return 0;
+#else
+    (void)ly, (void)stream;
+    return mlart_set_error(MLART_ENODEV, "this build has no CUDA");
+#endif
+}
+
+static int dcp_fork_translate(mlart_layer *ly, const mlart_step *s, void *stream)
+{
+#ifdef MLART_WITH_CUDA
+    cudaStream_t side = (cudaStream_t)ly->dside;
+    int rc;
+    CUDA_TRY_(cudaEventRecord((cudaEvent_t)ly->dfork, (cudaStream_t)stream));
+    CUDA_TRY_(cudaStreamWaitEvent(side, (cudaEvent_t)ly->dfork, 0));
+    rc = mlart_dcp_translate_cuda(s->idx.data, (int64_t)s->T * ly->geom.topk, s->seq_lens.data, s->B,
+                                  ly->dcp_rank, ly->dcp_size, ly->dcp_interleave, ly->didx.p, ly->dlens.p,
+                                  side);
+    {
+        const cudaError_t e = cudaEventRecord((cudaEvent_t)ly->djoin, side);
+        if (e != cudaSuccess) /* a capture fails with it */
+            return mlart_set_error(MLART_ECUDA, "dcp: closing the translation's branch: %s",
+                                   cudaGetErrorString(e));
+        if (rc < 0)
+            dcp_join(ly, stream);
+        return rc;
+    }
+#else
+    (void)ly, (void)s, (void)stream;
     return mlart_set_error(MLART_ENODEV, "this build has no CUDA");
 #endif
 }
@@ -745,15 +827,12 @@ static int dcp_attend(mlart_layer *ly, const mlart_step *s, void *lse_out, void 
     const int cpu = ly->device < 0;
     mlart_step a = *s;
     /* the translation first: the kernel just before attend() is then not
-     * the one that wrote the indices attend may read before its wait */
+     * the one that wrote the indices attend may read before its wait (on
+     * CUDA it runs on the side branch, dcp_fork_translate, joined after
+     * the all-gather) */
     if (cpu)
         MLART_CHECK(mlart_dcp_translate_cpu(s->idx.data, n_idx, s->seq_lens.data, B, rank, D,
                                             ly->dcp_interleave, ly->didx.p, ly->dlens.p));
-#ifdef MLART_WITH_CUDA
-    else
-        MLART_CHECK(mlart_dcp_translate_cuda(s->idx.data, n_idx, s->seq_lens.data, B, rank, D,
-                                             ly->dcp_interleave, ly->didx.p, ly->dlens.p, stream));
-#endif
     const dcp_buf *q;
     MLART_CHECK(dcp_gather_queries(ly, T, &q, stream));
     {
@@ -806,6 +885,29 @@ static int dcp_attend(mlart_layer *ly, const mlart_step *s, void *lse_out, void 
                                               (size_t)(H * T * L), stream));
     return mlart_f32_to_bf16_cuda(ly->dsum.p, H * T * L, s->attn_out.data, stream);
 #else
+    return mlart_set_error(MLART_ENODEV, "this build has no CUDA");
+#endif
+}
+
+/* The query absorption of a step: the backend's, else the runtime's op
+ * (q_nope x W_UK_T into q_mqa[.., 0:L), q_pe copied into [.., L:L+R)). */
+static int absorb(mlart_layer *ly, const mlart_step *s, void *stream)
+{
+    const int64_t H = ly->geom.heads, T = s->T, L = ly->geom.kv_lora, R = ly->geom.rope;
+    mlart_tensor lat, pe;
+    if (ly->vt->absorb_query)
+        return ly->vt->absorb_query(ly->state, s, stream);
+    lat = view3(s->q_mqa.data, &s->q_mqa, MLART_DTYPE_BF16, H, T, L, L + R, H * (L + R), 1);
+    pe = view3((uint16_t *)s->q_mqa.data + L, &s->q_mqa, MLART_DTYPE_BF16, T, H, R, H * (L + R), L + R, 1);
+    if (ly->device < 0)
+        return mlart_query_bmm_cpu(&s->q_nope, &s->w_uk_t, &lat, &s->q_pe, &pe);
+#ifdef MLART_WITH_CUDA
+    /* with early_weights, programmatic dependent launch: the caller
+     * promised that the kernel before this one never writes W_UK_T */
+    return (ly->early_weights ? mlart_query_bmm_cuda_pdl : mlart_query_bmm_cuda)(&s->q_nope, &s->w_uk_t, &lat,
+                                                                                &s->q_pe, &pe, stream);
+#else
+    (void)stream;
     return mlart_set_error(MLART_ENODEV, "this build has no CUDA");
 #endif
 }
@@ -899,24 +1001,15 @@ int mlart_layer_decode(mlart_layer *ly, const mlart_step_io *io, void *stream)
     s.workspace = ly->workspace;
     s.workspace_bytes = ly->workspace_bytes;
 
-    if (ly->vt->absorb_query) {
-        MLART_CHECK(ly->vt->absorb_query(ly->state, &s, stream));
-    } else {
-        mlart_tensor lat = view3(s.q_mqa.data, &s.q_mqa, MLART_DTYPE_BF16, H, T, L, L + R,
-                                 H * (L + R), 1);
-        mlart_tensor pe = view3((uint16_t *)s.q_mqa.data + L, &s.q_mqa, MLART_DTYPE_BF16, T, H, R,
-                                H * (L + R), L + R, 1);
-        if (ly->device < 0)
-            MLART_CHECK(mlart_query_bmm_cpu(&s.q_nope, &s.w_uk_t, &lat, &s.q_pe, &pe));
-        else
-#ifdef MLART_WITH_CUDA
-            /* with early_weights, programmatic dependent launch: the caller
-             * promised that the kernel before this one never writes W_UK_T */
-            MLART_CHECK((ly->early_weights ? mlart_query_bmm_cuda_pdl : mlart_query_bmm_cuda)(
-                &s.q_nope, &s.w_uk_t, &lat, &s.q_pe, &pe, stream));
-#else
-            return mlart_set_error(MLART_ENODEV, "this build has no CUDA");
-#endif
+    if (ly->dcp && ly->device >= 0)
+        MLART_CHECK(dcp_fork_translate(ly, &s, stream));
+    {
+        const int rc = absorb(ly, &s, stream);
+        if (rc < 0) {
+            if (ly->dcp && ly->device >= 0)
+                dcp_join(ly, stream); /* close the branch */
+            return rc;
+        }
     }
     if (ly->dcp)
         MLART_CHECK(dcp_attend(ly, &s, lse_direct ? io->lse.data : ly->lse_buf, stream));
