@@ -2,7 +2,14 @@
  * in ops/dcp_cpu.c, the sums in the same order (the device's expf and logf
  * may differ from the host's in the last bits; translate is exact).
  * Plain launches, one thread an element or a row: these move a step's
- * partial outputs once (kilobytes to a few MiB) and are not tuned. */
+ * partial outputs once (kilobytes to a few MiB) and are not tuned.  The
+ * kernels that come right before a kernel launched with programmatic
+ * dependent launch in the layer's DCP step (the head gather before
+ * attend(), the combine and the f32-to-bf16 copy before the V
+ * up-projection) let it launch at their start: that kernel reads what
+ * they write only after its griddepcontrol.wait (backend.h), and its work
+ * before the wait (attend's slot rounds and first gathers, the weight
+ * copies of the V up-projection) then overlaps them. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -11,6 +18,13 @@
 #include "runtime/status.h"
 
 namespace {
+
+/* The next kernel of the stream may launch now (no effect when it was
+ * launched without programmatic dependent launch). */
+__device__ __forceinline__ void let_next_start()
+{
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
 
 __device__ __forceinline__ int32_t owner(int64_t p, int32_t size, int32_t il)
 {
@@ -54,6 +68,7 @@ __global__ void gather_heads_kernel(const uint4 *src, int32_t D, int64_t T, int6
                                     uint4 *dst)
 {
     const int64_t n = (int64_t)D * T * row16;
+    let_next_start();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t k = i % row16, r = i / row16, t = r / D, d = r % D;
@@ -78,6 +93,7 @@ __global__ void combine_kernel(const uint16_t *parts, const float *lses, int32_t
                                int64_t L, uint16_t *out, float *lse_out)
 {
     int64_t r = blockIdx.x;
+    let_next_start();
     float2 mz = lse_stats(lses + r, D, rows);
     for (int64_t c = threadIdx.x; c < L; c += blockDim.x) {
         float acc = 0.0f;
@@ -105,6 +121,7 @@ __global__ void scale_kernel(const uint16_t *attn, const float *lse_all, int32_t
 __global__ void to_bf16_kernel(const float *in, int64_t n, uint16_t *out)
 {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    let_next_start();
     if (i < n)
         out[i] = f2bf16(in[i]);
 }
