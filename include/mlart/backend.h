@@ -121,9 +121,12 @@ typedef struct mlart_backend_vtable {
     /* sparse attention: q_mqa, cache, idx -> attn_out, lse.  Required.  The
      * runtime calls it on the stream right after the query absorption
      * (absorb_query or its own op, whose kernels let dependents start only
-     * once past their own griddepcontrol.wait): a kernel launched with
-     * programmatic dependent launch may read the step's other inputs (cache,
-     * idx, block table, lengths) before its wait, q_mqa only after it.  Its
+     * once past their own griddepcontrol.wait; in a DCP step, after the
+     * kernel that gathers the group's queries or the all-gather, launched
+     * plainly, so everything before them has finished when they start): a
+     * kernel launched with programmatic dependent launch may read the
+     * step's other inputs (cache, idx, block table, lengths) before its
+     * wait, q_mqa only after it.  Its
      * last kernel may let the next kernel of the stream start before its own
      * kernels have finished (b12x_mla_sparse does at <= 16 heads): a kernel
      * launched after attend() with programmatic dependent launch reads
