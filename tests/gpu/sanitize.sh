@@ -13,8 +13,9 @@
 # 128 at batch 2: the wgmma kernel), each with --verify, once with full
 # top-k lists (context 2048) and once with short requests (context 300:
 # lists mostly -1, so the chunks compact their slots), and on
-# the test cases of the column halves (racecheck) and the wgmma kernel
-# (memcheck; racecheck on that case takes over 300 s).  One log per run in
+# the test cases of the column halves (racecheck), the wgmma kernel
+# (memcheck; racecheck on that case takes over 300 s) and the random steps
+# (memcheck).  One log per run in
 # OUT_DIR; prints a line per run (errors or hazards counted from the
 # tool's summary, and whether the backend's launch log named the kernel
 # the run is for) and exits non-zero when any run failed, reported an
@@ -93,5 +94,7 @@ done
 # (check_run(s, CK_FORK)); compute-sanitizer checks the children too.
 CK_RUN_CASE=half run racecheck_case_half racecheck 120 - "$build/tests/attn_backend_gpu"
 CK_RUN_CASE=wgmma run memcheck_case_wgmma memcheck 180 - "$build/tests/attn_backend_gpu"
+# 48 steps drawn afresh over heads, T, top-k, list shapes and kernel modes
+CK_RUN_CASE=random run memcheck_case_random memcheck 120 - "$build/tests/attn_backend_gpu"
 echo "== $((failed)) failed, $(($(date +%s) - start)) s"
 exit "$failed"
