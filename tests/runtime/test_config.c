@@ -14,11 +14,15 @@
 
 static char path[256];
 
-/* Write `text` into a fresh temporary .ini file; path[] holds its name. */
+/* Write `text` into a fresh temporary .ini file; path[] holds its name.
+ * The file of the previous call, if a test left it, is removed first, so
+ * a test may chain several ini() calls and unlink only the last. */
 static const char *ini(const char *text)
 {
     int fd;
     FILE *f;
+    if (path[0])
+        unlink(path);
     snprintf(path, sizeof path, "/tmp/mlart-config-XXXXXX");
     fd = mkstemp(path);
     ck_assert_int_ge(fd, 0);
