@@ -832,7 +832,9 @@ int grid_run(const mlart_bench_opts *o, const Grid &g, GridRow row, void *arg)
  * a small-T call goes.  Per shape: the call as shipped; without
  * programmatic dependent launch; the main kernel alone; each combine alone
  * (whole-row and quarter-row blocks, on the partials the main kernel left
- * in the workspace); forced split counts (4..64); the combine capped at two
+ * in the workspace); forced split counts (1..64; `s22`, `s13`, `s11` are
+ * counts that leave multiprocessors free beside the main grid for the
+ * combine at T = 2..8, also with whole-row combine blocks); the combine capped at two
  * blocks a multiprocessor or not; the in-place combine (`inplace`, and
  * with forced split counts `s64i` .. `s2i`, where the launch takes it);
  * the full call with whole-row or quarter-row combine blocks (`cb-row`,
@@ -882,6 +884,9 @@ int variants_row(void *arg, Ctx &c, const b12x_dev &dev, const char *base, int n
         {"s16 cb-row-packed", {16, 0, 1, 1, -1}}, {"s32 cb-row-packed", {32, 0, 1, 1, -1}},
         {"s64 cb-row-packed", {64, 0, 1, 1, -1}}, {"s32 cb-packed", {32, 0, 0, 1, -1}},
         {"s64 cb-packed", {64, 0, 0, 1, -1}},    {"s16 cb-packed", {16, 0, 0, 1, -1}},
+        {"s22", {22, 0, 0, 1}},               {"s13", {13, 0, 0, 1}},
+        {"s11", {11, 0, 0, 1}},               {"s22 cb-row", {22, 0, 1, 1}},
+        {"s13 cb-row", {13, 0, 1, 1}},        {"s11 cb-row", {11, 0, 1, 1}},
     };
     const int H = c.g.heads, fp8 = c.g.kv_format == MLART_KV_FP8_DS_MLA;
     int wrong = 0;
