@@ -164,12 +164,29 @@ if(TARGET mlart-decode)
                        PASS_REGULAR_EXPRESSION "model.layers.5.self_attn.kv_b_proj.weight")
   add_test(NAME decode_bad_flag COMMAND ${_dec} --steps zero)
   set_tests_properties(decode_bad_flag PROPERTIES WILL_FAIL TRUE)
+  # more requests than the 4096 rows of a cache-fill chunk: a step's new rows
+  # and slots need buffers of B rows (AddressSanitizer, tests/host-sanitizers.sh,
+  # saw them overrun before)
+  add_test(NAME decode_batch_over_chunk
+           COMMAND ${_dec} --config ${_tiny} --device cpu --batch 4200 --context 64 --set topk=32
+                   --set heads=1 --steps 2 --verify)
+  set_tests_properties(decode_batch_over_chunk PROPERTIES PASS_REGULAR_EXPRESSION "verify=PASS")
+  # a cache the host cannot hold: the failure names the bytes asked for
+  # (under AddressSanitizer the allocator must return NULL, not abort)
+  add_test(NAME decode_out_of_memory
+           COMMAND ${_dec} --config ${_tiny} --device cpu --batch 1 --context 1073741000
+                   --set page_size=65536 --steps 1)
+  set_tests_properties(decode_out_of_memory PROPERTIES
+                       ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:allocator_may_return_null=1"
+                       PASS_REGULAR_EXPRESSION
+                       "allocating the KV cache failed: MLART_ENOMEM: [0-9]+ bytes \\([0-9.]+ GiB\\) of host memory are not available")
   set_tests_properties(decode_tiny_verify decode_default_config decode_fp8_verify
                        decode_backend_flag decode_backend_env decode_backend_config
                        decode_flag_beats_env
                        decode_wrong_abi decode_config_typo decode_bad_flag
                        decode_default_from_build_dir decode_weights_file_setup decode_weights_file
-                       decode_weights_missing_layer decode_dcp_local_a2a
+                       decode_weights_missing_layer decode_batch_over_chunk decode_out_of_memory
+                       decode_dcp_local_a2a
                        decode_dcp_local_ag_rs_fp8 decode_dcp_ranks_need_nccl decode_ranks_match_tp
                        PROPERTIES LABELS cpu TIMEOUT 120)
 endif()

@@ -143,11 +143,34 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Detail of a failure of this program's own (an allocation), which the
+ * library's mlart_last_error() does not hold; per thread, since the ranks
+ * of --dcp-local are threads.  Cleared by fail(). */
+static _Thread_local char app_detail[256];
+
+static int app_error(int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(app_detail, sizeof app_detail, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* Report a failed step of the run: this program's detail when it set one,
+ * else the library's. */
 static int fail(int rc, const char *what)
 {
-    fprintf(stderr, "mlart-decode: %s failed: %s: %s\n", what, mlart_status_name(rc),
-            mlart_last_error());
+    const char *detail = app_detail[0] ? app_detail : mlart_last_error();
+    fprintf(stderr, "mlart-decode: %s failed: %s%s%s\n", what, mlart_status_name(rc), detail[0] ? ": " : "",
+            detail);
+    app_detail[0] = 0;
     return rc;
+}
+
+static int out_of_host_memory(void)
+{
+    return app_error(MLART_ENOMEM, "out of host memory");
 }
 
 /* Memory on the run's device: host malloc, or cudaMalloc. */
@@ -158,16 +181,24 @@ static int dev_alloc(int dev, size_t bytes, void **out)
         bytes = 1;
     if (dev < 0) {
         *out = calloc(1, bytes);
-        return *out ? 0 : MLART_ENOMEM;
+        return *out ? 0
+                    : app_error(MLART_ENOMEM, "%zu bytes (%.2f GiB) of host memory are not available", bytes,
+                                (double)bytes / (1u << 30));
     }
 #ifdef MLART_WITH_CUDA
-    if (cudaMalloc(out, bytes) != cudaSuccess || cudaMemset(*out, 0, bytes) != cudaSuccess) {
-        fprintf(stderr, "mlart-decode: cudaMalloc(%zu) failed\n", bytes);
-        return MLART_ENOMEM;
+    {
+        cudaError_t e = cudaMalloc(out, bytes);
+        if (e == cudaSuccess && (e = cudaMemset(*out, 0, bytes)) != cudaSuccess) {
+            cudaFree(*out);
+            *out = NULL;
+        }
+        if (e != cudaSuccess)
+            return app_error(MLART_ENOMEM, "%zu bytes (%.2f GiB) on CUDA device %d: %s", bytes,
+                             (double)bytes / (1u << 30), dev, cudaGetErrorString(e));
     }
     return 0;
 #else
-    return MLART_ENODEV;
+    return app_error(MLART_ENODEV, "this build has no CUDA");
 #endif
 }
 
@@ -191,15 +222,14 @@ static int dev_copy(int dev, void *dst, const void *src, size_t bytes, int to_de
         return 0;
     }
 #ifdef MLART_WITH_CUDA
-    if (cudaMemcpy(dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost) !=
-        cudaSuccess) {
-        fprintf(stderr, "mlart-decode: cudaMemcpy of %zu bytes failed\n", bytes);
-        return MLART_ECUDA;
-    }
+    const cudaError_t e =
+        cudaMemcpy(dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess)
+        return app_error(MLART_ECUDA, "cudaMemcpy of %zu bytes: %s", bytes, cudaGetErrorString(e));
     return 0;
 #else
     (void)dst, (void)src, (void)bytes, (void)to_device;
-    return MLART_ENODEV;
+    return app_error(MLART_ENODEV, "this build has no CUDA");
 #endif
 }
 
@@ -295,7 +325,7 @@ static int kv_views(run *r, const uint16_t *rows, const int32_t *slots, int64_t 
     if ((rc = dev_copy(r->dev, r->d_new, rows, (size_t)n * (size_t)(g->kv_lora + g->rope) * 2,
                        1)) < 0 ||
         (rc = dev_copy(r->dev, r->d_slots, slots, (size_t)n * 4, 1)) < 0)
-        return rc;
+        return fail(rc, "uploading the new rows and their slots");
     *lat = view(r->d_new, MLART_DTYPE_BF16, r->dev, 2, n, g->kv_lora + g->rope, 0);
     *sl = view(r->d_slots, MLART_DTYPE_I32, r->dev, 1, n, 0, 0);
     return 0;
@@ -373,7 +403,7 @@ static int setup_layer(run *r, int li)
     lr->h_kv_b_proj = malloc(wbytes);
     lr->h_o = malloc((size_t)r->B * (size_t)(H * V) * 2);
     if (!lr->h_kv_b_proj || !lr->h_o)
-        return fail(MLART_ENOMEM, "allocating host buffers");
+        return fail(out_of_host_memory(), "allocating host buffers");
     if ((rc = make_weights(r, li, lr->h_kv_b_proj)) < 0)
         return rc;
     if (r->dev < 0) {
@@ -388,7 +418,7 @@ static int setup_layer(run *r, int li)
     if (r->dev < 0 && !r->comm)
         lr->h_cache = lr->d_cache;
     else if (r->verify && !(lr->h_cache = calloc(1, cbytes)))
-        return fail(MLART_ENOMEM, "allocating the host cache image");
+        return fail(out_of_host_memory(), "allocating the host cache image");
 
     memset(&d, 0, sizeof d);
     d.geom = *g;
@@ -417,7 +447,7 @@ static int setup_layer(run *r, int li)
         if (rc == 0)
             rc = dev_alloc(r->dev, (size_t)r->B * (size_t)(H * V) * 2, &lr->d_o_ref);
         if (rc == 0 && !(lr->h_o_ref = malloc((size_t)r->B * (size_t)(H * V) * 2)))
-            rc = MLART_ENOMEM;
+            rc = out_of_host_memory();
         if (rc < 0)
             return fail(rc, "creating the reference layer for --verify");
     }
@@ -538,10 +568,12 @@ static int verify_layer(run *r, int li, verify_stats *vs)
     int nan, rc;
     float *lse = malloc(sizeof(float) * (size_t)(g->heads * r->B));
     if (!lse)
-        return fail(MLART_ENOMEM, "verify");
+        return fail(out_of_host_memory(), "verify");
     rc = mlart_decode_oracle(g, r->B, r->h_q, lr->h_kv_b_proj, lr->h_cache, r->num_slots,
                              r->h_idx, r->h_req, r->h_lens, r->h_bt, r->MB, r->oracle_o,
                              r->oracle_lse);
+    if (rc < 0) /* it sets no detail of its own */
+        rc = app_error(rc, "the float64 oracle: %s", mlart_strerror(rc));
     if (rc == 0)
         rc = dev_copy(r->dev, lse, r->d_lse, sizeof(float) * (size_t)(g->heads * r->B), 0);
     if (rc < 0) {
@@ -562,7 +594,7 @@ static int verify_layer(run *r, int li, verify_stats *vs)
     if (lr->ref) {
         double *ro = malloc(sizeof(double) * (size_t)n);
         if (!ro)
-            return fail(MLART_ENOMEM, "verify");
+            return fail(out_of_host_memory(), "verify");
         for (int64_t i = 0; i < n; i++)
             ro[i] = mlart_bf16_to_f32(lr->h_o_ref[i]);
         compare(lr->h_o, ro, n, &mx, &nm, &nan);
@@ -692,9 +724,9 @@ static int run_decode(run *r)
     io.block_table = view(dev < 0 ? (void *)bt : r->d_bt, MLART_DTYPE_I32, dev, 2, r->B, mb, 0);
     io.lse = view(r->d_lse, MLART_DTYPE_F32, dev, 2, H, r->B, 0);
     if (dev >= 0 && (rc = dev_copy(dev, r->d_bt, bt, (size_t)r->B * mb * 4, 1)) < 0)
-        return rc;
+        return fail(rc, "uploading the block table");
     if (dev >= 0 && (rc = dev_copy(dev, r->d_req, r->h_req, (size_t)r->B * 4, 1)) < 0)
-        return rc;
+        return fail(rc, "uploading the requests of the tokens");
 
     for (int step = 0; step < r->cfg.steps; step++) {
         mlart_tensor new_lat, new_slots;
@@ -711,7 +743,7 @@ static int run_decode(run *r)
             ((rc = dev_copy(dev, r->d_q, r->h_q, (size_t)r->B * H * (P + R) * 2, 1)) < 0 ||
              (rc = dev_copy(dev, r->d_idx, r->h_idx, (size_t)r->B * K * 4, 1)) < 0 ||
              (rc = dev_copy(dev, r->d_lens, r->h_lens, (size_t)r->B * 4, 1)) < 0))
-            return rc;
+            return fail(rc, "uploading the step's queries, indices and lengths");
         if ((rc = kv_views(r, r->h_new, r->comm ? r->h_slots_l : r->h_slots, r->B, &new_lat,
                            &new_slots)) < 0)
             return rc;
@@ -749,7 +781,7 @@ static int run_decode(run *r)
             layer_run *lr = &r->layers[li];
             const unsigned char *p;
             if ((rc = dev_copy(dev, lr->h_o, lr->d_o, (size_t)(r->B * H * V) * 2, 0)) < 0)
-                return rc;
+                return fail(rc, "reading the step's output");
             p = (const unsigned char *)lr->h_o;
             for (size_t i = 0; i < (size_t)(r->B * H * V) * 2; i++)
                 fnv = (fnv ^ p[i]) * 0x100000001b3ull;
@@ -763,7 +795,7 @@ static int run_decode(run *r)
                         return fail(rc, "reference decode for --verify");
                     if ((rc = dev_copy(dev, lr->h_o_ref, lr->d_o_ref, (size_t)(r->B * H * V) * 2,
                                        0)) < 0)
-                        return rc;
+                        return fail(rc, "reading the reference layer's output");
                 }
                 if ((rc = verify_layer(r, li, &vs)) < 0)
                     return rc;
@@ -880,7 +912,8 @@ static int setup(run *r)
     const mlart_geometry *g = &r->cfg.geom;
     const int64_t H = g->heads, P = g->qk_nope, R = g->rope, L = g->kv_lora, K = g->topk;
     const int64_t total = (int64_t)r->cfg.context + r->cfg.steps;
-    const int64_t rows = 4096 > r->B ? 4096 : r->B; /* chunk of cache rows written at once */
+    /* chunk of cache rows written at once, and a step's new rows: at least B */
+    const int64_t rows = 4096 > r->cfg.batch ? 4096 : r->cfg.batch;
     int64_t nb;
     int rc;
     r->B = r->cfg.batch;
@@ -907,7 +940,7 @@ static int setup(run *r)
     if (!r->layers || !r->h_q || !r->h_new || !r->h_idx || !r->h_req || !r->h_lens || !r->h_bt ||
         !r->h_slots || !r->h_slots_l || !r->pool ||
         (r->verify && (!r->oracle_o || !r->oracle_lse)))
-        return fail(MLART_ENOMEM, "allocating host buffers");
+        return fail(out_of_host_memory(), "allocating host buffers");
     if (r->comm) {
         /* this rank's shard: its positions of each request, on blocks of its own */
         const int64_t mine = mlart_dcp_local_len(total, r->dcp_rank, r->dcp_size,
@@ -917,7 +950,7 @@ static int setup(run *r)
             r->MBl = 1;
         r->num_slots_l = (int64_t)r->B * r->MBl * g->page_size;
         if (!(r->h_bt_l = malloc((size_t)(r->B * r->MBl) * 4)))
-            return fail(MLART_ENOMEM, "allocating host buffers");
+            return fail(out_of_host_memory(), "allocating host buffers");
         scatter_blocks(r->h_bt_l, (int64_t)r->B * r->MBl,
                        r->cfg.seed * 69069u + 23 + (uint64_t)r->dcp_rank * 104729u);
     }
