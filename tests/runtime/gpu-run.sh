@@ -48,6 +48,9 @@ run runtime_layer_gpu "$build/tests/test_runtime_layer_gpu"
 run decode_tiny_cuda "$dec" --config "$src/configs/tiny-cpu.ini" --device cuda --steps 4 --verify
 run decode_tiny_cuda_ref "$dec" --config "$src/configs/tiny-cpu.ini" --device cuda --backend reference --steps 4 --verify
 run decode_glm5_verify "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --batch 8 --context 4096 --steps 4 --verify
+# more requests than a cache-fill chunk's 4096 rows: the step's new rows need B-row buffers
+run decode_dsv32_batch_over_chunk_verify "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda \
+  --batch 4200 --context 64 --set topk=64 --steps 2 --verify
 run decode_dsv32_verify "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda --batch 8 --context 4096 --steps 4 --verify
 run decode_dsv32_direct_verify "$dec" --config "$src/configs/deepseek-v32-tp8.ini" --device cuda --batch 8 --context 4096 --steps 4 --verify --no-graph
 run decode_glm5_bf16_verify "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --kv-format bf16 --batch 4 --context 3000 --steps 2 --verify
