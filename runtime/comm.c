@@ -98,16 +98,24 @@ int mlart_comm_reduce_scatter_f32(mlart_comm *c, const float *send, float *recv,
 
 /* ---- where a cached token lives ------------------------------------------ */
 
+/* The layer descriptor's dcp_interleave 0 means 1, and so it does here (a
+ * negative one too: these helpers have no error to return). */
+static int64_t interleave_or_1(int32_t interleave)
+{
+    return interleave > 0 ? interleave : 1;
+}
+
 int32_t mlart_dcp_owner(int64_t pos, int32_t size, int32_t interleave)
 {
-    return size <= 1 ? 0 : (int32_t)((pos / interleave) % size);
+    return size <= 1 ? 0 : (int32_t)((pos / interleave_or_1(interleave)) % size);
 }
 
 int64_t mlart_dcp_local_pos(int64_t pos, int32_t size, int32_t interleave)
 {
+    const int64_t I = interleave_or_1(interleave);
     if (size <= 1)
         return pos;
-    return pos / ((int64_t)interleave * size) * interleave + pos % interleave;
+    return pos / (I * size) * I + pos % I;
 }
 
 int64_t mlart_dcp_local_len(int64_t seq_len, int32_t rank, int32_t size, int32_t interleave)
@@ -115,6 +123,7 @@ int64_t mlart_dcp_local_len(int64_t seq_len, int32_t rank, int32_t size, int32_t
     int64_t round, rest, mine;
     if (size <= 1)
         return seq_len;
+    interleave = (int32_t)interleave_or_1(interleave);
     round = (int64_t)interleave * size;
     rest = seq_len % round - (int64_t)rank * interleave;
     mine = rest < 0 ? 0 : rest > interleave ? interleave : rest;

@@ -179,6 +179,56 @@ static int check_view(const mlart_tensor *t, const char *name, mlart_dtype dtype
     return 0;
 }
 
+/* An output view [rows, cols] with inner stride 1 whose rows would share
+ * elements (row stride under the row length) is refused before the step
+ * writes anything: the failure would otherwise come from the op that writes
+ * it last, after earlier ones wrote other outputs. */
+static int check_rows_apart(const mlart_tensor *t, const char *name)
+{
+    if (t->shape[0] > 1 && t->shape[1] > 0 && t->stride[0] < t->shape[1])
+        return mlart_set_error(MLART_ELAYOUT,
+                               "%s: rows overlap (row stride %" PRId64 " < %" PRId64 " elements a row)",
+                               name, t->stride[0], t->shape[1]);
+    return 0;
+}
+
+/* Two outputs must not share bytes. */
+static int check_apart(const mlart_tensor *a, const char *an, const mlart_tensor *b, const char *bn)
+{
+    size_t alo, ahi, blo, bhi;
+    uintptr_t a0, a1, b0, b1;
+    MLART_CHECK(mlart_tensor_span(a, &alo, &ahi));
+    MLART_CHECK(mlart_tensor_span(b, &blo, &bhi));
+    a0 = (uintptr_t)a->base + alo, a1 = (uintptr_t)a->base + ahi;
+    b0 = (uintptr_t)b->base + blo, b1 = (uintptr_t)b->base + bhi;
+    if (a->device == b->device && a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1)
+        return mlart_set_error(MLART_ELAYOUT, "%s and %s: the outputs overlap", an, bn);
+    return 0;
+}
+
+/* The layer sizes its buffers from these dimensions with plain products (a
+ * weight H*P*L, a step's T*H*(L+R), a DCP rank's D*D*H*T, ...): refuse
+ * dimensions whose largest products, at 8 bytes an element, would not fit
+ * an int64, so that none of them wraps (a broadcast weight view passes the
+ * span checks at any size). */
+static int check_sizes_fit(const mlart_geometry *g, int64_t T, int64_t D)
+{
+    const int64_t H = g->heads, P = g->qk_nope, R = g->rope, L = g->kv_lora, V = g->v_head;
+    const int64_t prods[][4] = {{H, P, L, 1}, {H, L, V, 1}, {T, H, L + R, D}, {T, H, P, 1},
+                                {D, D, H, T}, {T, g->topk, D, 1}};
+    for (size_t i = 0; i < sizeof prods / sizeof prods[0]; i++) {
+        int64_t x = 8;
+        for (int k = 0; k < 4; k++)
+            if (__builtin_mul_overflow(x, prods[i][k], &x))
+                return mlart_set_error(MLART_ERANGE,
+                                       "layer: buffers for heads %d, P %d, R %d, L %d, V %d, top-k %d, "
+                                       "max_tokens %" PRId64 " and a DCP group of %" PRId64
+                                       " would be larger than 2^63 bytes",
+                                       (int)H, (int)P, (int)R, (int)L, (int)V, (int)g->topk, T, D);
+    }
+    return 0;
+}
+
 /* ---- weights ------------------------------------------------------------ */
 
 /* Gather a bf16 3-d view (strides in elements, any order) into dense dst. */
@@ -447,6 +497,7 @@ int mlart_layer_create(mlart_context *ctx, const mlart_layer_desc *desc, mlart_l
                                "max_blocks_per_req %d, num_slots %" PRId64 " must all be > 0",
                                desc->max_tokens, desc->max_requests, desc->max_blocks_per_req,
                                desc->num_slots);
+    MLART_CHECK(check_sizes_fit(g, desc->max_tokens, desc->dcp ? mlart_comm_size(desc->dcp) : 1));
     ly = calloc(1, sizeof *ly);
     if (!ly)
         return mlart_set_error(MLART_ENOMEM, "mlart_layer_create: out of memory");
@@ -947,9 +998,12 @@ int mlart_layer_decode(mlart_layer *ly, const mlart_step_io *io, void *stream)
                                ly->device, DENSE, tail));
         MLART_CHECK(check_view(&io->o, "o", MLART_DTYPE_BF16, 2, o_shape, ly->device, INNER_UNIT,
                                0));
+        MLART_CHECK(check_rows_apart(&io->o, "o"));
         if (io->lse.data) {
             MLART_CHECK(check_view(&io->lse, "lse", MLART_DTYPE_F32, 2, lse_shape, ly->device,
                                    INNER_UNIT, 0));
+            MLART_CHECK(check_rows_apart(&io->lse, "lse"));
+            MLART_CHECK(check_apart(&io->o, "o", &io->lse, "lse"));
             lse_direct = io->lse.stride[0] == T || H == 1;
         }
     }

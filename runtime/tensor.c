@@ -220,7 +220,7 @@ size_t mlart_kv_bytes_per_token(const mlart_geometry *g)
         return 0;
     switch (g->kv_format) {
     case MLART_KV_BF16:
-        return (size_t)(g->kv_lora + g->rope) * 2;
+        return ((size_t)g->kv_lora + (size_t)g->rope) * 2;
     case MLART_KV_FP8_DS_MLA:
         if (g->kv_lora % 128)
             return 0;

@@ -100,7 +100,8 @@ MLART_API int mlart_comm_reduce_scatter_f32(mlart_comm *comm, const float *send,
 
 /* Interleave I: logical position p of a request lives on rank (p / I) % size
  * at local position (p / (I*size)) * I + p % I (DESIGN 7; I = 1: rank
- * p % size, local p / size). */
+ * p % size, local p / size); an interleave of 0 (or less) counts as 1, as
+ * the layer descriptor's dcp_interleave 0 does. */
 MLART_API int32_t mlart_dcp_owner(int64_t pos, int32_t size, int32_t interleave);
 MLART_API int64_t mlart_dcp_local_pos(int64_t pos, int32_t size, int32_t interleave);
 /* Positions 0..seq_len-1 that live on `rank`. */

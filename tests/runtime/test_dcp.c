@@ -147,6 +147,13 @@ START_TEST(placement)
     ck_assert_int_eq(mlart_dcp_local_pos(5, 2, 1), 2);
     ck_assert_int_eq(mlart_dcp_owner(5, 2, 4), 1);
     ck_assert_int_eq(mlart_dcp_local_pos(9, 2, 4), 5);
+    /* interleave 0 (the descriptor's "1") and below count as 1, no division by zero */
+    for (int32_t il = -1; il <= 0; il++)
+        for (int64_t p = 0; p < 40; p++) {
+            ck_assert_int_eq(mlart_dcp_owner(p, 3, il), mlart_dcp_owner(p, 3, 1));
+            ck_assert_int_eq(mlart_dcp_local_pos(p, 3, il), mlart_dcp_local_pos(p, 3, 1));
+            ck_assert_int_eq(mlart_dcp_local_len(p, 2, 3, il), mlart_dcp_local_len(p, 2, 3, 1));
+        }
 }
 END_TEST
 

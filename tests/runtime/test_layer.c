@@ -299,19 +299,23 @@ START_TEST(strided_lse)
 }
 END_TEST
 
-/* Expect decode to fail with rc, name `needle`, and leave o untouched. */
+/* Expect decode to fail with rc, name `needle`, and leave o and lse
+ * untouched. */
 static void bad_step(mlart_layer *ly, const mlart_step_io *io, int rc, const char *needle)
 {
     uint16_t before[T_ * H_ * V_];
+    float lse_before[H_ * T_];
     int got;
     poison();
     memcpy(before, f.o, sizeof before);
+    memcpy(lse_before, f.lse, sizeof lse_before);
     got = mlart_layer_decode(ly, io, NULL);
     printf("  %-16s %s\n", mlart_status_name(got), mlart_last_error());
     ck_assert_int_eq(got, rc);
     ck_assert_msg(strstr(mlart_last_error(), needle), "want '%s' in '%s'", needle,
                   mlart_last_error());
     ck_assert_mem_eq(before, f.o, sizeof before);
+    ck_assert_mem_eq(lse_before, f.lse, sizeof lse_before);
 }
 
 START_TEST(bad_steps_refused)
@@ -336,6 +340,16 @@ START_TEST(bad_steps_refused)
     bad_step(ly, &io, MLART_ESHAPE, "o: shape");
     io = good, io.lse.dtype = MLART_DTYPE_BF16;
     bad_step(ly, &io, MLART_EDTYPE, "lse: dtype");
+    /* outputs whose rows share elements, or that share bytes: refused before
+     * attend() writes the caller's lse (the V up-projection alone used to
+     * catch o, after that) */
+    io = good, io.o.stride[0] = H_ * V_ - 1;
+    bad_step(ly, &io, MLART_ELAYOUT, "o: rows overlap");
+    io = good, io.lse.stride[0] = 1;
+    bad_step(ly, &io, MLART_ELAYOUT, "lse: rows overlap");
+    io = good, io.lse.data = (float *)(void *)f.o + 8, io.lse.base = f.o;
+    io.lse.extent = sizeof(uint16_t) * T_ * H_ * V_;
+    bad_step(ly, &io, MLART_ELAYOUT, "o and lse: the outputs overlap");
     io = good, io.T = T_ + 1;
     bad_step(ly, &io, MLART_ERANGE, "max_tokens");
     io = good, io.B = B_ + 1;
@@ -415,6 +429,10 @@ START_TEST(bad_layers_refused)
     bad_create(&d, MLART_EINVAL, "max_tokens 0");
     d = good, d.geom.page_size = 0;
     bad_create(&d, MLART_EINVAL, "page_size");
+    /* sizes past 2^63 bytes: refused before any product wraps (a broadcast
+     * weight view of these dims would pass every span check) */
+    d = good, d.geom.qk_nope = 1 << 30, d.geom.kv_lora = 1 << 30;
+    bad_create(&d, MLART_ERANGE, "larger than 2^63 bytes");
     ck_assert_int_eq(record_of("testhost")->creates, record_of("testhost")->destroys);
     mlart_layer_destroy(NULL);
 }
