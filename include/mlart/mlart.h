@@ -241,13 +241,15 @@ typedef struct mlart_step_io {
     mlart_tensor req_of_token; /* [T] i32, request of each token, in [0,B) */
     mlart_tensor seq_lens;     /* [B] i32 */
     mlart_tensor block_table;  /* [B,max_blocks_per_req] i32 */
-    mlart_tensor o;            /* out [T,H*V] bf16 */
-    mlart_tensor lse;          /* optional out [H,T] f32, natural log; data == NULL: not wanted */
+    mlart_tensor o;            /* out [T,H*V] bf16, inner stride 1, rows apart */
+    mlart_tensor lse;          /* optional out [H,T] f32, natural log; data == NULL: not wanted;
+                                  inner stride 1, rows apart, no byte shared with o */
 } mlart_step_io;
 
 /* Bind a layer to a backend, enforce the backend's layout contract (dense
  * weights copied once here when given strided; compliant ones keep their
- * address), plan and allocate every buffer for the largest step. */
+ * address), plan and allocate every buffer for the largest step.
+ * MLART_ERANGE when the dimensions would make a buffer past 2^63 bytes. */
 MLART_API int mlart_layer_create(mlart_context *ctx, const mlart_layer_desc *desc,
                                  mlart_layer **out);
 MLART_API void mlart_layer_destroy(mlart_layer *layer);
@@ -258,7 +260,8 @@ MLART_API void mlart_layer_destroy(mlart_layer *layer);
  * token's output in a step of another T differs in low-order bits: the
  * reference backend computes each token by itself; b12x_mla_sparse does not
  * (16 heads, top-k 2048: NMSE 1.2e-5 to 1.4e-5 between steps of 1..32 and
- * 64 tokens; docs/serve.md). */
+ * 64 tokens; docs/serve.md).  Every view is checked before anything runs:
+ * a refused step leaves o and lse untouched. */
 MLART_API int mlart_layer_decode(mlart_layer *layer, const mlart_step_io *io, void *stream);
 /* Write N new tokens' latent+rope rows [N,L+R] bf16 into cache slots [N]
  * (i32 physical slot = block*page + offset, -1 = skip), quantising to the
