@@ -284,8 +284,11 @@ int serve_engine_create(const serve_engine_opts *o, serve_engine **out, char *er
     const mlart_geometry *g;
     size_t bpt;
     int rc, ndev = 0;
-    if (!e)
+    if (!e) {
+        if (err_cap)
+            snprintf(err, err_cap, "out of host memory");
         return MLART_ENOMEM;
+    }
     e->g = o->geom;
     g = &e->g;
     if ((rc = mlart_geometry_check(g)))

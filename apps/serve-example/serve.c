@@ -58,6 +58,8 @@ typedef struct write_req {
 struct server {
     uv_loop_t *loop;
     uv_tcp_t listener;
+    uv_tcp_t spare;  /* a connection refused for want of memory (reject) */
+    int rejecting;   /* spare is closing */
     uv_signal_t sig[2];
     uv_work_t work;
     serve_engine *eng;
@@ -350,10 +352,13 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
 {
     conn *c = st->data;
     if (n == UV_EOF) {
-        /* half-close: the client may still read; answer what it sent */
+        /* half-close: the client may still read; answer what it sent, a
+         * last line without its newline too */
         uv_read_stop(st);
         c->reading = 0;
         c->eof = 1;
+        serve_framer_finish(&c->fr, on_line, c);
+        start_step(c->srv);
         if (c->pending == 0)
             conn_shutdown(c);
         return;
@@ -366,6 +371,24 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
     start_step(c->srv);
 }
 
+static void reject_closed(uv_handle_t *h)
+{
+    ((server *)h->data)->rejecting = 0;
+}
+
+/* A connection that cannot be served (out of memory): accept it into the
+ * server's spare handle and close it at once.  Left unaccepted, it would
+ * make libuv stop watching the listening socket for good. */
+static void reject(server *s, uv_stream_t *l)
+{
+    if (s->rejecting || uv_tcp_init(s->loop, &s->spare) < 0)
+        return;
+    s->spare.data = s;
+    s->rejecting = 1;
+    uv_accept(l, (uv_stream_t *)&s->spare);
+    uv_close((uv_handle_t *)&s->spare, reject_closed);
+}
+
 static void on_connection(uv_stream_t *l, int status)
 {
     server *s = l->data;
@@ -373,12 +396,15 @@ static void on_connection(uv_stream_t *l, int status)
     if (status < 0 || s->stopping)
         return;
     c = calloc(1, sizeof *c);
-    if (!c)
+    if (!c) {
+        reject(s, l);
         return;
+    }
     c->srv = s;
     c->refs = 1;
     if (serve_framer_init(&c->fr, s->max_line)) {
         free(c);
+        reject(s, l);
         return;
     }
     uv_tcp_init(s->loop, &c->tcp);

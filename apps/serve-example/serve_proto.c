@@ -357,7 +357,7 @@ size_t serve_format_error(char *buf, size_t cap, const char *id, serve_err e, co
 
 int serve_framer_init(serve_framer *f, size_t cap)
 {
-    f->buf = malloc(cap ? cap : 1);
+    f->buf = malloc(cap + 1); /* a line of cap bytes, and the '\r' of its "\r\n" */
     f->len = 0;
     f->cap = cap;
     f->discarding = 0;
@@ -382,6 +382,24 @@ static void emit(const char *line, size_t len, serve_line_fn fn, void *ctx)
         fn(ctx, line, len, 0);
 }
 
+/* The last byte of the line that ends with this chunk (0 for an empty line). */
+static char line_end(const serve_framer *f, const char *data, size_t chunk)
+{
+    return chunk ? data[chunk - 1] : f->len ? f->buf[f->len - 1] : 0;
+}
+
+void serve_framer_finish(serve_framer *f, serve_line_fn fn, void *ctx)
+{
+    if (f->discarding)
+        fn(ctx, NULL, 0, 1);
+    else if (f->len && f->len - (f->buf[f->len - 1] == '\r') > f->cap) /* len is at most cap + 1 */
+        fn(ctx, NULL, 0, 1);
+    else if (f->len)
+        emit(f->buf, f->len, fn, ctx);
+    f->len = 0;
+    f->discarding = 0;
+}
+
 void serve_framer_feed(serve_framer *f, const char *data, size_t n, serve_line_fn fn, void *ctx)
 {
     while (n) {
@@ -392,7 +410,11 @@ void serve_framer_feed(serve_framer *f, const char *data, size_t n, serve_line_f
                 f->discarding = 0;
                 fn(ctx, NULL, 0, 1);
             }
-        } else if (f->len + chunk > f->cap) {
+        } else if (f->len + chunk > f->cap + 1 ||
+                   (nl && f->len + chunk - (line_end(f, data, chunk) == '\r') > f->cap)) {
+            /* past the cap: a line holds at most cap bytes before its "\n"
+             * or "\r\n" (cap + 1 may be buffered while a '\r' waits for
+             * its newline) */
             f->len = 0;
             if (nl)
                 fn(ctx, NULL, 0, 1);

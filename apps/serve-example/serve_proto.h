@@ -50,8 +50,9 @@ typedef struct serve_result {
 size_t serve_format_ok(char *buf, size_t cap, const serve_request *r, const serve_result *res);
 size_t serve_format_error(char *buf, size_t cap, const char *id, serve_err e, const char *msg);
 
-/* Line framing with a length cap.  Lines longer than cap are consumed up to
- * their newline and reported once as too long, so the stream stays in sync. */
+/* Line framing with a length cap.  Lines longer than cap bytes (not
+ * counting their "\n" or "\r\n") are consumed up to their newline and
+ * reported once as too long, so the stream stays in sync. */
 typedef struct serve_framer {
     char *buf;
     size_t len, cap;
@@ -64,6 +65,9 @@ int serve_framer_init(serve_framer *f, size_t cap);
 void serve_framer_free(serve_framer *f);
 /* Feed bytes; calls fn for each complete line ("\r\n" accepted; blank lines skipped). */
 void serve_framer_feed(serve_framer *f, const char *data, size_t n, serve_line_fn fn, void *ctx);
+/* The stream ended: a last line without its newline is a line too (or too
+ * long); the framer is empty after. */
+void serve_framer_finish(serve_framer *f, serve_line_fn fn, void *ctx);
 
 /* FNV-1a 64 of bytes, chained from h (start with SERVE_FNV_INIT). */
 #define SERVE_FNV_INIT 0xcbf29ce484222325ull

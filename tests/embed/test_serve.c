@@ -131,6 +131,35 @@ START_TEST(test_framer_and_replies)
     ck_assert_str_eq(l.got[4], "0123456789abcdef"); /* exactly the cap */
     ck_assert_int_eq(l.too_long[5], 1);
     serve_framer_free(&f);
+    /* the cap counts a line's bytes without its "\r\n" (the '\r' may come in
+     * one read and the '\n' in the next), and the end of the stream ends a
+     * last line that has no newline */
+    memset(&l, 0, sizeof l);
+    ck_assert_int_eq(serve_framer_init(&f, 16), 0);
+    serve_framer_feed(&f, "0123456789abcdef\r\n", 18, collect, &l);
+    serve_framer_feed(&f, "0123456789abcdef\r", 17, collect, &l);
+    serve_framer_feed(&f, "\n", 1, collect, &l);
+    serve_framer_feed(&f, "0123456789abcdefg\r\n", 19, collect, &l);
+    serve_framer_feed(&f, "0123456789abcdefx", 17, collect, &l);
+    serve_framer_feed(&f, "\n", 1, collect, &l);
+    serve_framer_feed(&f, "tail", 4, collect, &l);
+    serve_framer_finish(&f, collect, &l);
+    serve_framer_finish(&f, collect, &l); /* nothing left */
+    serve_framer_feed(&f, big, 30, collect, &l);
+    serve_framer_finish(&f, collect, &l);
+    serve_framer_feed(&f, "0123456789abcdef\r", 17, collect, &l);
+    serve_framer_finish(&f, collect, &l);
+    ck_assert_int_eq(l.n, 7);
+    ck_assert_str_eq(l.got[0], "0123456789abcdef");
+    ck_assert_str_eq(l.got[1], "0123456789abcdef");
+    ck_assert_int_eq(l.too_long[2], 1);
+    ck_assert_int_eq(l.too_long[3], 1);
+    ck_assert_str_eq(l.got[4], "tail");
+    ck_assert_int_eq(l.too_long[4], 0);
+    ck_assert_int_eq(l.too_long[5], 1);
+    ck_assert_str_eq(l.got[6], "0123456789abcdef");
+    ck_assert_int_eq(l.too_long[6], 0);
+    serve_framer_free(&f);
 
     ck_assert_uint_gt(serve_format_ok(buf, sizeof buf, &r, &res), 0);
     ck_assert_str_eq(buf, "{\"id\":\"x\",\"ok\":true,\"tokens\":1,\"batch_tokens\":3,"
@@ -584,6 +613,16 @@ static int pair_line(int i, char *line, size_t cap)
                     37 * i, 37 * i + 300);
 }
 
+/* pair_line, but the last of `bare_n` lines without its newline. */
+static int bare_n;
+static int pair_line_bare_last(int i, char *line, size_t cap)
+{
+    int n = pair_line(i, line, cap);
+    if (i == bare_n - 1)
+        line[--n] = '\0';
+    return n;
+}
+
 /* A request with id "w<id>" for positions list li of the load test. */
 static int list_req(int id, int li, char *line, size_t cap)
 {
@@ -823,6 +862,14 @@ START_TEST(test_clients_vanish)
         close(fd);
     }
     query(p.port, 4, pair_line, sums); /* still serving */
+    {
+        /* a last line without its newline, then the half-close: answered too */
+        char bare[3][17];
+        bare_n = 3;
+        query(p.port, 3, pair_line_bare_last, bare);
+        for (int i = 0; i < 3; i++)
+            ck_assert_str_eq(bare[i], sums[i]);
+    }
     ck_assert_int_eq(finish(&p, SIGTERM, 30.0), 0);
     printf("16 clients vanished with 128 requests queued: server kept serving, exit 0\n");
 }

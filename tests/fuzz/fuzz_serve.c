@@ -1,6 +1,8 @@
 /* libFuzzer harness: the serving example's wire protocol on arbitrary bytes
- * (what a client sends): byte 0 sets the framer's line cap, byte 1 where
- * the rest is cut in two feeds; the framer cuts the rest into lines, every
+ * (what a client sends): byte 0 sets the framer's line cap and (its low
+ * bit) whether the stream ends with a newline or just ends, byte 1 where
+ * the rest is cut in two feeds; the framer cuts the rest into lines (none
+ * longer than the cap), every
  * line is parsed, what a request the parser accepts holds is checked
  * against the limits, and the reply is formatted as the server would. */
 #include <stdint.h>
@@ -8,6 +10,8 @@
 #include <string.h>
 
 #include "serve_proto.h"
+
+static size_t line_cap;
 
 static void on_line(void *ctx, const char *line, size_t len, int too_long)
 {
@@ -21,6 +25,8 @@ static void on_line(void *ctx, const char *line, size_t len, int too_long)
             abort();
         return;
     }
+    if (len > line_cap)
+        abort();
     memset(&r, 0, sizeof r);
     e = serve_parse_request(line, len, &lim, &r, msg, sizeof msg);
     if (e == SERVE_OK) {
@@ -46,12 +52,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     n = size - 2;
     cut = n ? data[1] % (n + 1) : 0;
-    if (serve_framer_init(&f, 16 + (size_t)data[0] * 8) != 0)
+    line_cap = 16 + (size_t)data[0] * 8;
+    if (serve_framer_init(&f, line_cap) != 0)
         return 0;
-    /* fed in two pieces, cut where the second byte says, then a newline */
+    /* fed in two pieces, cut where the second byte says, then a newline or
+     * the end of the stream */
     serve_framer_feed(&f, text, cut, on_line, NULL);
     serve_framer_feed(&f, text + cut, n - cut, on_line, NULL);
-    serve_framer_feed(&f, "\n", 1, on_line, NULL);
+    if (data[0] & 1)
+        serve_framer_finish(&f, on_line, NULL);
+    else
+        serve_framer_feed(&f, "\n", 1, on_line, NULL);
     serve_framer_free(&f);
     return 0;
 }
