@@ -407,7 +407,12 @@ static void on_connection(uv_stream_t *l, int status)
         reject(s, l);
         return;
     }
-    uv_tcp_init(s->loop, &c->tcp);
+    if (uv_tcp_init(s->loop, &c->tcp) < 0) {
+        serve_framer_free(&c->fr);
+        free(c);
+        reject(s, l);
+        return;
+    }
     c->tcp.data = c;
     c->next = s->conns;
     if (s->conns)
@@ -613,14 +618,21 @@ int main(int argc, char **argv)
     }
     s.batch = calloc((size_t)s.max_batch_requests, sizeof *s.batch);
     s.loop = uv_default_loop();
-    if (!s.batch) {
-        fprintf(stderr, "mlart-serve-example: out of memory\n");
+    if (!s.batch || !s.loop) {
+        fprintf(stderr, "mlart-serve-example: %s\n",
+                s.batch ? "cannot create the event loop" : "out of memory");
         serve_engine_destroy(s.eng);
+        free(s.batch);
         return 1;
     }
-    uv_tcp_init(s.loop, &s.listener);
-    s.listener.data = &s;
     uv_ip4_addr("127.0.0.1", port, &addr);
+    if ((rc = uv_tcp_init(s.loop, &s.listener)) < 0) {
+        fprintf(stderr, "mlart-serve-example: cannot create a socket: %s\n", uv_strerror(rc));
+        serve_engine_destroy(s.eng);
+        free(s.batch);
+        return 1;
+    }
+    s.listener.data = &s;
     if ((rc = uv_tcp_bind(&s.listener, (const struct sockaddr *)&addr, 0)) < 0 ||
         (rc = uv_listen((uv_stream_t *)&s.listener, 511, on_connection)) < 0 ||
         (rc = uv_tcp_getsockname(&s.listener, (struct sockaddr *)&bound, &namelen)) < 0) {
@@ -631,9 +643,19 @@ int main(int argc, char **argv)
         return 1;
     }
     for (int i = 0; i < 2; i++) {
-        uv_signal_init(s.loop, &s.sig[i]);
+        /* neither fails on a working loop; if one did, the server could
+         * not drain on a signal, so it would rather not start */
+        rc = uv_signal_init(s.loop, &s.sig[i]);
         s.sig[i].data = &s;
-        uv_signal_start(&s.sig[i], on_signal, i ? SIGTERM : SIGINT);
+        if (rc == 0)
+            rc = uv_signal_start(&s.sig[i], on_signal, i ? SIGTERM : SIGINT);
+        if (rc < 0) {
+            fprintf(stderr, "mlart-serve-example: cannot watch %s: %s\n", i ? "SIGTERM" : "SIGINT",
+                    uv_strerror(rc));
+            serve_engine_destroy(s.eng);
+            free(s.batch);
+            return 1;
+        }
     }
     printf("mlart-serve-example listening on 127.0.0.1:%d (%s)\n",
            ntohs(((struct sockaddr_in *)&bound)->sin_port), serve_engine_describe(s.eng));
