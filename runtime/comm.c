@@ -164,7 +164,15 @@ int mlart_comm_group_create(int size, int device, int timeout_ms, mlart_comm_gro
     g->device = device;
     g->timeout_ms = timeout_ms ? timeout_ms : 60000;
     pthread_mutex_init(&g->mu, NULL);
-    pthread_cond_init(&g->cv, NULL);
+    {
+        /* deadlines on the monotonic clock: a step of the wall clock must
+         * not fail the group (or stretch its timeout) */
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&g->cv, &ca);
+        pthread_condattr_destroy(&ca);
+    }
     *out = g;
     return 0;
 }
@@ -189,7 +197,7 @@ static int group_barrier(mlart_comm_group *g, int rank, const char *what)
     struct timespec dl;
     unsigned long gen;
     int rc = 0;
-    clock_gettime(CLOCK_REALTIME, &dl);
+    clock_gettime(CLOCK_MONOTONIC, &dl); /* the clock of g->cv */
     dl.tv_sec += g->timeout_ms / 1000;
     dl.tv_nsec += (long)(g->timeout_ms % 1000) * 1000000L;
     if (dl.tv_nsec >= 1000000000L)

@@ -60,6 +60,9 @@ int mlart_rank_from_env(mlart_rank_info *out)
         if (r.rank >= r.size)
             return mlart_set_error(MLART_ECONFIG, "%s=%d is not below %s=%d", f->rank,
                                    (int)r.rank, f->size, (int)r.size);
+        if (r.local_rank >= r.size) /* it picks the device; no node holds more ranks than the world */
+            return mlart_set_error(MLART_ECONFIG, "%s=%d is not below %s=%d", f->local,
+                                   (int)r.local_rank, f->size, (int)r.size);
         snprintf(r.source, sizeof r.source, "%s", f->source);
         break;
     }

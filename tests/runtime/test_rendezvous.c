@@ -112,6 +112,8 @@ START_TEST(rank_env_refused)
         {{"MLART_RANK", "0", "MLART_WORLD_SIZE", "0"}, "MLART_WORLD_SIZE"},
         {{"MLART_RANK", "99999999999999999999", "MLART_WORLD_SIZE", "2"}, "MLART_RANK"},
         {{"WORLD_SIZE", "2"}, "RANK"}, /* size without rank */
+        {{"MLART_RANK", "1", "MLART_WORLD_SIZE", "2", "MLART_LOCAL_RANK", "99"},
+         "MLART_LOCAL_RANK=99"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         clear_rank_env();
