@@ -59,12 +59,19 @@ mlart_tensor mlart_tensor_dense(void *data, mlart_dtype dtype, int device, int n
     if (ndim < 1 || ndim > MLART_MAX_DIMS || !shape)
         return t; /* mlart_tensor_check refuses the bad ndim */
     for (int i = ndim - 1; i >= 0; i--) {
+        const int64_t d = shape[i] > 0 ? shape[i] : 1;
         t.shape[i] = shape[i];
         t.stride[i] = stride;
-        stride *= shape[i] > 0 ? shape[i] : 1;
+        /* past INT64_MAX elements the strides saturate; numel is then -1 */
+        stride = stride > INT64_MAX / d ? INT64_MAX : stride * d;
     }
-    t.extent = mlart_tensor_numel(&t) > 0 ? (size_t)mlart_tensor_numel(&t) * mlart_dtype_size(dtype)
-                                          : 0;
+    {
+        /* a shape whose bytes do not fit in size_t gets extent 0, which
+         * mlart_tensor_check then refuses */
+        const int64_t n = mlart_tensor_numel(&t);
+        const size_t esize = mlart_dtype_size(dtype);
+        t.extent = n > 0 && esize && (uint64_t)n <= SIZE_MAX / esize ? (size_t)n * esize : 0;
+    }
     return t;
 }
 
@@ -74,7 +81,13 @@ int64_t mlart_tensor_numel(const mlart_tensor *t)
     if (!t || t->ndim < 1 || t->ndim > MLART_MAX_DIMS)
         return 0;
     for (int i = 0; i < t->ndim; i++)
-        n *= t->shape[i] > 0 ? t->shape[i] : 0;
+        if (t->shape[i] <= 0)
+            return 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (n > INT64_MAX / t->shape[i])
+            return -1;
+        n *= t->shape[i];
+    }
     return n;
 }
 
@@ -152,6 +165,8 @@ int mlart_tensor_is_dense(const mlart_tensor *t)
             return 0;
         if (t->shape[i] > 1 && t->stride[i] != want)
             return 0; /* a size-1 dim's stride addresses nothing */
+        if (t->shape[i] > 1 && want > INT64_MAX / t->shape[i])
+            return 0; /* more elements than int64_t counts: no storage holds it */
         want *= t->shape[i];
     }
     return 1;

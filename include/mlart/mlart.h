@@ -101,10 +101,12 @@ typedef struct mlart_tensor {
 } mlart_tensor;
 
 /* A dense row-major view over [data, data + numel*size): base = data,
- * extent = exact byte size.  ndim in 1..MLART_MAX_DIMS. */
+ * extent = exact byte size (0 when that size does not fit in size_t, so
+ * that mlart_tensor_check refuses the view).  ndim in 1..MLART_MAX_DIMS. */
 MLART_API mlart_tensor mlart_tensor_dense(void *data, mlart_dtype dtype, int device,
                                           int ndim, const int64_t *shape);
-/* Number of elements (product of shape). */
+/* Number of elements (product of shape): 0 for a bad ndim or any dim <= 0,
+ * -1 when the product does not fit in int64_t. */
 MLART_API int64_t mlart_tensor_numel(const mlart_tensor *t);
 /* Byte span of the view relative to its base: elements touch [*lo, *hi).
  * Empty views give lo == hi == offset of data.  Returns MLART_EINVAL on
@@ -114,7 +116,8 @@ MLART_API int mlart_tensor_span(const mlart_tensor *t, size_t *lo, size_t *hi);
  * inside [base, base + extent).  On failure the message names `name`, the
  * span and the extent.  Returns 0, MLART_EINVAL or MLART_ELAYOUT. */
 MLART_API int mlart_tensor_check(const mlart_tensor *t, const char *name);
-/* 1 when the view is dense row-major (strides match its shape), else 0. */
+/* 1 when the view is dense row-major (strides match its shape), else 0
+ * (also for a shape of more elements than int64_t counts). */
 MLART_API int mlart_tensor_is_dense(const mlart_tensor *t);
 
 /* ---- model geometry --------------------------------------------------- */

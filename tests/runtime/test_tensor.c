@@ -108,6 +108,46 @@ START_TEST(bad_views)
 }
 END_TEST
 
+/* Shapes past what int64_t counts or size_t addresses: numel says so (-1),
+ * the view is not dense, and a dense view of such a shape is refused by
+ * its check instead of getting a wrapped extent. */
+START_TEST(huge_shapes)
+{
+    uint16_t buf[16];
+    const int64_t g = (int64_t)1 << 32;
+    int64_t fits[2] = {(int64_t)1 << 31, (int64_t)1 << 31}, over[3] = {g, g, 2},
+            bytes_over[2] = {(int64_t)1 << 31, (int64_t)1 << 32}, with_zero[3] = {g, g, 0};
+    mlart_tensor t = mlart_tensor_dense(buf, MLART_DTYPE_BF16, -1, 2, fits);
+    ck_assert_int_eq(mlart_tensor_numel(&t), (int64_t)1 << 62);
+    ck_assert_uint_eq(t.extent, (size_t)1 << 63);
+    ck_assert_int_eq(mlart_tensor_is_dense(&t), 1);
+
+    t = mlart_tensor_dense(buf, MLART_DTYPE_BF16, -1, 3, over);
+    ck_assert_int_eq(mlart_tensor_numel(&t), -1);
+    ck_assert_uint_eq(t.extent, 0);
+    ck_assert_int_eq(mlart_tensor_is_dense(&t), 0);
+    ck_assert_int_eq(mlart_tensor_check(&t, "huge"), MLART_EINVAL); /* its span overflows */
+
+    /* 2^63 elements fit no int64_t; 2^63 bf16 bytes fit no size_t either */
+    t = mlart_tensor_dense(buf, MLART_DTYPE_BF16, -1, 2, bytes_over);
+    ck_assert_int_eq(mlart_tensor_numel(&t), -1);
+    ck_assert_uint_eq(t.extent, 0);
+    ck_assert_int_ne(mlart_tensor_check(&t, "huge"), 0);
+
+    /* 2^62 f32 elements: the count fits, the bytes do not */
+    t = mlart_tensor_dense(buf, MLART_DTYPE_F32, -1, 2, fits);
+    ck_assert_int_eq(mlart_tensor_numel(&t), (int64_t)1 << 62);
+    ck_assert_uint_eq(t.extent, 0);
+    ck_assert_int_ne(mlart_tensor_check(&t, "huge"), 0);
+
+    /* an empty dim wins over the overflow of the others */
+    t = mlart_tensor_dense(buf, MLART_DTYPE_BF16, -1, 3, with_zero);
+    ck_assert_int_eq(mlart_tensor_numel(&t), 0);
+    ck_assert_uint_eq(t.extent, 0);
+    ck_assert_int_eq(mlart_tensor_check(&t, "empty"), 0);
+}
+END_TEST
+
 START_TEST(geometry)
 {
     mlart_geometry g = {4, 128, 64, 512, 128, 256, 64, MLART_KV_BF16, 0.0625f}, b;
@@ -225,6 +265,7 @@ int main(void)
     tcase_add_test(tc, dtypes);
     tcase_add_test(tc, dense_and_span);
     tcase_add_test(tc, bad_views);
+    tcase_add_test(tc, huge_shapes);
     tcase_add_test(tc, geometry);
     tcase_add_test(tc, kv_b_proj_views);
     tcase_add_test(tc, context);
