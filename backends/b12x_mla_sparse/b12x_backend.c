@@ -14,10 +14,18 @@ typedef struct b12x_state {
 
 static int b12x_create(const mlart_backend_init *init, void **state)
 {
-    const mlart_geometry *g = &init->geom;
+    const mlart_geometry *g;
     b12x_state *st;
     b12x_dev dev;
     int rc;
+    if (!init || !init->error) /* nothing to report through */
+        return MLART_EINVAL;
+    if (!state)
+        return init->error(MLART_EINVAL, "b12x_mla_sparse: create needs a state pointer");
+    if (init->struct_size < sizeof *init)
+        return init->error(MLART_EABI, "b12x_mla_sparse: mlart_backend_init is %u bytes, need %zu",
+                           (unsigned)init->struct_size, sizeof *init);
+    g = &init->geom;
     if (init->device < 0)
         return init->error(MLART_ENOTSUP, "b12x_mla_sparse: runs on CUDA devices only (device %d)",
                            init->device);
@@ -61,6 +69,18 @@ static int b12x_plan(void *state, const mlart_plan *plan, size_t *workspace_byte
 {
     b12x_state *st = state;
     size_t most = 0;
+    if (!st)
+        return MLART_EINVAL;
+    if (!plan || !workspace_bytes)
+        return st->init.error(MLART_EINVAL, "b12x_mla_sparse plan: NULL argument");
+    if (plan->struct_size < sizeof *plan)
+        return st->init.error(MLART_EABI, "b12x_mla_sparse plan: mlart_plan is %u bytes, need %zu",
+                              (unsigned)plan->struct_size, sizeof *plan);
+    /* the workspace is sized for this geometry; steps are checked against
+     * create's (b12x_attend), so the two must agree */
+    if (plan->device != st->init.device || !mlart_geometry_same(&plan->geom, &st->init.geom))
+        return st->init.error(MLART_EINVAL,
+                              "b12x_mla_sparse plan: device or geometry differs from create");
     if (plan->max_tokens < 0)
         return st->init.error(MLART_EINVAL, "b12x_mla_sparse: max_tokens %d", (int)plan->max_tokens);
     /* The split depends on T, so size for the largest need over every T a
@@ -78,6 +98,23 @@ static int b12x_plan(void *state, const mlart_plan *plan, size_t *workspace_byte
 static int b12x_attend(void *state, const mlart_step *s, void *stream)
 {
     b12x_state *st = state;
+    if (!st)
+        return MLART_EINVAL;
+    if (!s)
+        return st->init.error(MLART_EINVAL, "b12x_mla_sparse: step is NULL");
+    if (s->struct_size < sizeof *s)
+        return st->init.error(MLART_EABI, "b12x_mla_sparse: mlart_step is %u bytes, need %zu",
+                              (unsigned)s->struct_size, sizeof *s);
+    /* the workspace and the launch rules were planned for create's
+     * geometry on create's device */
+    if (s->device != st->init.device || !mlart_geometry_same(&s->geom, &st->init.geom))
+        return st->init.error(MLART_EINVAL,
+                              "b12x_mla_sparse: step on device %d with %d heads, top-k %d, "
+                              "kv_format %d; created for device %d with %d heads, top-k %d, "
+                              "kv_format %d (or another geometry field differs)",
+                              s->device, (int)s->geom.heads, (int)s->geom.topk,
+                              (int)s->geom.kv_format, st->init.device, (int)st->init.geom.heads,
+                              (int)st->init.geom.topk, (int)st->init.geom.kv_format);
     return b12x_attend_launch(s, &st->dev, stream, st->init.error);
 }
 

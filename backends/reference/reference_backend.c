@@ -16,14 +16,6 @@ typedef struct reference_state {
     mlart_error_fn error;
 } reference_state;
 
-static int same_geometry(const mlart_geometry *a, const mlart_geometry *b)
-{
-    return a->heads == b->heads && a->qk_nope == b->qk_nope && a->rope == b->rope &&
-           a->kv_lora == b->kv_lora && a->v_head == b->v_head && a->topk == b->topk &&
-           a->page_size == b->page_size && a->kv_format == b->kv_format &&
-           a->softmax_scale == b->softmax_scale;
-}
-
 static int reference_create(const mlart_backend_init *init, void **state)
 {
     reference_state *st;
@@ -68,7 +60,7 @@ static int check_step(const reference_state *st, const mlart_step *s, const char
     if (s->device != st->device)
         return st->error(MLART_EINVAL, "reference %s: step on device %d, backend created for %d",
                          stage, s->device, st->device);
-    if (!same_geometry(&s->geom, &st->geom))
+    if (!mlart_geometry_same(&s->geom, &st->geom))
         return st->error(MLART_EINVAL, "reference %s: step geometry differs from the created one",
                          stage);
     return 0;
@@ -82,7 +74,7 @@ static int reference_plan(void *state, const mlart_plan *plan, size_t *workspace
     if (plan->struct_size < sizeof *plan)
         return st->error(MLART_EABI, "reference plan: mlart_plan is %u bytes, need %zu",
                          (unsigned)plan->struct_size, sizeof *plan);
-    if (plan->device != st->device || !same_geometry(&plan->geom, &st->geom))
+    if (plan->device != st->device || !mlart_geometry_same(&plan->geom, &st->geom))
         return st->error(MLART_EINVAL, "reference plan: device or geometry differs from create");
     if (plan->max_tokens < 0 || plan->max_requests < 0 || plan->max_blocks_per_req < 0 ||
         plan->num_slots < 0)

@@ -46,6 +46,17 @@ enum {
     MLART_DEV_CUDA = 1u << 1
 };
 
+/* 1 when two geometries are field for field the same: a backend's plan()
+ * and steps must carry the geometry it was created with (header-only, so a
+ * backend module needs no symbol for it). */
+static inline int mlart_geometry_same(const mlart_geometry *a, const mlart_geometry *b)
+{
+    return a->heads == b->heads && a->qk_nope == b->qk_nope && a->rope == b->rope &&
+           a->kv_lora == b->kv_lora && a->v_head == b->v_head && a->topk == b->topk &&
+           a->page_size == b->page_size && a->kv_format == b->kv_format &&
+           a->softmax_scale == b->softmax_scale;
+}
+
 typedef struct mlart_layout_contract {
     uint32_t query_bmm;  /* MLART_QBMM_* */
     uint32_t weights;    /* MLART_W_* */

@@ -1119,6 +1119,16 @@ START_TEST(test_bad_input)
     init.device = -1;
     ck_assert_int_eq(vt->create(&init, &state), MLART_ENOTSUP);
     ck_assert_ptr_null(state);
+    init.device = 0;
+    ck_assert_int_eq(vt->create(NULL, &state), MLART_EINVAL);
+    ck_assert_int_eq(vt->create(&init, NULL), MLART_EINVAL);
+    init.struct_size = sizeof init - 1;
+    ck_assert_int_eq(vt->create(&init, &state), MLART_EABI);
+    init.struct_size = sizeof init;
+    init.error = NULL; /* nothing to report through */
+    ck_assert_int_eq(vt->create(&init, &state), MLART_EINVAL);
+    init.error = attn_error_cb;
+    ck_assert_ptr_null(state);
 
     b12x_open(&run, &h, &d, 1);
     ck_assert_msg(d.ws_bytes > 0, "T=1 over 16 heads should split top-k");
@@ -1142,12 +1152,47 @@ START_TEST(test_bad_input)
     ck_assert_int_eq(b12x_wgmma_launch(&s, 65, 1, 0, 1, NULL, NULL, NULL, 1, NULL), (int)cudaErrorInvalidValue);
     ck_assert_int_eq(b12x_wgmma_launch(&s, 0, 64, 0, 1, NULL, NULL, NULL, 1, NULL), (int)cudaErrorInvalidValue);
     ck_assert_int_eq(b12x_wgmma_launch(&s, 2, 0, 0, 1, NULL, NULL, NULL, 1, NULL), (int)cudaErrorInvalidValue);
+    /* a step or plan that is not of create's geometry or device, or of an
+     * older struct, and NULL arguments */
+    s.geom.heads = 17;
+    ck_assert_int_eq(run.vt->attend(run.state, &s, 0), MLART_EINVAL);
+    ck_assert_ptr_nonnull(strstr(attn_last_msg, "17 heads"));
+    s = attn_dev_step(&h, &d);
+    s.geom.softmax_scale *= 2.0f;
+    ck_assert_int_eq(run.vt->attend(run.state, &s, 0), MLART_EINVAL);
+    s = attn_dev_step(&h, &d);
+    s.device = 1;
+    ck_assert_int_eq(run.vt->attend(run.state, &s, 0), MLART_EINVAL);
+    s = attn_dev_step(&h, &d);
+    s.struct_size = sizeof s - 8;
+    ck_assert_int_eq(run.vt->attend(run.state, &s, 0), MLART_EABI);
+    ck_assert_int_eq(run.vt->attend(run.state, NULL, 0), MLART_EINVAL);
+    {
+        mlart_plan plan;
+        size_t ws = 0;
+        memset(&plan, 0, sizeof plan);
+        plan.struct_size = sizeof plan;
+        plan.geom = h.g;
+        plan.device = 0;
+        plan.max_tokens = 1;
+        ck_assert_int_eq(run.vt->plan(run.state, &plan, &ws), 0);
+        ck_assert_uint_gt(ws, 0);
+        ck_assert_int_eq(run.vt->plan(run.state, &plan, NULL), MLART_EINVAL);
+        ck_assert_int_eq(run.vt->plan(run.state, NULL, &ws), MLART_EINVAL);
+        plan.geom.topk = 1024; /* a smaller workspace than create's steps need */
+        ck_assert_int_eq(run.vt->plan(run.state, &plan, &ws), MLART_EINVAL);
+        plan.geom = h.g;
+        plan.struct_size = sizeof plan - 4;
+        ck_assert_int_eq(run.vt->plan(run.state, &plan, &ws), MLART_EABI);
+    }
+    s = attn_dev_step(&h, &d);
     s.T = 0;
     ck_assert_int_eq(run.vt->attend(run.state, &s, 0), 0);
     GPU_CUDA(cudaDeviceSynchronize());
     GPU_CUDA(cudaMemcpy(&probe, d.out, 2, cudaMemcpyDeviceToHost));
     ck_assert_msg(probe == 0xffff, "a refused call wrote its output");
-    printf("bad input: wrong geometry/heads/device, missing or short workspace, misaligned "
+    printf("bad input: NULL or short create/plan/step structs, plan and steps of another "
+           "geometry or device; wrong geometry/heads/device, missing or short workspace, misaligned "
            "q_mqa, wrong cache rows, a wgmma split with an empty chunk refused; nothing written\n");
     run.vt->destroy(run.state);
     run.vt->destroy(NULL);
