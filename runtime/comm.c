@@ -139,6 +139,8 @@ struct mlart_comm_group {
     int arrived;
     unsigned long generation;
     int failed;                /* a rank timed out: every later wait fails at once */
+    int finished;              /* ranks whose body of the collective under way is done */
+    unsigned long drained;     /* collectives whose bodies all ranks have finished */
     const void **send;         /* each rank's send buffer of the collective under way */
     int members;               /* communicators alive */
 };
@@ -189,19 +191,28 @@ void mlart_comm_group_destroy(mlart_comm_group *g)
     free(g);
 }
 
-/* Wait for every rank of the group; MLART_ETIMEDOUT after the group's timeout,
- * after which the group stays failed (a peer that arrives late must not pair
- * with the next collective). */
-static int group_barrier(mlart_comm_group *g, int rank, const char *what)
+/* Now plus the group's timeout, on the clock of g->cv. */
+static struct timespec group_deadline(const mlart_comm_group *g)
 {
     struct timespec dl;
-    unsigned long gen;
-    int rc = 0;
-    clock_gettime(CLOCK_MONOTONIC, &dl); /* the clock of g->cv */
+    clock_gettime(CLOCK_MONOTONIC, &dl);
     dl.tv_sec += g->timeout_ms / 1000;
     dl.tv_nsec += (long)(g->timeout_ms % 1000) * 1000000L;
     if (dl.tv_nsec >= 1000000000L)
         dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+    return dl;
+}
+
+/* Wait for every rank of the group; MLART_ETIMEDOUT after the group's timeout,
+ * after which the group stays failed (a peer that arrives late must not pair
+ * with the next collective).  All or none: under the mutex either the last
+ * rank opens the generation or a timeout fails it first, so when one rank
+ * passes, every rank passes and will run its body. */
+static int group_barrier(mlart_comm_group *g, int rank, const char *what)
+{
+    struct timespec dl = group_deadline(g);
+    unsigned long gen;
+    int rc = 0;
     pthread_mutex_lock(&g->mu);
     gen = g->generation;
     if (!g->failed && ++g->arrived == g->size) {
@@ -225,6 +236,38 @@ static int group_barrier(mlart_comm_group *g, int rank, const char *what)
                                "not arrive within %d ms (or an earlier collective failed)",
                                what, rank, g->size, g->timeout_ms);
     return 0;
+}
+
+/* After this rank's body: wait until every rank has finished its own, since
+ * until then a peer may still be reading this rank's send buffer.  No
+ * timeout and no look at `failed`: every rank passed group_barrier, so every
+ * body is running and is a bounded local copy that waits on nobody, and
+ * returning earlier would hand the caller a buffer still being read.  A
+ * later collective failing the group does not concern this one. */
+static void group_drain(mlart_comm_group *g, int rank, const char *what)
+{
+    struct timespec dl = group_deadline(g);
+    unsigned long gen;
+    int warned = 0;
+    pthread_mutex_lock(&g->mu);
+    gen = g->drained;
+    if (++g->finished == g->size) {
+        g->finished = 0;
+        g->drained++;
+        pthread_cond_broadcast(&g->cv);
+    }
+    while (g->drained == gen) {
+        if (warned) {
+            pthread_cond_wait(&g->cv, &g->mu);
+        } else if (pthread_cond_timedwait(&g->cv, &g->mu, &dl) == ETIMEDOUT &&
+                   g->drained == gen) {
+            warned = 1;
+            mlart_log(MLART_LOG_WARN, "local comm %s: rank %d of %d: peers still read this "
+                      "rank's buffers after %d ms; waiting for them", what, rank, g->size,
+                      g->timeout_ms);
+        }
+    }
+    pthread_mutex_unlock(&g->mu);
 }
 
 static int copy_bytes(int device, void *dst, const void *src, size_t n)
@@ -266,7 +309,10 @@ static int settle(int device, void *stream)
 }
 
 /* One collective: publish `send`, wait for all, run `body` over the peers'
- * buffers, wait again so that nobody reuses a buffer a peer still reads. */
+ * buffers, then wait for every peer's body so that nobody reuses a buffer a
+ * peer still reads.  The timeout bounds only the first wait; a body that
+ * failed here still lets the peers finish theirs, and this rank returns its
+ * error. */
 typedef int (*local_body)(mlart_comm *c, const void *const *peers, void *recv, size_t n);
 
 static int local_run(mlart_comm *c, const void *send, void *recv, size_t n, void *stream,
@@ -278,7 +324,7 @@ static int local_run(mlart_comm *c, const void *send, void *recv, size_t n, void
     g->send[c->rank] = send;
     MLART_CHECK(group_barrier(g, c->rank, what));
     rc = body(c, g->send, recv, n);
-    MLART_CHECK(group_barrier(g, c->rank, what));
+    group_drain(g, c->rank, what);
     return rc;
 }
 

@@ -10,8 +10,10 @@
  *          caller's stream; capturable.  libnccl.so.2 is opened when the
  *          first NCCL id or communicator is made; the NCCL unique id travels
  *          through a TCP rendezvous served by rank 0 (include/mlart/rendezvous.h).
- * Every blocking wait has a deadline: a dead or hung peer ends in
- * MLART_ETIMEDOUT (or MLART_ECOMM) on every surviving rank, never a hang.
+ * Every wait for a peer to arrive has a deadline: a dead or hung peer ends
+ * in MLART_ETIMEDOUT (or MLART_ECOMM) on every surviving rank, never a hang.
+ * (The local group then still waits, without one, for peers that have
+ * arrived to finish reading this rank's buffers: see below.)
  *
  * Collectives are called by every rank of the group, in the same order.
  * Buffers live where the communicator's device says (-1: host memory).
@@ -47,8 +49,14 @@ MLART_API int mlart_rank_from_env(mlart_rank_info *out);
 /* A local group: `size` ranks that are threads of this process, on `device`
  * (-1 host, else a CUDA ordinal; a rank may also use another device, its
  * copies go through unified addressing).  timeout_ms (0: 60000) bounds every
- * wait for the other ranks.  Create the group once, then one communicator
- * per rank; destroy the communicators before the group. */
+ * wait for the other ranks to arrive at a collective: past it the call
+ * returns MLART_ETIMEDOUT and the group stays failed (every later collective
+ * returns it at once).  Once all ranks have arrived, a collective returns
+ * only after every rank has finished reading this rank's buffers, however
+ * long that takes (a warning is logged past timeout_ms), so the caller may
+ * reuse them at once; a rank whose own copy failed returns its error and
+ * still does not hold up the others.  Create the group once, then one
+ * communicator per rank; destroy the communicators before the group. */
 typedef struct mlart_comm_group mlart_comm_group;
 MLART_API int mlart_comm_group_create(int size, int device, int timeout_ms,
                                       mlart_comm_group **out);

@@ -3,14 +3,18 @@
  * with its shard of the cache) against one rank over the whole cache, for
  * both routings and both cache formats, and a group of one rank giving the
  * plain step's bytes; bad set-ups refused, a missing rank a timeout and not
- * a hang. */
+ * a hang, a slow reader holding the others until it has read their buffers. */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include <check.h>
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "check_run.h"
@@ -462,6 +466,145 @@ START_TEST(missing_rank_times_out)
 }
 END_TEST
 
+/* ---- a slow reader holds the others ----------------------------------- */
+
+/* AddressSanitizer handles SIGSEGV itself: the stalled copy below cannot be
+ * staged under it. */
+#if defined(__SANITIZE_ADDRESS__)
+#define DCP_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DCP_ASAN 1
+#endif
+#endif
+
+#ifndef DCP_ASAN
+/* 64 KiB: past the sizes a memcpy loads whole before its first store, so
+ * most of the copy reads its source after the stall */
+enum { SLOW_BYTES = 1 << 16, SLOW_MS = 300, SLOW_TIMEOUT_MS = 50, POISON = 0xA5 };
+
+/* rank 1's receive buffer, PROT_NONE until its first touch has slept */
+static unsigned char *volatile slow_region;
+static size_t slow_len;
+static struct sigaction slow_saved;
+
+/* A fault inside slow_region: sleep, open the region, return so the copy
+ * resumes.  Any other fault: put back the previous handler and return, so
+ * the access faults again under it. */
+static void slow_fault(int sig, siginfo_t *si, void *uc)
+{
+    unsigned char *a = si->si_addr, *r = slow_region;
+    struct timespec d = {SLOW_MS / 1000, (long)(SLOW_MS % 1000) * 1000000L};
+    int e = errno;
+    (void)sig, (void)uc;
+    if (!r || a < r || a >= r + slow_len) {
+        sigaction(SIGSEGV, &slow_saved, NULL);
+    } else {
+        while (nanosleep(&d, &d) != 0)
+            ;
+        mprotect(r, slow_len, PROT_READ | PROT_WRITE);
+    }
+    errno = e;
+}
+
+typedef struct slow_job {
+    mlart_comm *comm;
+    unsigned char *send, *recv;
+    pthread_barrier_t *start;
+    int rc;
+    double secs;
+    char err[512];
+} slow_job;
+
+static double since(const struct timespec *a)
+{
+    struct timespec b;
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    return (double)(b.tv_sec - a->tv_sec) + 1e-9 * (double)(b.tv_nsec - a->tv_nsec);
+}
+
+/* One all_gather; then the send buffer is the caller's again, and rank 0
+ * poisons it at once, as a caller reusing it would. */
+static void *run_slow(void *arg)
+{
+    slow_job *j = arg;
+    struct timespec a;
+    pthread_barrier_wait(j->start); /* both call at once: the 50 ms is the test's, not the start's */
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    j->rc = mlart_comm_all_gather(j->comm, j->send, j->recv, SLOW_BYTES, NULL);
+    j->secs = since(&a);
+    if (mlart_comm_rank(j->comm) == 0)
+        memset(j->send, POISON, SLOW_BYTES);
+    if (j->rc < 0)
+        snprintf(j->err, sizeof j->err, "%s", mlart_last_error());
+    return NULL;
+}
+#endif
+
+START_TEST(slow_reader_holds_the_others)
+{
+#ifdef DCP_ASAN
+    printf("slow_reader_holds_the_others: skipped under AddressSanitizer (it handles SIGSEGV)\n");
+#else
+    mlart_comm_group *g = NULL;
+    pthread_barrier_t start;
+    pthread_t th[2];
+    slow_job j[2];
+    unsigned char *want = malloc(2 * SLOW_BYTES), *mine = malloc(2 * SLOW_BYTES);
+    struct sigaction sa;
+    fx_rng r = {seed};
+    for (size_t i = 0; i < 2 * SLOW_BYTES; i++) { /* never the poison byte */
+        unsigned char b = (unsigned char)fx_next(&r);
+        want[i] = b == POISON ? (unsigned char)~b : b;
+    }
+    slow_len = 2 * SLOW_BYTES;
+    slow_region = mmap(NULL, slow_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ck_assert(slow_region != MAP_FAILED);
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = slow_fault;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    ck_assert_int_eq(sigaction(SIGSEGV, &sa, &slow_saved), 0);
+
+    ck_assert_int_eq(mlart_comm_group_create(2, -1, SLOW_TIMEOUT_MS, &g), 0);
+    pthread_barrier_init(&start, NULL, 2);
+    for (int k = 0; k < 2; k++) {
+        memset(&j[k], 0, sizeof j[k]);
+        ck_assert_int_eq(mlart_comm_local_create(g, k, &j[k].comm), 0);
+        j[k].send = malloc(SLOW_BYTES);
+        memcpy(j[k].send, want + (size_t)k * SLOW_BYTES, SLOW_BYTES);
+        j[k].start = &start;
+    }
+    j[0].recv = mine;
+    j[1].recv = slow_region;
+    for (int k = 0; k < 2; k++)
+        pthread_create(&th[k], NULL, run_slow, &j[k]);
+    for (int k = 0; k < 2; k++)
+        pthread_join(th[k], NULL);
+    sigaction(SIGSEGV, &slow_saved, NULL);
+
+    printf("slow reader: rank 0 returned %d after %.3f s, rank 1 %d after %.3f s\n", j[0].rc,
+           j[0].secs, j[1].rc, j[1].secs);
+    for (int k = 0; k < 2; k++)
+        ck_assert_msg(j[k].rc == 0, "rank %d: %s", k, j[k].err);
+    ck_assert_msg(!memcmp(j[1].recv, want, 2 * SLOW_BYTES),
+                  "rank 1 received a buffer rank 0 had already reused");
+    ck_assert_msg(!memcmp(j[0].recv, want, 2 * SLOW_BYTES), "rank 0 received wrong bytes");
+    ck_assert_msg(j[0].secs >= 0.25, "rank 0 returned after %.3f s, before rank 1 had read its "
+                  "buffer (%d ms)", j[0].secs, SLOW_MS);
+    for (int k = 0; k < 2; k++) {
+        mlart_comm_destroy(j[k].comm);
+        free(j[k].send);
+    }
+    mlart_comm_group_destroy(g);
+    pthread_barrier_destroy(&start);
+    munmap(slow_region, slow_len);
+    slow_region = NULL;
+    free(want), free(mine);
+#endif
+}
+END_TEST
+
 START_TEST(index_past_seq_len_refused)
 {
     two_ranks t;
@@ -485,6 +628,7 @@ int main(void)
     tcase_add_test(tc, bad_setups_refused);
     tcase_add_test(tc, missing_rank_times_out);
     tcase_add_test(tc, index_past_seq_len_refused);
+    tcase_add_test(tc, slow_reader_holds_the_others);
     suite_add_tcase(s, tc);
     return check_run(s, CK_FORK_GETENV);
 }
