@@ -17,11 +17,20 @@ extern "C" {
  * every interface) and serves each of the size-1 peers once; the others
  * connect to addr:port, retrying every 50 ms until rank 0 listens, and
  * receive the blob into `blob`.  Each peer first says its rank and the group
- * size; rank 0 refuses a peer whose size differs or whose rank was seen
- * already, and keeps waiting for valid ones.  bytes <= 1 MiB.  timeout_ms
- * (0: 60000) bounds the whole exchange: MLART_ETIMEDOUT when it passes (rank
- * 0 says how many peers came), MLART_ECOMM on a refused or broken
- * connection.  size 1: nothing to do. */
+ * size; rank 0 refuses a peer whose size differs or whose rank was served
+ * already, and keeps waiting for valid ones.  A peer that has the whole blob
+ * acknowledges it and returns 0 once that is sent; rank 0 counts a rank
+ * served only on its acknowledgement, and returns 0 when all are.  A peer
+ * that leaves (or errs) before acknowledging frees its rank for a later
+ * connection, so a crashed or restarted process does not take the rank of
+ * the one that comes next; while a rank waits for its acknowledgement,
+ * another peer saying that rank is told to retry, and does so every 50 ms.
+ * Both sides must be of this version (the wire protocol's 2): rank 0 drops
+ * a peer of another.  bytes <= 1 MiB.  timeout_ms (0: 60000) bounds the
+ * whole exchange: MLART_ETIMEDOUT when it passes (rank 0 names the ranks not
+ * served and which of them await an acknowledgement), MLART_ECOMM on a
+ * refused or broken connection or an acknowledgement that could not be
+ * sent.  size 1: nothing to do. */
 MLART_API int mlart_rendezvous(const char *addr, int port, int rank, int size, void *blob,
                                size_t bytes, int timeout_ms);
 

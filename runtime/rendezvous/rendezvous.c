@@ -20,11 +20,17 @@
 /* ---- rendezvous ---------------------------------------------------------- */
 
 #define RDV_MAGIC 0x4d4c5254u /* 'MLRT' */
-#define RDV_VERSION 1u
+/* 2: a peer acknowledges the blob, and rank 0 counts it served only then */
+#define RDV_VERSION 2u
+#define RDV_ACK 0x41434b21u /* 'ACK!', after RDV_MAGIC in a peer's last 8 bytes */
 #define RDV_MAX_BYTES ((size_t)1 << 20)
 #define RDV_RETRY_MS 50
 
-enum { RDV_OK, RDV_SIZE_MISMATCH, RDV_DUPLICATE, RDV_BAD_RANK };
+enum { RDV_OK, RDV_SIZE_MISMATCH, RDV_DUPLICATE, RDV_BAD_RANK, RDV_BUSY };
+
+/* Rank 0's view of each rank: pending from an admitted hello until the
+ * acknowledgement (then served) or the end of that connection (then free). */
+enum { RANK_FREE, RANK_PENDING, RANK_SERVED };
 
 static const char *refusal(uint32_t status)
 {
@@ -35,6 +41,8 @@ static const char *refusal(uint32_t status)
         return "another peer already joined with that rank";
     case RDV_BAD_RANK:
         return "the rank is outside the group";
+    case RDV_BUSY:
+        return "another connection holds that rank and has not acknowledged yet";
     }
     return "unknown refusal";
 }
@@ -68,9 +76,9 @@ typedef struct peer {
     uv_tcp_t tcp; /* data: this peer */
     uv_write_t w;
     struct peer *next;
-    unsigned char in[16], out[16];
-    size_t got;
-    int rank; /* >= 1 once admitted */
+    unsigned char in[16], out[16], ack[8];
+    size_t got, ack_got;
+    int rank; /* >= 1 once admitted, that is while its rank is pending on it */
     char name[64];
 } peer;
 
@@ -79,7 +87,7 @@ struct rdv {
     uv_timer_t deadline, retry;
     uv_tcp_t tcp; /* the listener on rank 0, the connection elsewhere */
     uv_connect_t conn;
-    uv_write_t w;
+    uv_write_t w, ack_w;
     const char *addr;
     struct sockaddr_in sa;
     int port, rank, size, timeout_ms;
@@ -88,12 +96,12 @@ struct rdv {
     int done, rc;
     /* rank 0 */
     peer *peers;
-    unsigned char *joined;
+    unsigned char *state; /* RANK_* per rank */
     int served;
     /* ranks 1.. */
-    unsigned char hello[16], head[16];
+    unsigned char hello[16], head[16], ack[8];
     size_t got;
-    int connected, attempts, last_err;
+    int connected, attempts, busy, last_err;
 };
 
 static void on_close(uv_handle_t *h)
@@ -126,27 +134,54 @@ static void finish(rdv *r, int rc)
     uv_walk(&r->loop, close_one, NULL);
 }
 
+/* The peer ranks not yet served (only the pending ones if `pending`), as
+ * "2, 5, 7" into buf, cut with ", ..." when it is full; returns how many. */
+static int list_ranks(const rdv *r, int pending, char *buf, size_t cap)
+{
+    size_t n = 0;
+    int count = 0, cut = 0;
+    buf[0] = 0;
+    for (int i = 1; i < r->size; i++) {
+        if (r->state[i] == RANK_SERVED || (pending && r->state[i] != RANK_PENDING))
+            continue;
+        count++;
+        if (n + 24 < cap) /* room for ", " + 10 digits, then for ", ..." */
+            n += (size_t)snprintf(buf + n, cap - n, "%s%d", n ? ", " : "", i);
+        else if (!cut++)
+            n += (size_t)snprintf(buf + n, cap - n, ", ...");
+    }
+    return count;
+}
+
 static void on_deadline(uv_timer_t *t)
 {
     rdv *r = t->loop->data;
     int rc;
     if (r->rank == 0) {
-        char missing[256] = "";
-        size_t n = 0;
-        for (int i = 1; i < r->size && n < sizeof missing - 8; i++)
-            if (!r->joined[i])
-                n += (size_t)snprintf(missing + n, sizeof missing - n, "%s%d", n ? ", " : "", i);
+        char missing[256], pending[256];
+        list_ranks(r, 0, missing, sizeof missing);
         rc = mlart_set_error(MLART_ETIMEDOUT,
                              "rendezvous on %s:%d: rank 0 gave up after %d ms with %d of %d "
-                             "peers served (missing ranks: %s%s)",
+                             "peers served (missing ranks: %s%s%s)",
                              r->addr, r->port, r->timeout_ms, r->served, r->size - 1, missing,
-                             n >= sizeof missing - 8 ? ", ..." : "");
+                             list_ranks(r, 1, pending, sizeof pending) ?
+                             "; sent the blob but not acknowledged: " : "", pending);
+    } else if (!r->connected && r->busy) {
+        rc = mlart_set_error(MLART_ETIMEDOUT,
+                             "rendezvous: rank 0 at %s:%d answered rank %d busy %d times within "
+                             "%d ms: %s", r->addr, r->port, r->rank, r->busy, r->timeout_ms,
+                             refusal(RDV_BUSY));
     } else if (!r->connected) {
         rc = mlart_set_error(MLART_ETIMEDOUT,
                              "rendezvous: rank %d could not reach rank 0 at %s:%d within %d ms "
                              "(%d attempts, last: %s)",
                              r->rank, r->addr, r->port, r->timeout_ms, r->attempts,
                              r->last_err ? uv_strerror(r->last_err) : "no answer");
+    } else if (r->got == sizeof r->head + r->bytes) {
+        rc = mlart_set_error(MLART_ETIMEDOUT,
+                             "rendezvous: rank %d got the blob from rank 0 at %s:%d but could "
+                             "not send its acknowledgement within %d ms",
+                             r->rank, r->addr, r->port, r->timeout_ms);
     } else {
         size_t want = sizeof r->head + r->bytes;
         rc = mlart_set_error(MLART_ETIMEDOUT,
@@ -157,7 +192,7 @@ static void on_deadline(uv_timer_t *t)
     finish(r, rc);
 }
 
-/* ---- rank 0: serve each peer once ---- */
+/* ---- rank 0: serve each rank once, counted when its peer acknowledges ---- */
 
 static void peer_close(peer *p)
 {
@@ -165,27 +200,104 @@ static void peer_close(peer *p)
         uv_close((uv_handle_t *)&p->tcp, on_close);
 }
 
+/* The admitted peer went away (or misbehaved) before acknowledging: it may
+ * have been a process that crashed, restarted or gave up, so its rank must
+ * not stay taken; the real one is still to come. */
+static void peer_drop(rdv *r, peer *p, const char *what, const char *detail)
+{
+    mlart_log(MLART_LOG_WARN, "rendezvous on %s:%d: %s did not acknowledge rank %d: %s (%s); "
+              "the rank is free for another connection", r->addr, r->port, p->name, p->rank,
+              what, detail);
+    r->state[p->rank] = RANK_FREE;
+    p->rank = 0;
+    peer_close(p);
+}
+
+static void on_ack_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
+{
+    peer *p = h->data;
+    (void)hint;
+    *buf = uv_buf_init((char *)p->ack + p->ack_got, (unsigned)(sizeof p->ack - p->ack_got));
+}
+
+static void on_ack_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+    peer *p = s->data;
+    rdv *r = s->loop->data;
+    uint32_t magic, word;
+    (void)buf;
+    if (n == 0)
+        return;
+    if (n < 0) {
+        peer_drop(r, p, "the connection ended first",
+                  n == UV_EOF ? "closed by the peer" : uv_strerror((int)n));
+        return;
+    }
+    p->ack_got += (size_t)n;
+    if (p->ack_got < sizeof p->ack)
+        return;
+    uv_read_stop(s);
+    magic = get_u32(p->ack);
+    word = get_u32(p->ack + 4);
+    if (magic != RDV_MAGIC || word != RDV_ACK) {
+        char detail[64];
+        snprintf(detail, sizeof detail, "0x%08x 0x%08x, want 0x%08x 0x%08x", magic, word,
+                 RDV_MAGIC, RDV_ACK);
+        peer_drop(r, p, "malformed acknowledgement", detail);
+        return;
+    }
+    mlart_log(MLART_LOG_DEBUG, "rendezvous on %s:%d: served rank %d (%s)", r->addr, r->port,
+              p->rank, p->name);
+    r->state[p->rank] = RANK_SERVED;
+    r->served++;
+    peer_close(p);
+    if (r->served == r->size - 1)
+        finish(r, 0);
+}
+
 static void on_peer_written(uv_write_t *w, int status)
 {
     peer *p = w->data;
     rdv *r = w->handle->loop->data;
+    int rc;
     if (status == UV_ECANCELED)
         return;
-    if (p->rank > 0) {
-        if (status < 0) {
-            mlart_log(MLART_LOG_WARN, "rendezvous on %s:%d: sending the blob to rank %d (%s) "
-                      "failed: %s; waiting for it to come again", r->addr, r->port, p->rank,
-                      p->name, uv_strerror(status));
-            r->joined[p->rank] = 0;
-        } else {
-            mlart_log(MLART_LOG_DEBUG, "rendezvous on %s:%d: served rank %d (%s)", r->addr,
-                      r->port, p->rank, p->name);
-            r->served++;
-        }
+    if (p->rank == 0) { /* a refusal: the answer is all it gets */
+        peer_close(p);
+        return;
     }
-    peer_close(p);
-    if (r->served == r->size - 1)
-        finish(r, 0);
+    /* in the socket buffer is not in the peer: wait for it to say so */
+    if (status < 0)
+        peer_drop(r, p, "sending the blob failed", uv_strerror(status));
+    else if ((rc = uv_read_start((uv_stream_t *)&p->tcp, on_ack_alloc, on_ack_read)) < 0)
+        peer_drop(r, p, "cannot read from it", uv_strerror(rc));
+}
+
+/* RDV_OK (and the rank now pending on p) or why the hello is refused. */
+static uint32_t admit(rdv *r, peer *p, uint32_t rank, uint32_t size)
+{
+    uint32_t status = RDV_OK;
+    if (size != (uint32_t)r->size)
+        status = RDV_SIZE_MISMATCH;
+    else if (rank >= size)
+        status = RDV_BAD_RANK;
+    else if (rank == 0 || r->state[rank] == RANK_SERVED)
+        status = RDV_DUPLICATE;
+    else if (r->state[rank] == RANK_PENDING)
+        status = RDV_BUSY;
+    if (status == RDV_BUSY) {
+        /* not an error: the holder may yet leave, and this peer comes again */
+        mlart_log(MLART_LOG_DEBUG, "rendezvous on %s:%d: %s says rank %u, pending on another "
+                  "connection; told it to retry", r->addr, r->port, p->name, rank);
+    } else if (status != RDV_OK) {
+        mlart_log(MLART_LOG_WARN, "rendezvous on %s:%d: refused %s saying rank %u of %u "
+                  "(group of %d): %s", r->addr, r->port, p->name, rank, size, r->size,
+                  refusal(status));
+    } else {
+        p->rank = (int)rank;
+        r->state[rank] = RANK_PENDING;
+    }
+    return status;
 }
 
 static void on_peer_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
@@ -199,8 +311,9 @@ static void on_peer_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 {
     peer *p = s->data;
     rdv *r = s->loop->data;
-    uint32_t magic, version, rank, size, status = RDV_OK;
+    uint32_t magic, version, status;
     uv_buf_t out[2];
+    int rc;
     (void)buf;
     if (n == 0)
         return;
@@ -216,8 +329,6 @@ static void on_peer_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     uv_read_stop(s);
     magic = get_u32(p->in);
     version = get_u32(p->in + 4);
-    rank = get_u32(p->in + 8);
-    size = get_u32(p->in + 12);
     if (magic != RDV_MAGIC || version != RDV_VERSION) {
         mlart_log(MLART_LOG_WARN, "rendezvous on %s:%d: %s is not an mlart rank (magic 0x%08x, "
                   "version %u; want 0x%08x, %u)", r->addr, r->port, p->name, magic, version,
@@ -225,31 +336,18 @@ static void on_peer_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         peer_close(p);
         return;
     }
-    if (size != (uint32_t)r->size)
-        status = RDV_SIZE_MISMATCH;
-    else if (rank >= size)
-        status = RDV_BAD_RANK;
-    else if (rank == 0 || r->joined[rank])
-        status = RDV_DUPLICATE;
-    if (status != RDV_OK) {
-        mlart_log(MLART_LOG_WARN, "rendezvous on %s:%d: refused %s saying rank %u of %u "
-                  "(group of %d): %s", r->addr, r->port, p->name, rank, size, r->size,
-                  refusal(status));
-    } else {
-        p->rank = (int)rank;
-        r->joined[rank] = 1;
-    }
+    status = admit(r, p, get_u32(p->in + 8), get_u32(p->in + 12));
     put_u32(p->out, RDV_MAGIC);
     put_u32(p->out + 4, status);
     put_u64(p->out + 8, status == RDV_OK ? (uint64_t)r->bytes : 0);
     out[0] = uv_buf_init((char *)p->out, sizeof p->out);
     out[1] = uv_buf_init((char *)r->blob, (unsigned)r->bytes);
     p->w.data = p;
-    if (uv_write(&p->w, s, out, status == RDV_OK && r->bytes ? 2 : 1, on_peer_written) < 0) {
-        if (p->rank > 0)
-            r->joined[p->rank] = 0;
+    rc = uv_write(&p->w, s, out, status == RDV_OK && r->bytes ? 2 : 1, on_peer_written);
+    if (rc < 0 && p->rank > 0)
+        peer_drop(r, p, "sending the blob failed", uv_strerror(rc));
+    else if (rc < 0)
         peer_close(p);
-    }
 }
 
 static void on_connection(uv_stream_t *l, int status)
@@ -293,8 +391,8 @@ static void on_connection(uv_stream_t *l, int status)
 static int serve(rdv *r)
 {
     int rc;
-    r->joined = calloc((size_t)r->size, 1);
-    if (!r->joined)
+    r->state = calloc((size_t)r->size, 1);
+    if (!r->state)
         return mlart_set_error(MLART_ENOMEM, "rendezvous: out of memory");
     uv_tcp_init(&r->loop, &r->tcp);
     if ((rc = uv_tcp_bind(&r->tcp, (const struct sockaddr *)&r->sa, 0)) < 0 ||
@@ -306,7 +404,7 @@ static int serve(rdv *r)
     return 0;
 }
 
-/* ---- ranks 1..: connect, say who we are, read the blob ---- */
+/* ---- ranks 1..: connect, say who we are, read the blob, acknowledge ---- */
 
 static void try_connect(rdv *r);
 
@@ -320,6 +418,48 @@ static void on_conn_closed(uv_handle_t *h)
     rdv *r = h->loop->data;
     if (!r->done)
         uv_timer_start(&r->retry, on_retry, RDV_RETRY_MS, 0);
+}
+
+/* Rank 0 holds our rank for another connection that has not acknowledged
+ * (a process before us that may yet leave): start over, as when rank 0 is
+ * not listening yet. */
+static void retry_busy(rdv *r)
+{
+    r->busy++;
+    r->connected = 0;
+    r->got = 0;
+    mlart_log(MLART_LOG_DEBUG, "rendezvous: rank 0 at %s:%d has rank %d pending on another "
+              "connection; rank %d retries in %d ms", r->addr, r->port, r->rank, r->rank,
+              RDV_RETRY_MS);
+    uv_close((uv_handle_t *)&r->tcp, on_conn_closed);
+}
+
+static int unacknowledged(rdv *r, int err)
+{
+    return mlart_set_error(MLART_ECOMM, "rendezvous: rank %d got the blob from rank 0 at %s:%d "
+                           "but could not acknowledge it: %s (rank 0 counts rank %d as not "
+                           "come)", r->rank, r->addr, r->port, uv_strerror(err), r->rank);
+}
+
+static void on_ack_written(uv_write_t *w, int status)
+{
+    rdv *r = w->handle->loop->data;
+    if (status == UV_ECANCELED)
+        return;
+    finish(r, status < 0 ? unacknowledged(r, status) : 0);
+}
+
+/* Only an acknowledged blob counts on rank 0, so finishing (which closes
+ * the connection and cancels pending writes) waits for this write. */
+static void acknowledge(rdv *r)
+{
+    uv_buf_t b = uv_buf_init((char *)r->ack, sizeof r->ack);
+    int rc;
+    uv_read_stop((uv_stream_t *)&r->tcp);
+    put_u32(r->ack, RDV_MAGIC);
+    put_u32(r->ack + 4, RDV_ACK);
+    if ((rc = uv_write(&r->ack_w, (uv_stream_t *)&r->tcp, &b, 1, on_ack_written)) < 0)
+        finish(r, unacknowledged(r, rc));
 }
 
 static int broken(rdv *r, const char *what)
@@ -359,6 +499,10 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
                                       r->rank, magic));
             return;
         }
+        if (status == RDV_BUSY) {
+            retry_busy(r);
+            return;
+        }
         if (status != RDV_OK) {
             finish(r, mlart_set_error(MLART_ECOMM, "rendezvous: rank 0 at %s:%d refused rank %d "
                                       "of a group of %d (status %u): %s", r->addr, r->port,
@@ -374,7 +518,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     }
     r->got += (size_t)n;
     if (r->got == sizeof r->head + r->bytes)
-        finish(r, 0);
+        acknowledge(r);
 }
 
 static void on_connect(uv_connect_t *c, int status)
@@ -480,7 +624,7 @@ int mlart_rendezvous(const char *addr, int port, int rank, int size, void *blob,
     pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
     if (uv_loop_close(&r.loop) < 0)
         mlart_log(MLART_LOG_ERROR, "rendezvous: a handle outlived its loop");
-    free(r.joined);
+    free(r.state);
     return rc;
 }
 

@@ -1,14 +1,25 @@
 /* Rank variables and the TCP rendezvous: each launcher's variables, bad
  * values named, argument checks, a group of ranks as threads on 127.0.0.1
  * receiving rank 0's blob (also 1 MiB, read in pieces), a refused peer
- * while the others are served, and deadlines on both sides. */
+ * while the others are served, deadlines on both sides, and peers written
+ * by hand on plain sockets that take a rank and never acknowledge it:
+ * leaving (after reading nothing, only the head, or the blob and then
+ * sending a malformed acknowledgement) frees the rank for the real one,
+ * staying makes the real one retry until it leaves, and rank 0's timeout
+ * names such a rank as pending. */
 #define _POSIX_C_SOURCE 200809L
+#include <arpa/inet.h>
 #include <check.h>
+#include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "check_run.h"
 #include "mlart/rendezvous.h"
@@ -132,6 +143,7 @@ typedef struct job {
     unsigned char *blob;
     size_t bytes;
     int rc;
+    atomic_int done; /* rc, secs and err are set */
     double secs;
     char err[1024];
 } job;
@@ -151,6 +163,7 @@ static void *job_main(void *arg)
                              j->timeout_ms);
     j->secs = now() - t0;
     snprintf(j->err, sizeof j->err, "%s", mlart_last_error());
+    atomic_store(&j->done, 1);
     return NULL;
 }
 
@@ -165,6 +178,7 @@ static void start(job *j, int port, int rank, int size, unsigned char *blob, siz
     j->timeout_ms = timeout_ms;
     j->rc = 1;
     j->err[0] = 0;
+    atomic_store(&j->done, 0);
     ck_assert_int_eq(pthread_create(&j->thread, NULL, job_main, j), 0);
 }
 
@@ -354,6 +368,194 @@ START_TEST(rendezvous_rank0_missing_peer)
 }
 END_TEST
 
+/* ---- a peer by hand, on plain sockets ------------------------------------ */
+
+/* the wire format of runtime/rendezvous/rendezvous.c, version 2 */
+#define WIRE_MAGIC 0x4d4c5254u
+#define WIRE_VERSION 2u
+
+static void wire_put(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint32_t wire_get(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+/* A connection to 127.0.0.1:port, tried every 20 ms until rank 0 listens;
+ * -1 once `rank0` has returned (it could not listen) or after 5 s.  Reads
+ * give up after 5 s, so a silent rank 0 fails the test instead of hanging. */
+static int fake_connect(int port, job *rank0)
+{
+    struct sockaddr_in sa;
+    struct timeval limit = {5, 0};
+    double t0 = now();
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (;;) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        ck_assert_int_ge(fd, 0);
+        if (connect(fd, (const struct sockaddr *)&sa, sizeof sa) == 0) {
+            ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit), 0);
+            return fd;
+        }
+        close(fd);
+        if (atomic_load(&rank0->done) || now() - t0 > 5)
+            return -1;
+        sleep_ms(20);
+    }
+}
+
+/* Say rank `rank` of a group of `size`, as mlart_rendezvous would. */
+static void fake_hello(int fd, int rank, int size)
+{
+    unsigned char hello[16];
+    wire_put(hello, WIRE_MAGIC);
+    wire_put(hello + 4, WIRE_VERSION);
+    wire_put(hello + 8, (uint32_t)rank);
+    wire_put(hello + 12, (uint32_t)size);
+    ck_assert_int_eq(send(fd, hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
+}
+
+/* Read rank 0's 16-byte head and check it admits us with `bytes` to come,
+ * then read `keep` of those bytes into blob. */
+static void fake_read(int fd, size_t bytes, unsigned char *blob, size_t keep)
+{
+    unsigned char head[16];
+    size_t got = 0;
+    while (got < sizeof head + keep) {
+        ssize_t n = got < sizeof head ? recv(fd, head + got, sizeof head - got, 0)
+                                      : recv(fd, blob + got - sizeof head,
+                                             sizeof head + keep - got, 0);
+        ck_assert_msg(n > 0, "rank 0 sent %zu of %zu bytes, then %zd", got,
+                      sizeof head + keep, n);
+        got += (size_t)n;
+    }
+    ck_assert_uint_eq(wire_get(head), WIRE_MAGIC);
+    ck_assert_uint_eq(wire_get(head + 4), 0); /* admitted */
+    ck_assert_uint_eq(wire_get(head + 8), bytes);
+    ck_assert_uint_eq(wire_get(head + 12), 0);
+}
+
+/* Rank 0 of a group of 2 and a peer that says rank 1, reads `keep` bytes
+ * (none: -1; the head: 0; the blob too: 128), sends `junk` (8 bytes where
+ * the acknowledgement goes) if not NULL, and either holds the connection
+ * for `hold_ms` while the real rank 1 (`timeout_ms`; 0: none) starts, then
+ * closes it, or (hold_ms 0) closes it first.  Retries on another port if
+ * rank 0's is taken; the blobs are blobs[0] (rank 0's) and blobs[1]. */
+static void fake_then_real(fx_rng *rng, unsigned char blobs[2][128], int keep,
+                           const unsigned char *junk, int hold_ms, int rank0_ms, int timeout_ms,
+                           job *j0, job *j1)
+{
+    memset(j1, 0, sizeof *j1);
+    j1->rc = 1;
+    for (int attempt = 0; attempt < 8; attempt++) {
+        int port = pick_port(rng), fd;
+        unsigned char seen[128];
+        fill(rng, blobs[0], 128);
+        memset(blobs[1], 0, 128);
+        start(j0, port, 0, 2, blobs[0], 128, rank0_ms);
+        fd = fake_connect(port, j0);
+        if (fd < 0) {
+            join(j0);
+            ck_assert_msg(port_taken(j0), "rank 0 on port %d: %s", port, j0->err);
+            continue;
+        }
+        fake_hello(fd, 1, 2);
+        if (keep >= 0)
+            fake_read(fd, 128, seen, (size_t)keep);
+        ck_assert(keep <= 0 || !memcmp(seen, blobs[0], (size_t)keep));
+        if (junk)
+            ck_assert_int_eq(send(fd, junk, 8, MSG_NOSIGNAL), 8);
+        if (hold_ms == 0) {
+            close(fd);
+            sleep_ms(50); /* rank 0 reads this hello before the real rank 1's */
+        }
+        if (timeout_ms > 0)
+            start(j1, port, 1, 2, blobs[1], 128, timeout_ms);
+        if (hold_ms > 0) {
+            sleep_ms(hold_ms);
+            close(fd);
+        }
+        if (timeout_ms > 0)
+            join(j1);
+        join(j0);
+        if (!port_taken(j0))
+            break;
+    }
+}
+
+START_TEST(rendezvous_peer_leaves_before_ack)
+{
+    fx_rng rng = {seed ^ 0x1ea7e};
+    /* the magic, then 0 where the acknowledgement's word goes */
+    static const unsigned char bad_ack[8] = {0x54, 0x52, 0x4c, 0x4d, 0, 0, 0, 0};
+    static const struct {
+        int keep;
+        const unsigned char *junk;
+        const char *what;
+    } how[] = {
+        {-1, NULL, "reading nothing"},
+        {0, NULL, "reading the head"},
+        {128, bad_ack, "a malformed acknowledgement"},
+    };
+    for (size_t i = 0; i < sizeof how / sizeof how[0]; i++) {
+        unsigned char blobs[2][128];
+        job j0, j1;
+        fake_then_real(&rng, blobs, how[i].keep, how[i].junk, 0, 10000, 3000, &j0, &j1);
+        printf("a peer left holding rank 1 after %s: rank 0 %s in %.3f s, the real rank 1 %s "
+               "in %.3f s\n", how[i].what, mlart_status_name(j0.rc), j0.secs,
+               mlart_status_name(j1.rc), j1.secs);
+        ck_assert_msg(j0.rc == 0, "rank 0: %s", j0.err);
+        ck_assert_msg(j1.rc == 0, "rank 1: %s", j1.err);
+        ck_assert(!memcmp(blobs[0], blobs[1], sizeof blobs[0]));
+        ck_assert(j0.secs < 2 && j1.secs < 2);
+    }
+}
+END_TEST
+
+START_TEST(rendezvous_pending_rank_retries)
+{
+    fx_rng rng = {seed ^ 0xb05e};
+    unsigned char blobs[2][128];
+    job j0, j1;
+    /* the peer has the whole blob but never acknowledges it */
+    fake_then_real(&rng, blobs, 128, NULL, 300, 10000, 5000, &j0, &j1);
+    printf("rank 1 waited for a peer holding it: rank 0 %s in %.3f s, rank 1 %s in %.3f s\n",
+           mlart_status_name(j0.rc), j0.secs, mlart_status_name(j1.rc), j1.secs);
+    ck_assert_msg(j0.rc == 0, "rank 0: %s", j0.err);
+    ck_assert_msg(j1.rc == 0, "rank 1: %s", j1.err);
+    ck_assert(!memcmp(blobs[0], blobs[1], sizeof blobs[0]));
+    ck_assert(j1.secs >= 0.25 && j1.secs < 2);
+}
+END_TEST
+
+START_TEST(rendezvous_rank0_names_pending)
+{
+    fx_rng rng = {seed ^ 0x9e4d};
+    unsigned char blobs[2][128];
+    job j0, j1;
+    /* no real rank 1: the peer holds the rank until rank 0 gives up */
+    fake_then_real(&rng, blobs, 128, NULL, 700, 500, 0, &j0, &j1);
+    printf("rank 0: %s\n", j0.err);
+    ck_assert_int_eq(j0.rc, MLART_ETIMEDOUT);
+    ck_assert_ptr_nonnull(strstr(j0.err, "0 of 1 peers served (missing ranks: 1; sent the "
+                                         "blob but not acknowledged: 1)"));
+    ck_assert(j0.secs >= 0.45 && j0.secs < 1.5);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("runtime_rendezvous");
@@ -370,6 +572,9 @@ int main(void)
     tcase_add_test(tc, rendezvous_refuses_other_size);
     tcase_add_test(tc, rendezvous_peer_without_server);
     tcase_add_test(tc, rendezvous_rank0_missing_peer);
+    tcase_add_test(tc, rendezvous_peer_leaves_before_ack);
+    tcase_add_test(tc, rendezvous_pending_rank_retries);
+    tcase_add_test(tc, rendezvous_rank0_names_pending);
     tcase_set_timeout(tc, 120);
     suite_add_tcase(s, env);
     suite_add_tcase(s, tc);
