@@ -138,7 +138,8 @@ struct mlart_comm_group {
     pthread_cond_t cv;
     int arrived;
     unsigned long generation;
-    int failed;                /* a rank timed out: every later wait fails at once */
+    int failed;                /* a rank timed out or left: every later wait fails at once */
+    int left;                  /* the first rank whose communicator was destroyed, else -1 */
     int finished;              /* ranks whose body of the collective under way is done */
     unsigned long drained;     /* collectives whose bodies all ranks have finished */
     const void **send;         /* each rank's send buffer of the collective under way */
@@ -165,6 +166,7 @@ int mlart_comm_group_create(int size, int device, int timeout_ms, mlart_comm_gro
     g->size = size;
     g->device = device;
     g->timeout_ms = timeout_ms ? timeout_ms : 60000;
+    g->left = -1;
     pthread_mutex_init(&g->mu, NULL);
     {
         /* deadlines on the monotonic clock: a step of the wall clock must
@@ -212,7 +214,7 @@ static int group_barrier(mlart_comm_group *g, int rank, const char *what)
 {
     struct timespec dl = group_deadline(g);
     unsigned long gen;
-    int rc = 0;
+    int rc = 0, left;
     pthread_mutex_lock(&g->mu);
     gen = g->generation;
     if (!g->failed && ++g->arrived == g->size) {
@@ -230,7 +232,12 @@ static int group_barrier(mlart_comm_group *g, int rank, const char *what)
         if (g->failed && g->generation == gen)
             rc = -1;
     }
+    left = g->left;
     pthread_mutex_unlock(&g->mu);
+    if (rc < 0 && left >= 0)
+        return mlart_set_error(MLART_ECOMM, "local comm %s: rank %d of %d: rank %d left the group "
+                               "(destroyed its communicator) before this collective",
+                               what, rank, g->size, left);
     if (rc < 0)
         return mlart_set_error(MLART_ETIMEDOUT, "local comm %s: rank %d of %d: the other ranks did "
                                "not arrive within %d ms (or an earlier collective failed)",
@@ -408,9 +415,17 @@ static int local_reduce_scatter(mlart_comm *c, const float *send, float *recv, s
 static void local_destroy(mlart_comm *c)
 {
     local_impl *li = c->impl;
-    pthread_mutex_lock(&li->g->mu);
-    li->g->members--;
-    pthread_mutex_unlock(&li->g->mu);
+    mlart_comm_group *g = li->g;
+    pthread_mutex_lock(&g->mu);
+    g->members--;
+    /* a rank that leaves will never arrive: the others' collectives fail now,
+     * not at the timeout (after the last collective nobody waits any more) */
+    if (!g->failed) {
+        g->failed = 1;
+        g->left = c->rank;
+        pthread_cond_broadcast(&g->cv);
+    }
+    pthread_mutex_unlock(&g->mu);
     free(li->stage);
     free(li);
     free(c);

@@ -55,8 +55,12 @@ MLART_API int mlart_rank_from_env(mlart_rank_info *out);
  * only after every rank has finished reading this rank's buffers, however
  * long that takes (a warning is logged past timeout_ms), so the caller may
  * reuse them at once; a rank whose own copy failed returns its error and
- * still does not hold up the others.  Create the group once, then one
- * communicator per rank; destroy the communicators before the group. */
+ * still does not hold up the others.  Destroying a rank's communicator
+ * fails the group as a timeout does, at once: the other ranks' collectives
+ * then return MLART_ECOMM naming that rank instead of waiting out the
+ * timeout for a rank that gave up.  Create the group once, then one
+ * communicator per rank; destroy the communicators (after the last
+ * collective) before the group. */
 typedef struct mlart_comm_group mlart_comm_group;
 MLART_API int mlart_comm_group_create(int size, int device, int timeout_ms,
                                       mlart_comm_group **out);

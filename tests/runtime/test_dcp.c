@@ -466,6 +466,38 @@ START_TEST(missing_rank_times_out)
 }
 END_TEST
 
+/* A rank that gives up (its communicator destroyed before the collective)
+ * fails the others at once, not at the group's timeout. */
+START_TEST(leaving_rank_fails_the_others)
+{
+    two_ranks t;
+    struct timespec a, b;
+    double secs;
+    int rc;
+    two_open(&t);
+    /* reopen the group with a timeout a test would notice */
+    mlart_layer_destroy(t.ly);
+    mlart_comm_destroy(t.c[0]), mlart_comm_destroy(t.c[1]);
+    mlart_comm_group_destroy(t.grp);
+    ck_assert_int_eq(mlart_comm_group_create(2, -1, 20000, &t.grp), 0);
+    for (int k = 0; k < 2; k++)
+        ck_assert_int_eq(mlart_comm_local_create(t.grp, k, &t.c[k]), 0);
+    ck_assert_int_eq(create_dcp(&t.f, t.ctx, t.c[0], "reference", 1, MLART_DCP_A2A, &t.ly), 0);
+    mlart_comm_destroy(t.c[1]); /* rank 1 leaves */
+    t.c[1] = NULL;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    rc = mlart_layer_decode(t.ly, &t.io, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    secs = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+    ck_assert_msg(rc == MLART_ECOMM, "rc %d: %s", rc, mlart_last_error());
+    ck_assert_msg(strstr(mlart_last_error(), "rank 1 left the group") != NULL, "%s",
+                  mlart_last_error());
+    ck_assert_msg(secs < 1.0, "took %.2f s with a 20 s timeout", secs);
+    printf("leaving rank: %s after %.3f s\n", mlart_last_error(), secs);
+    two_close(&t);
+}
+END_TEST
+
 /* ---- a slow reader holds the others ----------------------------------- */
 
 /* AddressSanitizer handles SIGSEGV itself: the stalled copy below cannot be
@@ -627,6 +659,7 @@ int main(void)
     tcase_add_loop_test(tc, dcp_step_equals_one_rank, 0, (int)(sizeof cases / sizeof cases[0]));
     tcase_add_test(tc, bad_setups_refused);
     tcase_add_test(tc, missing_rank_times_out);
+    tcase_add_test(tc, leaving_rank_fails_the_others);
     tcase_add_test(tc, index_past_seq_len_refused);
     tcase_add_test(tc, slow_reader_holds_the_others);
     suite_add_tcase(s, tc);
