@@ -752,7 +752,10 @@ int mlart_st_open(const char *path, mlart_st_file *out)
     if (!path || !out)
         return mlart_set_error(MLART_EINVAL, "safetensors: NULL argument");
     memset(&f, 0, sizeof f);
-    f.fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a
+     * writer before the regular-file check below could refuse it (regular
+     * files ignore the flag) */
+    f.fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (f.fd < 0)
         return mlart_set_error(MLART_EIO, "safetensors: cannot open %s: %s", path,
                                strerror(errno));
@@ -962,6 +965,68 @@ done:
     return rc;
 }
 
+/* A layer's kv_b_proj entry in an open file, its shape checked against g:
+ * [H_total*(P+V), L]; *heads_total = H_total.  name holds the tensor's name. */
+static int find_kv_b_proj(const mlart_st_file *f, const char *path, int layer,
+                          const mlart_geometry *g, char *name, size_t name_cap,
+                          const mlart_st_entry **out, int64_t *heads_total)
+{
+    const int64_t per_head = (int64_t)g->qk_nope + g->v_head, cols = g->kv_lora;
+    const mlart_st_entry *e;
+    snprintf(name, name_cap, "model.layers.%d.self_attn.kv_b_proj.weight", layer);
+    if (!(e = mlart_st_header_find(&f->header, name)))
+        return mlart_set_error(MLART_EINVAL, "safetensors: %s has no tensor \"%s\" (%zu tensors)",
+                               path, name, f->header.count);
+    if (e->ndim != 2 || e->shape[1] != cols || e->shape[0] % per_head) {
+        char shape[160];
+        size_t n = 0;
+        shape[0] = 0;
+        for (int d = 0; d < e->ndim && n < sizeof shape - 24; d++)
+            n += (size_t)snprintf(shape + n, sizeof shape - n, "%s%lld", d ? ", " : "",
+                                  (long long)e->shape[d]);
+        return mlart_set_error(MLART_ESHAPE,
+                               "safetensors: \"%s\" has %d-d shape [%s], expected "
+                               "[heads*(qk_nope+v_head) = k*%lld, kv_lora = %lld]",
+                               name, e->ndim, shape, (long long)per_head, (long long)cols);
+    }
+    *out = e;
+    *heads_total = e->shape[0] / per_head;
+    return 0;
+}
+
+static int check_kv_b_proj_args(const char *path, int layer, const mlart_geometry *g)
+{
+    if (!path || !g)
+        return mlart_set_error(MLART_EINVAL, "safetensors: NULL path or geometry");
+    if (layer < 0)
+        return mlart_set_error(MLART_EINVAL, "safetensors: layer %d must be >= 0", layer);
+    if (g->heads <= 0 || g->qk_nope <= 0 || g->v_head <= 0 || g->kv_lora <= 0)
+        return mlart_set_error(MLART_EINVAL,
+                               "safetensors: geometry needs heads, qk_nope, v_head, kv_lora > 0 "
+                               "(got %d, %d, %d, %d)",
+                               g->heads, g->qk_nope, g->v_head, g->kv_lora);
+    return 0;
+}
+
+int mlart_safetensors_kv_b_proj_heads(const char *path, int layer, const mlart_geometry *g,
+                                      int64_t *heads_total)
+{
+    char name[96];
+    mlart_st_file f;
+    const mlart_st_entry *e;
+    int64_t n = 0;
+    int rc;
+    MLART_CHECK(check_kv_b_proj_args(path, layer, g));
+    if (!heads_total)
+        return mlart_set_error(MLART_EINVAL, "safetensors: NULL heads_total");
+    MLART_CHECK(mlart_st_open(path, &f));
+    rc = find_kv_b_proj(&f, path, layer, g, name, sizeof name, &e, &n);
+    mlart_st_close(&f);
+    if (!rc)
+        *heads_total = n;
+    return rc;
+}
+
 int mlart_safetensors_load_kv_b_proj(const char *path, int layer, const mlart_geometry *g,
                                      int head_offset, void *dst, size_t dst_bytes)
 {
@@ -973,17 +1038,12 @@ int mlart_safetensors_load_kv_b_proj(const char *path, int layer, const mlart_ge
     uint16_t *tmp = NULL;
     int rc;
 
-    if (!path || !g || !dst)
-        return mlart_set_error(MLART_EINVAL, "safetensors: NULL path, geometry or destination");
-    if (layer < 0 || head_offset < 0)
-        return mlart_set_error(MLART_EINVAL, "safetensors: layer %d and head_offset %d must be "
-                                             ">= 0",
-                               layer, head_offset);
-    if (g->heads <= 0 || g->qk_nope <= 0 || g->v_head <= 0 || g->kv_lora <= 0)
-        return mlart_set_error(MLART_EINVAL,
-                               "safetensors: geometry needs heads, qk_nope, v_head, kv_lora > 0 "
-                               "(got %d, %d, %d, %d)",
-                               g->heads, g->qk_nope, g->v_head, g->kv_lora);
+    MLART_CHECK(check_kv_b_proj_args(path, layer, g));
+    if (!dst)
+        return mlart_set_error(MLART_EINVAL, "safetensors: NULL destination");
+    if (head_offset < 0)
+        return mlart_set_error(MLART_EINVAL, "safetensors: head_offset %d must be >= 0",
+                               head_offset);
     per_head = (int64_t)g->qk_nope + g->v_head;
     rows = (int64_t)g->heads * per_head;
     cols = g->kv_lora;
@@ -995,25 +1055,11 @@ int mlart_safetensors_load_kv_b_proj(const char *path, int layer, const mlart_ge
                                "safetensors: destination holds %zu bytes, kv_b_proj slice needs "
                                "%llu",
                                dst_bytes, (unsigned long long)need);
-    snprintf(name, sizeof name, "model.layers.%d.self_attn.kv_b_proj.weight", layer);
-    snprintf(scale_name, sizeof scale_name, "%s_scale_inv", name);
 
     MLART_CHECK(mlart_st_open(path, &f));
-    if (!(e = mlart_st_header_find(&f.header, name))) {
-        rc = mlart_set_error(MLART_EINVAL, "safetensors: %s has no tensor \"%s\" (%zu tensors)",
-                             path, name, f.header.count);
+    if ((rc = find_kv_b_proj(&f, path, layer, g, name, sizeof name, &e, &heads_total)))
         goto done;
-    }
-    if (e->ndim != 2 || e->shape[1] != cols || e->shape[0] % per_head) {
-        rc = mlart_set_error(MLART_ESHAPE,
-                             "safetensors: \"%s\" has %d-d shape [%lld, %lld], expected "
-                             "[heads*(qk_nope+v_head) = k*%lld, kv_lora = %lld]",
-                             name, e->ndim, (long long)(e->ndim > 0 ? e->shape[0] : -1),
-                             (long long)(e->ndim > 1 ? e->shape[1] : -1), (long long)per_head,
-                             (long long)cols);
-        goto done;
-    }
-    heads_total = e->shape[0] / per_head;
+    snprintf(scale_name, sizeof scale_name, "%s_scale_inv", name);
     if ((int64_t)head_offset + g->heads > heads_total) {
         rc = mlart_set_error(MLART_ESHAPE,
                              "safetensors: \"%s\" holds %lld heads; heads [%d, %d) requested",

@@ -162,6 +162,44 @@ if(TARGET mlart-decode)
                        PASS_REGULAR_EXPRESSION "layers.*verify=PASS")
   set_tests_properties(decode_weights_missing_layer PROPERTIES FIXTURES_REQUIRED decode_weights
                        PASS_REGULAR_EXPRESSION "model.layers.5.self_attn.kv_b_proj.weight")
+  # each rank reads its own TP rank's heads: with layer 0's heads 2..3 NaN,
+  # rank 1 of tp_size 2 must be refused (rank 0 alone would not notice)
+  add_test(NAME decode_weights_nan_heads_setup
+           COMMAND make_kv_b_proj ${CMAKE_CURRENT_BINARY_DIR}/tiny-kv_b_proj-nan2.safetensors 2)
+  set_tests_properties(decode_weights_nan_heads_setup PROPERTIES FIXTURES_SETUP decode_weights_nan)
+  add_test(NAME decode_weights_rank_heads
+           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 1 --set tp_size=2
+                   --set dcp_size=2 --dcp-local
+                   --weights ${CMAKE_CURRENT_BINARY_DIR}/tiny-kv_b_proj-nan2.safetensors)
+  set_tests_properties(decode_weights_rank_heads PROPERTIES FIXTURES_REQUIRED decode_weights_nan
+                       PASS_REGULAR_EXPRESSION "non-finite value at \\[512, 0\\]")
+  add_test(NAME decode_weights_dcp_local
+           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 2 --set tp_size=2
+                   --set dcp_size=2 --dcp-local --verify
+                   --weights ${CMAKE_CURRENT_BINARY_DIR}/tiny-kv_b_proj.safetensors)
+  set_tests_properties(decode_weights_dcp_local PROPERTIES FIXTURES_REQUIRED decode_weights
+                       PASS_REGULAR_EXPRESSION "rank 1: result: .*verify=PASS")
+  # a checkpoint of another head count than the config's
+  add_test(NAME decode_weights_heads_mismatch
+           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 1 --set heads=2
+                   --weights ${CMAKE_CURRENT_BINARY_DIR}/tiny-kv_b_proj.safetensors)
+  set_tests_properties(decode_weights_heads_mismatch PROPERTIES FIXTURES_REQUIRED decode_weights
+                       PASS_REGULAR_EXPRESSION "holds 4 heads, the config has heads = 2")
+  add_test(NAME decode_layer_needs_weights COMMAND ${_dec} --config ${_tiny} --layer 1)
+  set_tests_properties(decode_layer_needs_weights PROPERTIES
+                       PASS_REGULAR_EXPRESSION "--layer .*needs --weights")
+  # slots are int32: a cache past 2^31 slots is refused before it is sized
+  add_test(NAME decode_slots_past_int32
+           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 1 --context 1 --batch 32769
+                   --set page_size=65536)
+  set_tests_properties(decode_slots_past_int32 PROPERTIES
+                       PASS_REGULAR_EXPRESSION "past the int32 slot numbers")
+  # a lost table or result line is a failed run
+  add_test(NAME decode_output_write_error
+           COMMAND sh -c "\"$0\" --config \"$1\" --device cpu --steps 1 > /dev/full"
+                   ${_dec} ${_tiny})
+  set_tests_properties(decode_output_write_error PROPERTIES
+                       PASS_REGULAR_EXPRESSION "writing the output failed")
   add_test(NAME decode_bad_flag COMMAND ${_dec} --steps zero)
   set_tests_properties(decode_bad_flag PROPERTIES WILL_FAIL TRUE)
   # more requests than the 4096 rows of a cache-fill chunk: a step's new rows
@@ -186,6 +224,10 @@ if(TARGET mlart-decode)
                        decode_wrong_abi decode_config_typo decode_bad_flag
                        decode_default_from_build_dir decode_weights_file_setup decode_weights_file
                        decode_weights_missing_layer decode_batch_over_chunk decode_out_of_memory
+                       decode_weights_nan_heads_setup decode_weights_rank_heads
+                       decode_weights_dcp_local decode_weights_heads_mismatch
+                       decode_layer_needs_weights decode_slots_past_int32
+                       decode_output_write_error
                        decode_dcp_local_a2a
                        decode_dcp_local_ag_rs_fp8 decode_dcp_ranks_need_nccl decode_ranks_match_tp
                        PROPERTIES LABELS cpu TIMEOUT 120)

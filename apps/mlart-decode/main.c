@@ -3,6 +3,7 @@
  * a fixed-width summary and an output checksum, and optionally verify the
  * output against a float64 oracle and the reference backend. */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -49,8 +50,9 @@ static void usage(FILE *f)
             "  --steps N          decode steps to run\n"
             "  --seed N           seed of the synthetic weights, cache, queries, indices\n"
             "  --set KEY=VALUE    any other config key\n"
-            "  --weights FILE     take kv_b_proj from a .safetensors checkpoint ...\n"
-            "  --layer N          ... from its layer N (default 0)\n"
+            "  --weights FILE     take kv_b_proj from a .safetensors checkpoint of the\n"
+            "                     config's heads; each rank loads its TP rank's heads ...\n"
+            "  --layer N          ... from its layer N (default 0; needs --weights)\n"
             "  --verify           compare the output with a float64 oracle and, for another\n"
             "                     backend, with the reference backend; exit 1 on a mismatch\n"
             "  --dcp-local        run the dcp_size ranks of the DCP group as threads of this\n"
@@ -287,6 +289,7 @@ typedef struct run {
      * h_bt, MB and num_slots are then the whole cache's, for the oracle. */
     mlart_comm *comm;
     int rank;            /* world rank (its heads' weights and queries); 0 without ranks */
+    int world;           /* ranks of the launch (mpirun); 1 alone or under --dcp-local */
     int dcp_rank, dcp_size;
     int32_t MBl;
     int64_t num_slots_l;
@@ -300,7 +303,20 @@ static int make_weights(run *r, int li, uint16_t *dst)
     const mlart_geometry *g = &r->cfg.geom;
     const size_t n = (size_t)g->heads * (size_t)(g->qk_nope + g->v_head) * (size_t)g->kv_lora;
     if (r->weights) {
-        int rc = mlart_safetensors_load_kv_b_proj(r->weights, r->layer0 + li, g, 0, dst, n * 2);
+        /* world (or --dcp-local) rank k holds TP rank k's heads [k*H, (k+1)*H) of a
+         * checkpoint that must hold all heads_total of them */
+        int64_t total = 0;
+        int rc = mlart_safetensors_kv_b_proj_heads(r->weights, r->layer0 + li, g, &total);
+        if (rc < 0)
+            return fail(rc, "reading kv_b_proj's shape");
+        if (total != r->cfg.heads_total) {
+            return fail(app_error(MLART_ESHAPE, "%s: layer %d's kv_b_proj holds %lld heads, the "
+                                  "config has heads = %d", r->weights, r->layer0 + li,
+                                  (long long)total, r->cfg.heads_total),
+                        "checking kv_b_proj");
+        }
+        rc = mlart_safetensors_load_kv_b_proj(r->weights, r->layer0 + li, g, r->rank * g->heads,
+                                              dst, n * 2);
         return rc < 0 ? fail(rc, "loading kv_b_proj") : 0;
     }
     {
@@ -367,7 +383,8 @@ static int write_rows(run *r, int li, const uint16_t *rows, const int32_t *slots
 static int32_t slot_of(const run *r, int32_t req, int32_t pos)
 {
     const int32_t page = r->cfg.geom.page_size;
-    return r->h_bt[(int64_t)req * r->MB + pos / page] * page + pos % page;
+    /* below num_slots, which setup() keeps within int32 */
+    return (int32_t)((int64_t)r->h_bt[(int64_t)req * r->MB + pos / page] * page + pos % page);
 }
 
 /* Under DCP: the slot of position pos in this rank's shard, -1 on another rank. */
@@ -380,7 +397,7 @@ static int32_t local_slot_of(const run *r, int32_t req, int32_t pos)
     if (mlart_dcp_owner(pos, r->dcp_size, il) != r->dcp_rank)
         return -1;
     lp = mlart_dcp_local_pos(pos, r->dcp_size, il);
-    return r->h_bt_l[(int64_t)req * r->MBl + lp / page] * page + (int32_t)(lp % page);
+    return (int32_t)((int64_t)r->h_bt_l[(int64_t)req * r->MBl + lp / page] * page + lp % page);
 }
 
 /* Fresh synthetic latent+rope rows. */
@@ -566,7 +583,7 @@ static int verify_layer(run *r, int li, verify_stats *vs)
     const int64_t n = (int64_t)r->B * g->heads * g->v_head;
     double mx, nm;
     int nan, rc;
-    float *lse = malloc(sizeof(float) * (size_t)(g->heads * r->B));
+    float *lse = malloc(sizeof(float) * (size_t)g->heads * (size_t)r->B);
     if (!lse)
         return fail(out_of_host_memory(), "verify");
     rc = mlart_decode_oracle(g, r->B, r->h_q, lr->h_kv_b_proj, lr->h_cache, r->num_slots,
@@ -826,7 +843,7 @@ static int run_decode(run *r)
         const char *dname = dev < 0 ? "cpu" : "cuda";
         int ok = 1;
         char who[32] = "";
-        if (r->comm)
+        if (r->comm || r->world > 1)
             snprintf(who, sizeof who, "rank %d: ", r->rank);
         if (r->quiet)
             goto results;
@@ -917,11 +934,22 @@ static int setup(run *r)
     int64_t nb;
     int rc;
     r->B = r->cfg.batch;
-    if ((rc = mlart_context_create(r->dev, &r->ctx)) < 0)
-        return fail(rc, "mlart_context_create");
+    /* positions, sequence lengths and cache slots are int32 in the step */
+    if (total > INT32_MAX)
+        return fail(app_error(MLART_ERANGE, "context %d + steps %d pass the int32 positions of "
+                              "a step", r->cfg.context, r->cfg.steps),
+                    "sizing the run");
     r->MB = (int32_t)((total + g->page_size - 1) / g->page_size);
     nb = (int64_t)r->B * r->MB;
     r->num_slots = nb * g->page_size;
+    if (r->num_slots > INT32_MAX)
+        return fail(app_error(MLART_ERANGE, "the cache would have %lld slots (batch %d x %d "
+                              "blocks x page_size %d), past the int32 slot numbers of a step; "
+                              "lower batch, context or page_size",
+                              (long long)r->num_slots, r->B, r->MB, (int)g->page_size),
+                    "sizing the run");
+    if ((rc = mlart_context_create(r->dev, &r->ctx)) < 0)
+        return fail(rc, "mlart_context_create");
     r->bpt = mlart_kv_bytes_per_token(g);
     r->layers = calloc((size_t)r->cfg.layers, sizeof *r->layers);
     r->h_q = malloc((size_t)(r->B * H * (P + R)) * 2);
@@ -1063,6 +1091,7 @@ static int run_world(run *r, const mlart_rank_info *ri, int n_dev)
         }
     }
     r->rank = ri->rank;
+    r->world = ri->size;
     r->quiet = ri->rank != 0;
     if (r->dev >= 0)
         r->dev = n_dev > 0 ? ri->local_rank % n_dev : 0;
@@ -1097,7 +1126,23 @@ static const char *find_default_config(char *buf, size_t n)
     return NULL;
 }
 
+static int decode_main(int argc, char **argv);
+
+/* The exit status also says whether stdout took every byte (a full disk, a
+ * closed pipe): a run whose table or result line was lost has failed. */
 int main(int argc, char **argv)
+{
+    int rc = decode_main(argc, argv);
+    errno = 0;
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "mlart-decode: writing the output failed%s%s\n", errno ? ": " : "",
+                errno ? strerror(errno) : "");
+        return rc ? rc : 1;
+    }
+    return rc;
+}
+
+static int decode_main(int argc, char **argv)
 {
     static const struct {
         const char *flag, *key;
@@ -1107,7 +1152,7 @@ int main(int argc, char **argv)
     run r;
     char defpath[1024];
     const char *config = NULL;
-    int rc, n_dev = 0, dcp_local = 0;
+    int rc, n_dev = 0, dcp_local = 0, layer_given = 0;
     mlart_rank_info ri;
     memset(&r, 0, sizeof r);
     r.graph = 1;
@@ -1177,6 +1222,7 @@ int main(int argc, char **argv)
                     return 2;
                 }
                 r.layer0 = (int)n;
+                layer_given = 1;
             } else if (!strcmp(a, "--set")) {
                 char key[64];
                 const char *eq = strchr(v, '=');
@@ -1197,6 +1243,11 @@ int main(int argc, char **argv)
             continue;
         }
         fprintf(stderr, "mlart-decode: unknown option '%s' (see --help)\n", a);
+        return 2;
+    }
+    if (layer_given && !r.weights) {
+        fprintf(stderr, "mlart-decode: --layer picks the checkpoint's first layer; it needs "
+                        "--weights FILE\n");
         return 2;
     }
     if ((rc = mlart_config_finish(&r.cfg)) < 0) {

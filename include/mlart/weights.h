@@ -25,6 +25,15 @@ MLART_API int mlart_safetensors_load_kv_b_proj(const char *path, int layer,
                                                const mlart_geometry *g, int head_offset,
                                                void *dst, size_t dst_bytes);
 
+/* The number of heads H_total that layer `layer`'s kv_b_proj holds, from the
+ * file's header alone (nothing else is read), after the same name and shape
+ * checks as mlart_safetensors_load_kv_b_proj for geometry g (g->heads may be
+ * any positive count).  A program sharding heads over ranks compares it with
+ * its total head count before loading [rank*H, (rank+1)*H).  *heads_total is
+ * written only on success. */
+MLART_API int mlart_safetensors_kv_b_proj_heads(const char *path, int layer,
+                                                const mlart_geometry *g, int64_t *heads_total);
+
 #ifdef __cplusplus
 }
 #endif

@@ -429,6 +429,58 @@ START_TEST(test_wrong_shape)
     EXPECT_FAIL(MLART_ESHAPE, shape_case(3, 6, 4, 1));  /* 3-d */
     EXPECT_FAIL(MLART_ESHAPE, shape_case(1, 24, 0, 0)); /* 1-d */
     printf("wrong shapes (cols, rows, too few heads, 3-d, 1-d): ESHAPE\n");
+    /* the 3-d shape is named whole */
+    EXPECT_FAIL(MLART_ESHAPE, shape_case(3, 6, 4, 1));
+    ck_assert_msg(strstr(mlart_last_error(), "3-d shape [6, 4, 1]") != NULL, "%s",
+                  mlart_last_error());
+}
+END_TEST
+
+/* The head count from the header: what a sharding caller compares with its
+ * total before loading its slice. */
+START_TEST(test_heads_query)
+{
+    mlart_geometry g = geom(2, 2, 1, 4), one = geom(1, 2, 1, 4);
+    int64_t n = -7;
+    ck_assert_int_eq(shape_case(2, 6, 4, 0), 0); /* 6 rows of P+V = 3: two heads */
+    ck_assert_int_eq(mlart_safetensors_kv_b_proj_heads(tpath("shape.safetensors"), 0, &g, &n), 0);
+    ck_assert_int_eq(n, 2);
+    n = -7; /* any per-rank head count: the file's total is what comes back */
+    ck_assert_int_eq(mlart_safetensors_kv_b_proj_heads(tpath("shape.safetensors"), 0, &one, &n),
+                     0);
+    ck_assert_int_eq(n, 2);
+    n = -7;
+    EXPECT_FAIL(MLART_EINVAL,
+                mlart_safetensors_kv_b_proj_heads(tpath("shape.safetensors"), 1, &g, &n));
+    EXPECT_FAIL(MLART_EINVAL,
+                mlart_safetensors_kv_b_proj_heads(tpath("shape.safetensors"), 0, &g, NULL));
+    EXPECT_FAIL(MLART_EINVAL, mlart_safetensors_kv_b_proj_heads(NULL, 0, &g, &n));
+    EXPECT_FAIL(MLART_EIO, mlart_safetensors_kv_b_proj_heads(tmpdir, 0, &g, &n));
+    EXPECT_FAIL(MLART_ESHAPE, shape_case(2, 7, 4, 0)); /* leaves 7 rows: not whole heads */
+    EXPECT_FAIL(MLART_ESHAPE,
+                mlart_safetensors_kv_b_proj_heads(tpath("shape.safetensors"), 0, &g, &n));
+    ck_assert_int_eq(n, -7); /* written only on success */
+    printf("heads query: 2 heads for either per-rank count; missing layer, NULL, directory, "
+           "partial heads refused\n");
+}
+END_TEST
+
+/* A FIFO is refused at once, not after a writer comes (the open used to
+ * block before the regular-file check could run). */
+START_TEST(test_fifo)
+{
+    uint16_t dst[24];
+    mlart_geometry g = geom(2, 2, 1, 4);
+    int64_t n = 0;
+    time_t t0 = time(NULL);
+    ck_assert_int_eq(mkfifo(tpath("fifo"), 0600), 0);
+    EXPECT_FAIL(MLART_EIO, load(tpath("fifo"), 0, &g, 0, dst, sizeof dst));
+    ck_assert_msg(strstr(mlart_last_error(), "not a regular file") != NULL, "%s",
+                  mlart_last_error());
+    EXPECT_FAIL(MLART_EIO, mlart_safetensors_kv_b_proj_heads(tpath("fifo"), 0, &g, &n));
+    ck_assert(time(NULL) - t0 < 5);
+    unlink(tpath("fifo"));
+    printf("FIFO refused without waiting: %s\n", mlart_last_error());
 }
 END_TEST
 
@@ -591,6 +643,8 @@ int main(void)
     tcase_add_test(tc, test_garbage_headers);
     tcase_add_test(tc, test_header_length);
     tcase_add_test(tc, test_bad_args);
+    tcase_add_test(tc, test_heads_query);
+    tcase_add_test(tc, test_fifo);
     suite_add_tcase(s, tc);
     failed = check_run(s, CK_FORK_GETENV);
     {
