@@ -1,4 +1,5 @@
 /* Run configuration from INI files (inih), MLART_* environment and the command line. */
+#define _POSIX_C_SOURCE 200809L /* fileno */
 #include "mlart/config.h"
 
 #include "runtime/status.h"
@@ -7,9 +8,11 @@
 #include <errno.h>
 #include <ini.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 enum value_kind { V_INT, V_U64, V_FLOAT, V_STRING, V_KV_FORMAT, V_DEVICE, V_LIST, V_ROUTING };
 
@@ -135,6 +138,41 @@ static int parse_int64(const char *s, int64_t *out)
     return 0;
 }
 
+/* Decimal, or hexadecimal after 0x/0X because seeds are often printed in hex.
+ * Never octal: a zero-padded "010" is ten, as whoever wrote it meant.  Digits
+ * are read here rather than by strtoull, which would also take a sign, blanks
+ * after the prefix and, in base 16, a second "0x". */
+static int parse_seed(const char *s, uint64_t *out)
+{
+    unsigned base = 10;
+    uint64_t v = 0;
+    int digits = 0;
+    while (isspace((unsigned char)*s))
+        s++;
+    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+        base = 16;
+        s += 2;
+    }
+    for (; *s && !isspace((unsigned char)*s); s++, digits++) {
+        unsigned d;
+        if (isdigit((unsigned char)*s))
+            d = (unsigned)(*s - '0');
+        else if (base == 16 && isxdigit((unsigned char)*s))
+            d = (unsigned)(tolower((unsigned char)*s) - 'a' + 10);
+        else
+            return -1;
+        if (v > (UINT64_MAX - d) / base)
+            return -1; /* past 2^64 - 1 */
+        v = v * base + d;
+    }
+    while (isspace((unsigned char)*s))
+        s++;
+    if (!digits || *s)
+        return -1;
+    *out = v;
+    return 0;
+}
+
 static int set_value(mlart_config *cfg, int k, const char *value, const char *origin)
 {
     const key_def *d = &keys[k];
@@ -167,17 +205,10 @@ static int set_value(mlart_config *cfg, int k, const char *value, const char *or
         break;
     }
     case V_U64: {
-        char *end;
-        unsigned long long v;
-        const char *s = value;
-        while (isspace((unsigned char)*s))
-            s++;
-        errno = 0;
-        v = strtoull(s, &end, 0);
-        while (isspace((unsigned char)*end))
-            end++;
-        if (!*s || *s == '-' || errno || *end)
-            return bad_value(k, value, origin, "an unsigned 64-bit integer");
+        uint64_t v;
+        if (parse_seed(value, &v))
+            return bad_value(k, value, origin,
+                             "an unsigned 64-bit integer, decimal or 0x-prefixed hexadecimal");
         cfg->seed = v;
         break;
     }
@@ -288,29 +319,57 @@ typedef struct file_reader {
     const char *path;
     int line;          /* line just handed to inih */
     int too_long_line; /* first line longer than inih's buffer, 0 if none */
+    int read_errno;    /* errno of a failed read, 0 if none */
+    int read_err_line; /* the line that read failed on */
     int rc;            /* first error */
     int seen[K_COUNT]; /* line of each key in this file */
     mlart_config *cfg;
 } file_reader;
 
+/* Drop the line's leading white space.  Debian's inih is built with
+ * INI_ALLOW_MULTILINE, which reads an indented line after a key as more of
+ * that key's value; our keys have no multi-line values, so an indented key,
+ * section or comment means the same as an unindented one. */
+static void strip_indent(char *str)
+{
+    size_t n = 0;
+    while (isspace((unsigned char)str[n]))
+        n++;
+    if (n)
+        memmove(str, str + n, strlen(str + n) + 1);
+}
+
+static char *read_failed(file_reader *r, int line)
+{
+    r->read_errno = errno ? errno : EIO;
+    r->read_err_line = line;
+    return NULL;
+}
+
 /* fgets that counts lines, so the handler knows the line number (Debian's
- * inih is built without INI_HANDLER_LINENO). */
+ * inih is built without INI_HANDLER_LINENO).  A failed read ends the parse
+ * like EOF does, but leaves errno in read_errno so the caller reports it
+ * instead of taking the file as shorter than it is. */
 static char *read_line(char *str, int num, void *stream)
 {
     file_reader *r = stream;
     size_t len;
+    errno = 0;
     if (!fgets(str, num, r->f))
-        return NULL;
+        return ferror(r->f) ? read_failed(r, r->line + 1) : NULL;
     r->line++;
     len = strlen(str);
     if (len > 0 && str[len - 1] != '\n' && !feof(r->f)) {
         int c;
         while ((c = fgetc(r->f)) != EOF && c != '\n')
             ;
+        if (ferror(r->f))
+            return read_failed(r, r->line);
         if (!r->too_long_line)
             r->too_long_line = r->line;
         str[0] = '\0'; /* parse nothing of it */
     }
+    strip_indent(str);
     return str;
 }
 
@@ -347,6 +406,43 @@ static int on_key(void *user, const char *section, const char *name, const char 
     return 1;
 }
 
+static const char *file_kind(mode_t mode)
+{
+    if (S_ISDIR(mode))
+        return "a directory";
+    if (S_ISCHR(mode))
+        return "a character device";
+    if (S_ISBLK(mode))
+        return "a block device";
+    if (S_ISSOCK(mode))
+        return "a socket";
+    return "of an unknown kind";
+}
+
+/* Open `path` for reading.  Only a regular file or a FIFO (a shell's
+ * <(...)) is taken: on Linux fopen succeeds on a directory and only the
+ * first read fails, which must not look like an empty config. */
+static int open_config(const char *path, FILE **out)
+{
+    struct stat st;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return mlart_set_error(MLART_EIO, "cannot open config file '%s': %s", path,
+                               strerror(errno));
+    if (fstat(fileno(f), &st)) {
+        int e = errno;
+        fclose(f);
+        return mlart_set_error(MLART_EIO, "cannot stat config file '%s': %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode)) {
+        fclose(f);
+        return mlart_set_error(MLART_EIO, "config file '%s' is %s, not a regular file or FIFO",
+                               path, file_kind(st.st_mode));
+    }
+    *out = f;
+    return 0;
+}
+
 int mlart_config_read_file(mlart_config *cfg, const char *path)
 {
     file_reader r;
@@ -356,16 +452,16 @@ int mlart_config_read_file(mlart_config *cfg, const char *path)
         return mlart_set_error(MLART_EINVAL, "mlart_config_read_file: NULL argument");
     memset(&r, 0, sizeof r);
     r.path = path;
-    r.f = fopen(path, "r");
-    if (!r.f)
-        return mlart_set_error(MLART_EIO, "cannot open config file '%s': %s", path,
-                               strerror(errno));
+    MLART_CHECK(open_config(path, &r.f));
     tmp = *cfg; /* a failing read leaves cfg untouched */
     r.cfg = &tmp;
     line = ini_parse_stream(read_line, &r, on_key, &r);
     fclose(r.f);
     if (r.rc < 0)
         return r.rc;
+    if (r.read_errno)
+        return mlart_set_error(MLART_EIO, "%s:%d: read error: %s", path, r.read_err_line,
+                               strerror(r.read_errno));
     if (r.too_long_line)
         return mlart_set_error(MLART_ECONFIG, "%s:%d: line longer than %d characters", path,
                                r.too_long_line, INI_MAX_LINE - 2);

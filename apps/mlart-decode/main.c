@@ -49,6 +49,7 @@ static void usage(FILE *f)
             "  --context N        tokens cached per request before the first step\n"
             "  --steps N          decode steps to run\n"
             "  --seed N           seed of the synthetic weights, cache, queries, indices\n"
+            "                     (decimal, or hexadecimal after 0x)\n"
             "  --set KEY=VALUE    any other config key\n"
             "  --weights FILE     take kv_b_proj from a .safetensors checkpoint of the\n"
             "                     config's heads; each rank loads its TP rank's heads ...\n"

@@ -15,7 +15,11 @@
  *               promise that no kernel it enqueues writes the layers' weights)
  *   [parallel]  tp_size (1), dcp_size (1), dcp_routing (ag_rs | a2a; ag_rs),
  *               dcp_interleave (1)
- *   [run]       batch (4), context (2048), steps (16), seed (1): what mlart-decode runs
+ *   [run]       batch (4), context (2048), steps (16), seed (1): what mlart-decode runs;
+ *               seed is decimal ("010" is ten, never octal) or hexadecimal after 0x/0X
+ *
+ * Lines may be indented (spaces or tabs): an indented key, section or comment
+ * reads as an unindented one.  No value continues onto the next line.
  *
  * Precedence: command line > environment > file.  Every key has an
  * environment variable MLART_<KEY in upper case>: MLART_HEADS, MLART_QK_NOPE_DIM,
@@ -70,8 +74,10 @@ typedef struct mlart_config {
 
 /* Defaults, nothing required set yet. */
 MLART_API void mlart_config_init(mlart_config *cfg);
-/* Read an INI file over cfg.  MLART_EIO if it cannot be opened,
- * MLART_ECONFIG (naming key and file:line) on anything wrong inside. */
+/* Read an INI file over cfg.  MLART_EIO if it cannot be opened, is not a
+ * regular file or FIFO (e.g. a directory) or a read fails, naming the file;
+ * MLART_ECONFIG (naming key and file:line) on anything wrong inside.  On
+ * error cfg is left untouched. */
 MLART_API int mlart_config_read_file(mlart_config *cfg, const char *path);
 /* Apply every set MLART_<KEY> environment variable. */
 MLART_API int mlart_config_read_env(mlart_config *cfg);

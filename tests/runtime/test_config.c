@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check_run.h"
@@ -55,7 +57,8 @@ static void clear_env(void)
     static const char *vars[] = {"MLART_HEADS", "MLART_BACKEND", "MLART_KV_FORMAT", "MLART_DEVICE",
                                  "MLART_TOPK", "MLART_SEED", "MLART_GRAPH_SIZES", "MLART_TP_SIZE",
                                  "MLART_DCP_SIZE", "MLART_STEPS", "MLART_BATCH", "MLART_CONTEXT",
-                                 "MLART_SOFTMAX_SCALE", "MLART_EARLY_WEIGHTS"};
+                                 "MLART_SOFTMAX_SCALE", "MLART_EARLY_WEIGHTS", "MLART_QK_NOPE_DIM",
+                                 "MLART_ROPE_DIM", "MLART_KV_LORA_RANK", "MLART_V_HEAD_DIM"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
         unsetenv(vars[i]);
 }
@@ -152,6 +155,237 @@ START_TEST(missing_file)
 }
 END_TEST
 
+/* The model's required keys from the environment, so that a file adding
+ * nothing still loads. */
+static void model_env(void)
+{
+    setenv("MLART_HEADS", "4", 1);
+    setenv("MLART_QK_NOPE_DIM", "8", 1);
+    setenv("MLART_ROPE_DIM", "8", 1);
+    setenv("MLART_KV_LORA_RANK", "16", 1);
+    setenv("MLART_V_HEAD_DIM", "8", 1);
+    setenv("MLART_TOPK", "8", 1);
+}
+
+/* A directory opens with fopen on Linux and fails only on read; it must not
+ * pass for an empty file, with or without the other keys set elsewhere. */
+START_TEST(directory_refused)
+{
+    char dir[] = "/tmp/mlart-config-dir-XXXXXX";
+    mlart_config c, keep;
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    clear_env();
+    mlart_config_init(&c);
+    keep = c;
+    ck_assert_int_eq(mlart_config_read_file(&c, dir), MLART_EIO);
+    printf("  -> %s\n", mlart_last_error());
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), dir));
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), "directory"));
+    ck_assert_mem_eq(&keep, &c, sizeof c);
+    model_env();
+    ck_assert_int_eq(mlart_config_load(dir, &c), MLART_EIO);
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), dir));
+    clear_env();
+    rmdir(dir);
+}
+END_TEST
+
+/* A regular file whose read fails: /proc/self/mem at offset 0 (never
+ * mapped) gives EIO on the first read, where the kernel provides it. */
+START_TEST(read_error_reported)
+{
+    const char *p = "/proc/self/mem";
+    mlart_config c;
+    FILE *f = fopen(p, "r");
+    int fails = f && fgetc(f) == EOF && ferror(f);
+    if (f)
+        fclose(f);
+    if (!fails) {
+        printf("read_error_reported: reading %s does not fail here, skipped\n", p);
+        return;
+    }
+    clear_env();
+    model_env();
+    ck_assert_int_eq(mlart_config_load(p, &c), MLART_EIO);
+    printf("  -> %s\n", mlart_last_error());
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), "/proc/self/mem:1: read error"));
+    clear_env();
+}
+END_TEST
+
+/* A FIFO (a shell's <(...)) is still read. */
+START_TEST(fifo_read)
+{
+    char dir[] = "/tmp/mlart-config-fifo-XXXXXX";
+    char fifo[64];
+    mlart_config c;
+    pid_t pid;
+    int status;
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(fifo, sizeof fifo, "%s/in.ini", dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        FILE *f = fopen(fifo, "w");
+        if (f) {
+            fputs(good, f);
+            fclose(f);
+        }
+        _exit(f ? 0 : 1);
+    }
+    clear_env();
+    ck_assert_msg(mlart_config_load(fifo, &c) == 0, "%s", mlart_last_error());
+    ck_assert_int_eq(c.heads_total, 64);
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    unlink(fifo);
+    rmdir(dir);
+}
+END_TEST
+
+static void expect_seed(const char *value, uint64_t want)
+{
+    mlart_config c;
+    mlart_config_init(&c);
+    ck_assert_msg(mlart_config_set(&c, "seed", value, "--seed") == 0, "'%s': %s", value,
+                  mlart_last_error());
+    ck_assert_msg(c.seed == want, "'%s' -> %llu, want %llu", value, (unsigned long long)c.seed,
+                  (unsigned long long)want);
+}
+
+static void expect_bad_seed(const char *value)
+{
+    mlart_config c;
+    mlart_config_init(&c);
+    ck_assert_msg(mlart_config_set(&c, "seed", value, "--seed") == MLART_ECONFIG,
+                  "'%s' taken as %llu", value, (unsigned long long)c.seed);
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), "--seed"));
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), "'seed'"));
+    ck_assert_int_eq(c.seed, 1);
+}
+
+/* seed: decimal (a leading zero is not octal) or 0x hexadecimal. */
+START_TEST(seed_decimal_or_hex)
+{
+    mlart_config c;
+    expect_seed("010", 10);
+    expect_seed("08", 8);
+    expect_seed("0", 0);
+    expect_seed(" 42 ", 42);
+    expect_seed("0x10", 16);
+    expect_seed("0XfF", 255);
+    expect_seed("18446744073709551615", UINT64_MAX);
+    expect_seed("0xffffffffffffffff", UINT64_MAX);
+    expect_bad_seed("0x");
+    expect_bad_seed("1x");
+    expect_bad_seed("-1");
+    expect_bad_seed("+1");
+    expect_bad_seed("");
+    expect_bad_seed("0x0x10");
+    expect_bad_seed("0x 10");
+    expect_bad_seed("1 2");
+    expect_bad_seed("ff");
+    expect_bad_seed("18446744073709551616");
+    expect_bad_seed("0x10000000000000000");
+    /* the same rules in a file and in the environment */
+    clear_env();
+    ck_assert_int_eq(mlart_config_load(ini("[model]\nheads = 2\nqk_nope_dim = 8\nrope_dim = 8\n"
+                                           "kv_lora_rank = 16\nv_head_dim = 8\ntopk = 8\n"
+                                           "[run]\nseed = 010\n"), &c), 0);
+    ck_assert_int_eq(c.seed, 10);
+    setenv("MLART_SEED", "0x10", 1);
+    ck_assert_int_eq(mlart_config_load(path, &c), 0);
+    ck_assert_int_eq(c.seed, 16);
+    unsetenv("MLART_SEED");
+    unlink(path);
+}
+END_TEST
+
+/* Same values and same lines; origins compared past the file name. */
+static void expect_same_config(const mlart_config *a, const char *pa, const mlart_config *b,
+                               const char *pb)
+{
+    mlart_config x = *a, y = *b;
+    for (int k = 0; k < MLART_CONFIG_MAX_KEYS; k++) {
+        const char *oa = x.origin[k], *ob = y.origin[k];
+        if (!strncmp(oa, pa, strlen(pa)) && !strncmp(ob, pb, strlen(pb)))
+            ck_assert_str_eq(oa + strlen(pa), ob + strlen(pb));
+        else
+            ck_assert_str_eq(oa, ob);
+    }
+    memset(x.origin, 0, sizeof x.origin);
+    memset(y.origin, 0, sizeof y.origin);
+    memset(x.path, 0, sizeof x.path);
+    memset(y.path, 0, sizeof y.path);
+    ck_assert_mem_eq(&x, &y, sizeof x);
+}
+
+/* Indented keys, sections and comments (spaces, tabs) read as unindented:
+ * the reader's inih would otherwise take an indented line after a key as a
+ * continuation of that key's value. */
+START_TEST(indented_lines)
+{
+    static const char *flat =
+        "# comment\n"
+        "[model]\n"
+        "heads = 64\n"
+        "qk_nope_dim = 192\n"
+        "; a comment between keys\n"
+        "rope_dim = 64\n"
+        "\n"
+        "kv_lora_rank = 512\n"
+        "v_head_dim = 256\n"
+        "topk = 2048\n"
+        "[runtime]\n"
+        "backend = reference\n"
+        "[parallel]\n"
+        "tp_size = 4\n"
+        "dcp_size = 2\n"
+        "[run]\n"
+        "seed = 7\n";
+    static const char *indented =
+        "  # comment\n"
+        "  [model]\n"
+        "    heads = 64\n"
+        "\tqk_nope_dim = 192\n"
+        "    ; a comment between keys\n"
+        " \t rope_dim = 64\n"
+        "   \n"
+        "    kv_lora_rank = 512\n"
+        "    v_head_dim = 256\n"
+        "    topk = 2048\n"
+        "  [runtime]\n"
+        "    backend = reference\n"
+        "\t[parallel]\n"
+        "\t\ttp_size = 4\n"
+        "\t\tdcp_size = 2\n"
+        " [run]\n"
+        "  seed = 7\n";
+    mlart_config a, b;
+    char pa[256];
+    clear_env();
+    ck_assert_msg(mlart_config_load(ini(flat), &a) == 0, "%s", mlart_last_error());
+    snprintf(pa, sizeof pa, "%s", path);
+    ck_assert_msg(mlart_config_load(ini(indented), &b) == 0, "%s", mlart_last_error());
+    expect_same_config(&a, pa, &b, path);
+    ck_assert_int_eq(b.geom.qk_nope, 192);
+    ck_assert_int_eq(b.dcp_size, 2);
+    ck_assert_int_eq(b.seed, 7);
+    ck_assert_str_eq(mlart_config_origin(&b, "rope_dim") + strlen(path), ":6");
+    /* an indented duplicate is still a duplicate, on its own line */
+    expect_error("[model]\nheads = 4\n  heads = 8\n", "duplicate key 'heads'", ":3");
+    /* the too-long check still counts the indented line */
+    {
+        char buf[1024];
+        snprintf(buf, sizeof buf, "[model]\n  heads = 4\n    ; %0300d\n  bad line\n", 0);
+        expect_error(buf, "longer than", ":3");
+    }
+    expect_error("[model]\n  heads = 4\n  no equals sign\n", "syntax error", ":3");
+    unlink(pa);
+}
+END_TEST
+
 START_TEST(precedence)
 {
     mlart_config c, keep;
@@ -244,6 +478,11 @@ int main(void)
     tcase_add_test(tc, parse_good);
     tcase_add_test(tc, errors_name_key_and_line);
     tcase_add_test(tc, missing_file);
+    tcase_add_test(tc, directory_refused);
+    tcase_add_test(tc, read_error_reported);
+    tcase_add_test(tc, fifo_read);
+    tcase_add_test(tc, seed_decimal_or_hex);
+    tcase_add_test(tc, indented_lines);
     tcase_add_test(tc, precedence);
     tcase_add_test(tc, shipped_configs);
     suite_add_tcase(s, tc);
