@@ -192,8 +192,10 @@ static int check_rows_apart(const mlart_tensor *t, const char *name)
     return 0;
 }
 
-/* Two outputs must not share bytes. */
-static int check_apart(const mlart_tensor *a, const char *an, const mlart_tensor *b, const char *bn)
+/* Views a and b must not share bytes (two outputs, or an output and an
+ * input the step reads); `what` ends the message that names both. */
+static int check_apart(const mlart_tensor *a, const char *an, const mlart_tensor *b, const char *bn,
+                       const char *what)
 {
     size_t alo, ahi, blo, bhi;
     uintptr_t a0, a1, b0, b1;
@@ -202,7 +204,7 @@ static int check_apart(const mlart_tensor *a, const char *an, const mlart_tensor
     a0 = (uintptr_t)a->base + alo, a1 = (uintptr_t)a->base + ahi;
     b0 = (uintptr_t)b->base + blo, b1 = (uintptr_t)b->base + bhi;
     if (a->device == b->device && a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1)
-        return mlart_set_error(MLART_ELAYOUT, "%s and %s: the outputs overlap", an, bn);
+        return mlart_set_error(MLART_ELAYOUT, "%s and %s: %s", an, bn, what);
     return 0;
 }
 
@@ -1003,8 +1005,24 @@ int mlart_layer_decode(mlart_layer *ly, const mlart_step_io *io, void *stream)
             MLART_CHECK(check_view(&io->lse, "lse", MLART_DTYPE_F32, 2, lse_shape, ly->device,
                                    INNER_UNIT, 0));
             MLART_CHECK(check_rows_apart(&io->lse, "lse"));
-            MLART_CHECK(check_apart(&io->o, "o", &io->lse, "lse"));
+            MLART_CHECK(check_apart(&io->o, "o", &io->lse, "lse", "the outputs overlap"));
             lse_direct = io->lse.stride[0] == T || H == 1;
+        }
+    }
+    {
+        /* an output over anything the step reads: attend would overwrite
+         * indices already validated, or the step would write the cache or
+         * the weights (those the backend sees, mlart_layer_weights) */
+        const mlart_tensor *in[] = {&io->q,        &io->idx,         &io->req_of_token,
+                                    &io->seq_lens, &io->block_table, &ly->kv_cache,
+                                    &ly->w_uk_t,   &ly->w_uv};
+        static const char *const in_names[] = {"q",           "idx",      "req_of_token", "seq_lens",
+                                               "block_table", "kv_cache", "w_uk_t",       "w_uv"};
+        static const char overlap[] = "the output overlaps an input the step reads";
+        for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) {
+            MLART_CHECK(check_apart(&io->o, "o", in[i], in_names[i], overlap));
+            if (io->lse.data)
+                MLART_CHECK(check_apart(&io->lse, "lse", in[i], in_names[i], overlap));
         }
     }
     if (ly->validate_indices) {

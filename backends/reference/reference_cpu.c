@@ -67,6 +67,23 @@ size_t mlart_reference_attend_cpu_workspace(const mlart_geometry *g)
     return sizeof(double) * (topk + (size_t)g->kv_lora) + sizeof(float) * (topk * D + D);
 }
 
+/* An output must not share a byte with an input (both checked views on
+ * one device): attend reads the inputs while it writes. */
+static int check_apart(const char *who, const char *oname, const mlart_tensor *o,
+                       const char *iname, const mlart_tensor *in)
+{
+    size_t olo, ohi, ilo, ihi;
+    uintptr_t o0, o1, i0, i1;
+    MLART_CHECK(mlart_tensor_span(o, &olo, &ohi));
+    MLART_CHECK(mlart_tensor_span(in, &ilo, &ihi));
+    o0 = (uintptr_t)o->base + olo, o1 = (uintptr_t)o->base + ohi;
+    i0 = (uintptr_t)in->base + ilo, i1 = (uintptr_t)in->base + ihi;
+    if (o0 < o1 && i0 < i1 && o0 < i1 && i0 < o1)
+        return mlart_set_error(MLART_ELAYOUT, "%s: output %s overlaps input %s", who, oname,
+                               iname);
+    return 0;
+}
+
 static inline int32_t i32_at(const mlart_tensor *t, int64_t i, int64_t j)
 {
     const int32_t *p = (const int32_t *)t->data;
@@ -176,6 +193,12 @@ int mlart_reference_attend_check(const mlart_step *s)
             if (ts[i]->data && ts[i]->device != s->device)
                 return mlart_set_error(MLART_EINVAL, "%s: %s is on device %d, the step on device %d",
                                        who, names[i], ts[i]->device, s->device);
+        /* the first six are the inputs, the last two the outputs */
+        for (int i = 0; i < 6; i++) {
+            MLART_CHECK(check_apart(who, names[6], &s->attn_out, names[i], ts[i]));
+            if (s->lse.data)
+                MLART_CHECK(check_apart(who, names[7], &s->lse, names[i], ts[i]));
+        }
     }
     return 0;
 }

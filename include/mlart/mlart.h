@@ -264,7 +264,10 @@ MLART_API void mlart_layer_destroy(mlart_layer *layer);
  * reference backend computes each token by itself; b12x_mla_sparse does not
  * (16 heads, top-k 2048: NMSE 1.2e-5 to 1.4e-5 between steps of 1..32 and
  * 64 tokens; docs/serve.md).  Every view is checked before anything runs:
- * a refused step leaves o and lse untouched. */
+ * a refused step leaves o and lse untouched.  MLART_ELAYOUT, naming both,
+ * when o or lse (if given) shares a byte with the other or with anything
+ * the step reads: q, idx, req_of_token, seq_lens, block_table, the layer's
+ * kv_cache, or the weights it reads (mlart_layer_weights). */
 MLART_API int mlart_layer_decode(mlart_layer *layer, const mlart_step_io *io, void *stream);
 /* Write N new tokens' latent+rope rows [N,L+R] bf16 into cache slots [N]
  * (i32 physical slot = block*page + offset, -1 = skip), quantising to the

@@ -388,6 +388,104 @@ START_TEST(bad_steps_refused)
 }
 END_TEST
 
+/* Outputs over inputs of the step, on the test backend (loop index 0) and
+ * the reference (1): refused before anything runs, naming both, with o, lse
+ * and every byte the step reads as they were.  The layer refuses them
+ * itself: attend writes lse before the V up-projection's op checks o, and a
+ * backend need not check its outputs against its inputs. */
+static const char *const overlap_backends[] = {"testhost", NULL};
+
+/* The fixture's buffers a step reads or writes, concatenated into dst (when
+ * not NULL); returns their size. */
+static size_t snapshot(unsigned char *dst)
+{
+    const void *src[] = {f.q, f.idx, f.req, f.lens, f.bt, f.w_uk_t, f.w_uv, f.cache, f.o, f.lse};
+    const size_t bytes[] = {sizeof(uint16_t) * T_ * H_ * (P_ + R_), sizeof(int32_t) * T_ * K_,
+                            sizeof(int32_t) * T_, sizeof(int32_t) * B_,
+                            sizeof(int32_t) * B_ * MB_, sizeof(uint16_t) * H_ * P_ * L_,
+                            sizeof(uint16_t) * H_ * L_ * V_, (size_t)f.num_slots * (L_ + R_) * 2,
+                            sizeof(uint16_t) * T_ * H_ * V_, sizeof(float) * H_ * T_};
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof src / sizeof src[0]; i++) {
+        if (dst)
+            memcpy(dst + n, src[i], bytes[i]);
+        n += bytes[i];
+    }
+    return n;
+}
+
+static void overlap_refused(int backend, const mlart_step_io *io, const char *needle)
+{
+    mlart_layer *ly = make(overlap_backends[backend]);
+    size_t n = snapshot(NULL);
+    unsigned char *before = malloc(n), *after = malloc(n);
+    int attends = backend == 0 ? record_of("testhost")->attends : 0;
+    printf("%s:\n", mlart_layer_backend_name(ly));
+    poison(); /* as bad_step does first */
+    snapshot(before);
+    bad_step(ly, io, MLART_ELAYOUT, needle);
+    snapshot(after);
+    ck_assert_msg(memcmp(before, after, n) == 0, "the refused step changed the fixture's bytes");
+    if (backend == 0)
+        ck_assert_int_eq(record_of("testhost")->attends, attends);
+    free(before);
+    free(after);
+    mlart_layer_destroy(ly);
+}
+
+/* attend would overwrite the indices it was validated for, then follow them */
+START_TEST(lse_over_idx_refused)
+{
+    mlart_step_io io = fx_io(&f);
+    io.lse = fx_view(f.idx, MLART_DTYPE_F32, 2, H_, T_, 0);
+    overlap_refused(_i, &io, "lse and idx");
+}
+END_TEST
+
+START_TEST(o_over_kv_cache_refused)
+{
+    mlart_step_io io = fx_io(&f);
+    io.o = fx_view(f.cache, MLART_DTYPE_BF16, 2, T_, H_ * V_, 0);
+    overlap_refused(_i, &io, "o and kv_cache");
+}
+END_TEST
+
+START_TEST(o_over_w_uv_refused)
+{
+    mlart_step_io io = fx_io(&f);
+    io.o = fx_view(f.w_uv, MLART_DTYPE_BF16, 2, T_, H_ * V_, 0);
+    overlap_refused(_i, &io, "o and w_uv");
+}
+END_TEST
+
+/* seq_lens inside a buffer that lse covers too */
+START_TEST(lse_over_seq_lens_refused)
+{
+    mlart_step_io io = fx_io(&f);
+    float *buf = calloc(H_ * T_, sizeof(float)), *before = malloc(sizeof(float) * H_ * T_);
+    memcpy(buf + 4, f.lens, sizeof(int32_t) * B_);
+    io.seq_lens = fx_view(buf + 4, MLART_DTYPE_I32, 1, B_, 0, 0);
+    io.lse = fx_view(buf, MLART_DTYPE_F32, 2, H_, T_, 0);
+    memcpy(before, buf, sizeof(float) * H_ * T_);
+    overlap_refused(_i, &io, "lse and seq_lens");
+    ck_assert_mem_eq(before, buf, sizeof(float) * H_ * T_);
+    free(buf);
+    free(before);
+}
+END_TEST
+
+/* the rest of what a step reads: q and W_UK_T */
+START_TEST(outputs_over_q_and_w_uk_t_refused)
+{
+    mlart_step_io io = fx_io(&f);
+    io.o = fx_view(f.q, MLART_DTYPE_BF16, 2, T_, H_ * V_, 0);
+    overlap_refused(_i, &io, "o and q");
+    io = fx_io(&f);
+    io.lse = fx_view(f.w_uk_t, MLART_DTYPE_F32, 2, H_, T_, 0);
+    overlap_refused(_i, &io, "lse and w_uk_t");
+}
+END_TEST
+
 static void bad_create(mlart_layer_desc *d, int rc, const char *needle)
 {
     mlart_layer *keep = (mlart_layer *)0x1, *ly = keep;
@@ -490,6 +588,11 @@ int main(void)
 {
     Suite *s = suite_create("runtime_layer");
     TCase *tc = tcase_create("layer");
+#ifdef MLART_HAVE_REFERENCE
+    const int overlap_runs = 2; /* the test backend, then the reference */
+#else
+    const int overlap_runs = 1;
+#endif
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, contract_reaches_layer);
     tcase_add_test(tc, contiguous_query_is_exact_split_transpose);
@@ -499,6 +602,11 @@ int main(void)
     tcase_add_test(tc, tail_pad);
     tcase_add_test(tc, strided_lse);
     tcase_add_test(tc, bad_steps_refused);
+    tcase_add_loop_test(tc, lse_over_idx_refused, 0, overlap_runs);
+    tcase_add_loop_test(tc, o_over_kv_cache_refused, 0, overlap_runs);
+    tcase_add_loop_test(tc, o_over_w_uv_refused, 0, overlap_runs);
+    tcase_add_loop_test(tc, lse_over_seq_lens_refused, 0, overlap_runs);
+    tcase_add_loop_test(tc, outputs_over_q_and_w_uk_t_refused, 0, overlap_runs);
     tcase_add_test(tc, bad_layers_refused);
     tcase_add_test(tc, write_kv);
 #ifdef MLART_HAVE_REFERENCE
