@@ -145,6 +145,18 @@ int mlart_dcp_translate_cuda(const int32_t *idx, int64_t n_idx, const int32_t *s
                              int32_t B, int32_t rank, int32_t size, int32_t interleave,
                              int32_t *idx_local, int32_t *lens_local, void *stream)
 {
+    /* As mlart_dcp_owner and friends: an interleave <= 0 counts as 1; a
+     * size <= 1 makes every position rank 0's at its own index and every
+     * rank's length the whole sequence, which the kernel gives with size
+     * and interleave 1 and a rank other than 0 passed as 1 (it then owns
+     * nothing, and its length is not cut). */
+    if (interleave <= 0)
+        interleave = 1;
+    if (size <= 1) {
+        size = 1;
+        interleave = 1;
+        rank = rank == 0 ? 0 : 1;
+    }
     if (n_idx + B == 0)
         return 0;
     translate_kernel<<<blocks_for(n_idx + B, 256), 256, 0, (cudaStream_t)stream>>>(
@@ -180,6 +192,9 @@ int mlart_dcp_scale_cuda(const uint16_t *attn, const float *lse_all, int32_t D, 
                          int64_t H, int64_t T, int64_t L, float *scaled, float *lse_out,
                          void *stream)
 {
+    if (rank < 0 || rank >= D)
+        return mlart_set_error(MLART_EINVAL, "dcp scale: rank %d outside [0, %d) (D ranks)",
+                               (int)rank, (int)D);
     if (H * T == 0)
         return 0;
     scale_kernel<<<(unsigned)((int64_t)D * H * T), 128, 0, (cudaStream_t)stream>>>(

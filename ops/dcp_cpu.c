@@ -3,6 +3,7 @@
 #include "mlart/comm.h"
 #include "ops/numerics.h"
 #include "ops/ops.h"
+#include "runtime/status.h"
 
 #include <math.h>
 #include <string.h>
@@ -81,6 +82,9 @@ int mlart_dcp_scale_cpu(const uint16_t *attn, const float *lse_all, int32_t D, i
                         int64_t H, int64_t T, int64_t L, float *scaled, float *lse_out)
 {
     const int64_t G = (int64_t)D * H, rows = G * T;
+    if (rank < 0 || rank >= D)
+        return mlart_set_error(MLART_EINVAL, "dcp scale: rank %d outside [0, %d) (D ranks)",
+                               (int)rank, (int)D);
     for (int64_t r = 0; r < rows; r++) {
         float m = lse_max(lse_all + r, D, rows), z = 0.0f, w = 0.0f;
         int64_t head = r / T;

@@ -256,6 +256,12 @@ extern "C" int mlart_kv_write_cuda_path(const mlart_geometry *g, const mlart_ten
     const int64_t N = latent->shape[0];
     if (N == 0)
         return 0;
+    /* The scan kernel takes KVW_ROWS rows a block in a grid of at most
+     * 2^31 - 1 blocks, and every path may end on it. */
+    if (N > (int64_t)KVW_ROWS * INT32_MAX)
+        return mlart_set_error(MLART_ERANGE, "kv_write_cuda: %lld rows (at most %lld on CUDA: "
+                               "%d a block, 2^31 - 1 blocks)", (long long)N,
+                               (long long)KVW_ROWS * INT32_MAX, KVW_ROWS);
     /* Records hold fp32 scales and bf16 values: rows must keep their alignment. */
     if (g->kv_format == MLART_KV_FP8_DS_MLA && (((uintptr_t)cache->data | cache->stride[0]) & 3))
         return mlart_set_error(MLART_ELAYOUT,

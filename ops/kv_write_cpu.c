@@ -44,10 +44,12 @@ int mlart_kv_write_cpu(const mlart_geometry *g, const mlart_tensor *cache,
     }
     for (int64_t n = 0; n < N; n++) {
         int32_t s = ((const int32_t *)slots->data)[n * slots->stride[0]];
-        const uint16_t *row = (const uint16_t *)latent->data + n * latent->stride[0];
-        uint8_t *rec = (uint8_t *)cache->data + (int64_t)s * cache->stride[0];
+        const uint16_t *row;
+        uint8_t *rec;
         if (s < 0)
             continue;
+        row = (const uint16_t *)latent->data + n * latent->stride[0];
+        rec = (uint8_t *)cache->data + (int64_t)s * cache->stride[0];
         if (g->kv_format == MLART_KV_FP8_DS_MLA)
             mlart_fp8_ds_mla_encode(row, L, R, rec);
         else

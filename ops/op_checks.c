@@ -1,8 +1,8 @@
 /* Plan-time checks of the ops' operands (ops/ops.h): ndim, dtype, shapes
  * that agree, inner stride 1 where the kernels need it, spans inside their
- * storage, one device, outputs that neither alias themselves nor overlap an
- * input.  Shared by the CPU twins and the CUDA entry points, so both refuse
- * exactly the same views. */
+ * storage, one device, outputs that neither alias themselves, nor overlap
+ * an input, nor share an element with each other.  Shared by the CPU twins
+ * and the CUDA entry points, so both refuse exactly the same views. */
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -67,13 +67,16 @@ static int check_no_overlap(const char *op, const char *oname, const mlart_tenso
     return 0;
 }
 
-/* Sufficient test that no two elements of an output share an address:
- * taking the dims of size > 1 by increasing stride, each stride must step
- * past everything the smaller dims cover. */
-static int check_no_self_alias(const char *op, const char *name, const mlart_tensor *t)
+/* Sufficient test that no two elements of a view share an address: taking
+ * the dims of size > 1 by increasing stride, each stride must step past
+ * everything the smaller dims cover.  0 when it holds; else 1, with the dim
+ * whose stride falls short in *dim and the elements covered below it in
+ * *covered, or -1 there when that cover is past INT64_MAX (a stride near
+ * 2^63 within a claimed extent to match), which no stride steps past. */
+static int self_alias_at(const mlart_tensor *t, int *dim, int64_t *covered)
 {
     int order[MLART_MAX_DIMS], n = 0;
-    int64_t covered = 1; /* elements spanned by the dims taken so far */
+    int64_t cov = 1; /* elements spanned by the dims taken so far */
     for (int d = 0; d < t->ndim; d++)
         if (t->shape[d] > 1)
             order[n++] = d;
@@ -85,14 +88,117 @@ static int check_no_self_alias(const char *op, const char *name, const mlart_ten
         }
     for (int i = 0; i < n; i++) {
         int d = order[i];
-        if (t->stride[d] < covered)
-            return mlart_set_error(MLART_ELAYOUT,
-                                   "%s: output %s has overlapping elements (dim %d: stride %" PRId64
-                                   " < %" PRId64 " elements covered by the smaller dims)",
-                                   op, name, d, t->stride[d], covered);
-        covered = t->stride[d] * (t->shape[d] - 1) + covered;
+        int64_t term;
+        if (t->stride[d] < cov) {
+            *dim = d, *covered = cov;
+            return 1;
+        }
+        if (i == n - 1)
+            break; /* no larger dim needs the cover */
+        if (__builtin_mul_overflow(t->stride[d], t->shape[d] - 1, &term) ||
+            __builtin_add_overflow(term, cov, &cov)) {
+            *dim = order[i + 1], *covered = -1;
+            return 1;
+        }
     }
     return 0;
+}
+
+static int check_no_self_alias(const char *op, const char *name, const mlart_tensor *t)
+{
+    int d;
+    int64_t covered;
+    if (!self_alias_at(t, &d, &covered))
+        return 0;
+    if (covered < 0)
+        return mlart_set_error(MLART_ELAYOUT,
+                               "%s: output %s has overlapping elements (dim %d: the smaller dims "
+                               "cover more than %" PRId64 " elements)",
+                               op, name, d, INT64_MAX);
+    return mlart_set_error(MLART_ELAYOUT,
+                           "%s: output %s has overlapping elements (dim %d: stride %" PRId64
+                           " < %" PRId64 " elements covered by the smaller dims)",
+                           op, name, d, t->stride[d], covered);
+}
+
+/* The dims of size > 1 but the last, as (stride, shape) pairs sorted. */
+static int outer_dims(const mlart_tensor *t, int64_t out[][2])
+{
+    int n = 0;
+    for (int d = 0; d < t->ndim - 1; d++)
+        if (t->shape[d] > 1) {
+            int j = n++;
+            for (; j > 0 && (out[j - 1][0] > t->stride[d] ||
+                             (out[j - 1][0] == t->stride[d] && out[j - 1][1] > t->shape[d]));
+                 j--) {
+                out[j][0] = out[j - 1][0];
+                out[j][1] = out[j - 1][1];
+            }
+            out[j][0] = t->stride[d], out[j][1] = t->shape[d];
+        }
+    return n;
+}
+
+/* Sufficient test that two checked views share no element: their spans
+ * are apart, or they are two column ranges of one view that does not alias
+ * itself.  The second: the same dtype, inner stride 1, the same outer dims
+ * (size and stride, in any order), b's first element k elements from a's
+ * with columns [0, la) and [k, k + lb) apart, and the view of those outer
+ * dims over columns min(0, k)..max(la, k + lb) passing self_alias_at.  So
+ * out = q_mqa[.., 0:L) as [H,T,L] and pe_out = q_mqa[.., L:L+R) as
+ * [T,H,R], whose spans interleave, are apart for any q_mqa [T,H,L+R] whose
+ * elements are. */
+static int views_disjoint(const mlart_tensor *a, const mlart_tensor *b)
+{
+    uintptr_t alo, ahi, blo, bhi;
+    int64_t oa[MLART_MAX_DIMS][2], ob[MLART_MAX_DIMS][2], la, lb, k, c0, c1, covered;
+    intptr_t diff;
+    int n, in = a->ndim - 1, d;
+    size_t es = mlart_dtype_size(a->dtype);
+    mlart_tensor parent;
+    abs_span(a, &alo, &ahi);
+    abs_span(b, &blo, &bhi);
+    if (alo == ahi || blo == bhi || ahi <= blo || bhi <= alo)
+        return 1;
+    if (a->dtype != b->dtype || a->ndim != b->ndim || a->stride[in] != 1 || b->stride[in] != 1)
+        return 0;
+    n = outer_dims(a, oa);
+    if (outer_dims(b, ob) != n)
+        return 0;
+    for (int i = 0; i < n; i++)
+        if (oa[i][0] != ob[i][0] || oa[i][1] != ob[i][1])
+            return 0;
+    diff = (intptr_t)((uintptr_t)b->data - (uintptr_t)a->data); /* signed distance */
+    if (diff % (intptr_t)es)
+        return 0;
+    k = (int64_t)(diff / (intptr_t)es);
+    la = a->shape[in], lb = b->shape[in];
+    if (__builtin_add_overflow(k, lb, &c1) || (k < la && c1 > 0))
+        return 0;
+    c0 = k < 0 ? k : 0;
+    if (c1 < la)
+        c1 = la;
+    parent = *a;
+    if (__builtin_sub_overflow(c1, c0, &parent.shape[in]))
+        return 0;
+    return !self_alias_at(&parent, &d, &covered);
+}
+
+/* Two outputs of one op must not share an element: the CUDA kernels write
+ * them from different threads. */
+static int check_outputs_apart(const char *op, const char *aname, const mlart_tensor *a,
+                               const char *bname, const mlart_tensor *b)
+{
+    uintptr_t alo, ahi, blo, bhi;
+    if (views_disjoint(a, b))
+        return 0;
+    abs_span(a, &alo, &ahi);
+    abs_span(b, &blo, &bhi);
+    return mlart_set_error(MLART_ELAYOUT,
+                           "%s: outputs %s (bytes %#" PRIxPTR "..%#" PRIxPTR ") and %s (bytes %#" PRIxPTR
+                           "..%#" PRIxPTR ") may share elements (spans meet, and they are not "
+                           "separate columns of one view)",
+                           op, aname, alo, ahi, bname, blo, bhi);
 }
 
 static int check_same_device(const char *op, const mlart_tensor *const *ts, const char *const *names,
@@ -166,6 +272,7 @@ int mlart_query_bmm_check(const mlart_tensor *a, const mlart_tensor *w, const ml
         MLART_CHECK(check_no_overlap(op, "pe_out", pe_out, "a", a));
         MLART_CHECK(check_no_overlap(op, "pe_out", pe_out, "w", w));
         MLART_CHECK(check_no_overlap(op, "out", out, "pe_in", pe_in));
+        MLART_CHECK(check_outputs_apart(op, "out", out, "pe_out", pe_out));
     }
     return 0;
 }
@@ -200,8 +307,9 @@ int mlart_kv_write_check(const mlart_geometry *g, const mlart_tensor *cache,
         shape_str(latent, sl, sizeof sl);
         shape_str(slots, ss, sizeof ss);
         return mlart_set_error(MLART_ESHAPE,
-                               "%s: shapes disagree: latent %s, slots %s (want latent [N,%d], slots [N])",
-                               op, sl, ss, (int)(g->kv_lora + g->rope));
+                               "%s: shapes disagree: latent %s, slots %s (want latent [N,%" PRId64
+                               "], slots [N])",
+                               op, sl, ss, (int64_t)g->kv_lora + g->rope);
     }
     {
         const mlart_tensor *ts[3] = {cache, latent, slots};

@@ -20,7 +20,9 @@ extern "C" {
  *   out [H,T,L] bf16, inner stride 1, any other strides (e.g. into
  *       q_mqa[T,H,L+R]: strides L+R, H*(L+R), 1)
  *   pe_in/pe_out [T,H,R] bf16 or both NULL: copy pe_in into pe_out in the
- *       same launch (q_pe beside the absorbed columns of q_mqa). */
+ *       same launch (q_pe beside the absorbed columns of q_mqa).  out and
+ *       pe_out must share no element (MLART_ELAYOUT): their spans apart, or
+ *       columns 0..L-1 and L..L+R-1 of one view such as q_mqa[T,H,L+R]. */
 int mlart_query_bmm_check(const mlart_tensor *a, const mlart_tensor *w, const mlart_tensor *out,
                           const mlart_tensor *pe_in, const mlart_tensor *pe_out);
 int mlart_query_bmm_cpu(const mlart_tensor *a, const mlart_tensor *w, const mlart_tensor *out,
@@ -62,7 +64,8 @@ int mlart_kv_write_check(const mlart_geometry *g, const mlart_tensor *cache,
                          const mlart_tensor *latent, const mlart_tensor *slots);
 int mlart_kv_write_cpu(const mlart_geometry *g, const mlart_tensor *cache,
                        const mlart_tensor *latent, const mlart_tensor *slots);
-/* CUDA: L and R each at most 1536 (MLART_ENOTSUP beyond).  Up to 1024 rows
+/* CUDA: L and R each at most 1536 (MLART_ENOTSUP beyond), N at most
+ * 2 * (2^31 - 1) rows (MLART_ERANGE beyond; the CPU twin has no bound).  Up to 1024 rows
  * (bf16; fp8_ds_mla 2048) one kernel launched with programmatic dependent launch, which touches
  * memory only after the previous kernel of the stream is complete; more
  * rows on 4-byte aligned cache rows, one cooperative kernel launched
@@ -104,7 +107,8 @@ int mlart_dcp_combine_cuda(const uint16_t *parts, const float *lses, int32_t D, 
 /* scale (ag_rs): attn [G,T,L] bf16 (G = D*H heads of the group), lse_all
  * [D][G,T] f32 (every rank's LSEs) -> scaled [G,T,L] f32 = w_rank * attn
  * (w as above, so that the sum over ranks is the combined output), and the
- * combined lse_out [H,T] of this rank's heads rank*H..rank*H+H-1. */
+ * combined lse_out [H,T] of this rank's heads rank*H..rank*H+H-1.  A rank
+ * outside [0, D) is refused (MLART_EINVAL). */
 int mlart_dcp_scale_cpu(const uint16_t *attn, const float *lse_all, int32_t D, int32_t rank,
                         int64_t H, int64_t T, int64_t L, float *scaled, float *lse_out);
 int mlart_dcp_scale_cuda(const uint16_t *attn, const float *lse_all, int32_t D, int32_t rank,

@@ -530,6 +530,182 @@ START_TEST(checks_refuse_bad_views)
 }
 END_TEST
 
+/* Slot -1 rows on a cache of no slots and no storage: nothing is written
+ * and no record address is formed. */
+START_TEST(kv_write_skip_on_empty_cache)
+{
+    mlart_geometry g = {1, 16, 8, 32, 16, 8, 4, MLART_KV_BF16, 0.125f};
+    const int64_t bpt = (int64_t)mlart_kv_bytes_per_token(&g);
+    ref_buf lb = ref_buf_new((32 + 8) * 2), sb = ref_buf_new(4);
+    int64_t s2[2], t2[2];
+    mlart_tensor cache, lat, slots;
+    memset(&cache, 0, sizeof cache);
+    cache.dtype = MLART_DTYPE_U8, cache.ndim = 2, cache.device = -1;
+    cache.shape[0] = 0, cache.shape[1] = bpt, cache.stride[0] = bpt, cache.stride[1] = 1;
+    s2[0] = 1, s2[1] = 32 + 8, t2[0] = 32 + 8, t2[1] = 1;
+    lat = ref_view(&lb, MLART_DTYPE_BF16, 0, 2, s2, t2);
+    s2[0] = 1, t2[0] = 1;
+    slots = ref_view(&sb, MLART_DTYPE_I32, 0, 1, s2, t2);
+    ((int32_t *)sb.p)[0] = -1;
+    ck_assert_msg(mlart_kv_write_cpu(&g, &cache, &lat, &slots) == 0, "%s", mlart_last_error());
+    ref_buf_free(&lb);
+    ref_buf_free(&sb);
+}
+END_TEST
+
+/* L + R past INT32_MAX in the shape message (a geometry the checks accept;
+ * the cache view is never read). */
+START_TEST(kv_write_check_wide_rows)
+{
+    int n_bad = 0;
+    mlart_geometry g = {1, 16, 1 << 30, 1 << 30, 16, 8, 4, MLART_KV_BF16, 0.125f};
+    ref_buf cb = ref_buf_new(64), lb = ref_buf_new(64), sb = ref_buf_new(4);
+    int64_t s2[2], t2[2];
+    mlart_tensor cache, lat, slots;
+    s2[0] = 1, s2[1] = (int64_t)mlart_kv_bytes_per_token(&g), t2[0] = s2[1], t2[1] = 1;
+    cache = ref_view(&cb, MLART_DTYPE_U8, 0, 2, s2, t2);
+    cache.extent = (size_t)s2[1];
+    s2[0] = 1, s2[1] = 4, t2[0] = 4, t2[1] = 1;
+    lat = ref_view(&lb, MLART_DTYPE_BF16, 0, 2, s2, t2);
+    s2[0] = 1, t2[0] = 1;
+    slots = ref_view(&sb, MLART_DTYPE_I32, 0, 1, s2, t2);
+    EXPECT_FAIL(mlart_kv_write_check(&g, &cache, &lat, &slots), MLART_ESHAPE,
+                "want latent [N,2147483648]");
+    ck_assert_int_eq(n_bad, 1);
+    ref_buf_free(&cb);
+    ref_buf_free(&lb);
+    ref_buf_free(&sb);
+}
+END_TEST
+
+/* Three cache records 2^62 bytes apart within a claimed extent: they cover
+ * 2^63 + bpt bytes, past INT64_MAX, and share none (latent and slots lie
+ * below them; nothing is read). */
+START_TEST(kv_write_check_huge_stride)
+{
+    int n_bad = 0;
+    mlart_geometry g = {1, 16, 8, 32, 16, 8, 4, MLART_KV_BF16, 0.125f};
+    const int64_t bpt = (int64_t)mlart_kv_bytes_per_token(&g);
+    ref_buf b = ref_buf_new((size_t)(2 * (32 + 8) * 2 + 8 + bpt));
+    int64_t s2[2], t2[2];
+    mlart_tensor cache, lat, slots;
+    s2[0] = 2, s2[1] = 32 + 8, t2[0] = 32 + 8, t2[1] = 1;
+    lat = ref_view(&b, MLART_DTYPE_BF16, 0, 2, s2, t2);
+    s2[0] = 2, t2[0] = 1;
+    slots = ref_view(&b, MLART_DTYPE_I32, (2 * (32 + 8) * 2) / 4, 1, s2, t2);
+    s2[0] = 3, s2[1] = bpt, t2[0] = INT64_C(1) << 62, t2[1] = 1;
+    cache = ref_view(&b, MLART_DTYPE_U8, 2 * (32 + 8) * 2 + 8, 2, s2, t2);
+    cache.base = cache.data;
+    cache.extent = ((size_t)1 << 63) + (size_t)bpt;
+    ck_assert_msg(mlart_kv_write_check(&g, &cache, &lat, &slots) == 0, "%s", mlart_last_error());
+    cache.stride[0] = 1; /* the same records overlapping: still refused */
+    EXPECT_FAIL(mlart_kv_write_check(&g, &cache, &lat, &slots), MLART_ELAYOUT, "overlapping");
+    ck_assert_int_eq(n_bad, 1);
+    ref_buf_free(&b);
+}
+END_TEST
+
+/* query_bmm's two outputs: columns 0..L-1 and L..L+R-1 of one q_mqa
+ * [T,H,L+R] (the layer's views, spans interleaved; token rows padded or
+ * not) or separate storage are accepted; any shared element is refused. */
+START_TEST(query_bmm_outputs_apart)
+{
+    enum { P = 16, L = 32, R = 8 };
+    int n_bad = 0;
+    static const int64_t hts[][2] = {{2, 3}, {1, 1}, {1, 4}, {5, 1}};
+    for (size_t c = 0; c < 2 * sizeof hts / sizeof hts[0]; c++) {
+        const int64_t H = hts[c / 2][0], T = hts[c / 2][1], pad = c % 2 ? 7 : 0;
+        const int64_t tok = H * (L + R) + pad; /* q_mqa's token stride */
+        /* one spare row past q_mqa, for a view one row on */
+        ref_buf qb = ref_buf_new((size_t)(T * H * (P + R)) * 2), wb = ref_buf_new((size_t)(H * P * L) * 2),
+                mb = ref_buf_new((size_t)(T * tok + L + R) * 2), pb = ref_buf_new((size_t)(T * H * R) * 2);
+        int64_t sh[3], st[3], pst[3] = {tok, L + R, 1};
+        mlart_tensor a, w, out, pe_in, pe_out, sep;
+        uint8_t *snapshot = malloc(mb.bytes);
+        sh[0] = H, sh[1] = T, sh[2] = P, st[0] = P + R, st[1] = H * (P + R), st[2] = 1;
+        a = ref_view(&qb, MLART_DTYPE_BF16, 0, 3, sh, st);
+        sh[0] = T, sh[1] = H, sh[2] = R, st[0] = H * (P + R), st[1] = P + R, st[2] = 1;
+        pe_in = ref_view(&qb, MLART_DTYPE_BF16, P, 3, sh, st);
+        sh[0] = H, sh[1] = P, sh[2] = L, st[0] = P * L, st[1] = L, st[2] = 1;
+        w = ref_view(&wb, MLART_DTYPE_BF16, 0, 3, sh, st);
+        sh[0] = H, sh[1] = T, sh[2] = L, st[0] = L + R, st[1] = tok, st[2] = 1;
+        out = ref_view(&mb, MLART_DTYPE_BF16, 0, 3, sh, st);
+        sh[0] = T, sh[1] = H, sh[2] = R;
+        pe_out = ref_view(&mb, MLART_DTYPE_BF16, L, 3, sh, pst);
+        st[0] = H * R, st[1] = R, st[2] = 1;
+        sep = ref_view(&pb, MLART_DTYPE_BF16, 0, 3, sh, st);
+        for (int64_t i = 0; i < T * H * (P + R); i++)
+            ((uint16_t *)qb.p)[i] = ref_rand_bf16(1.0);
+        for (int64_t i = 0; i < H * P * L; i++)
+            ((uint16_t *)wb.p)[i] = ref_rand_bf16(1.0);
+        ck_assert_msg(mlart_query_bmm_check(&a, &w, &out, &pe_in, &pe_out) == 0,
+                      "H=%lld T=%lld pad=%lld: %s", (long long)H, (long long)T, (long long)pad,
+                      mlart_last_error());
+        ck_assert_msg(mlart_query_bmm_check(&a, &w, &out, &pe_in, &sep) == 0, "H=%lld T=%lld: %s",
+                      (long long)H, (long long)T, mlart_last_error());
+        ck_assert_msg(mlart_query_bmm_cpu(&a, &w, &out, &pe_in, &pe_out) == 0, "%s", mlart_last_error());
+        for (int64_t t = 0; t < T; t++) /* the rope columns are pe_in's, not overwritten */
+            for (int64_t h = 0; h < H; h++)
+                ck_assert(memcmp((uint16_t *)mb.p + t * tok + h * (L + R) + L,
+                                 (uint16_t *)qb.p + (t * H + h) * (P + R) + P, R * 2) == 0);
+        memcpy(snapshot, mb.p, mb.bytes);
+        /* pe_out one column left: its first column is out's last */
+        pe_out = ref_view(&mb, MLART_DTYPE_BF16, L - 1, 3, sh, pst);
+        EXPECT_FAIL(mlart_query_bmm_check(&a, &w, &out, &pe_in, &pe_out), MLART_ELAYOUT,
+                    "outputs out");
+        EXPECT_FAIL(mlart_query_bmm_cpu(&a, &w, &out, &pe_in, &pe_out), MLART_ELAYOUT, "pe_out");
+        /* pe_out over out's first R columns */
+        pe_out = ref_view(&mb, MLART_DTYPE_BF16, 0, 3, sh, pst);
+        EXPECT_FAIL(mlart_query_bmm_check(&a, &w, &out, &pe_in, &pe_out), MLART_ELAYOUT,
+                    "may share elements");
+        /* pe_out one row on: past out's columns of its own row, over the
+         * next row's (with one row, over nothing of out's) */
+        pe_out = ref_view(&mb, MLART_DTYPE_BF16, L + R, 3, sh, pst);
+        if (H * T > 1)
+            EXPECT_FAIL(mlart_query_bmm_check(&a, &w, &out, &pe_in, &pe_out), MLART_ELAYOUT,
+                        "may share elements");
+        else
+            ck_assert_msg(mlart_query_bmm_check(&a, &w, &out, &pe_in, &pe_out) == 0, "%s",
+                          mlart_last_error());
+        ck_assert_msg(memcmp(snapshot, mb.p, mb.bytes) == 0, "a refused call wrote q_mqa");
+        free(snapshot);
+        ref_buf_free(&qb);
+        ref_buf_free(&wb);
+        ref_buf_free(&mb);
+        ref_buf_free(&pb);
+    }
+    printf("query_bmm outputs: interleaved columns (token rows padded or not) and separate "
+           "storage accepted, %d shared elements refused\n",
+           n_bad);
+}
+END_TEST
+
+/* The ag_rs scale of a rank outside [0, D) is refused before lse_all is
+ * read (it holds D ranks' LSEs and no more). */
+START_TEST(dcp_scale_rank_range)
+{
+    enum { D = 2, H = 2, T = 3, L = 8 };
+    int n_bad = 0;
+    uint16_t *attn = calloc(D * H * T * L, sizeof *attn);
+    float *lse_all = calloc(D * D * H * T, sizeof *lse_all), *scaled = malloc(sizeof(float) * D * H * T * L),
+          *lse_out = malloc(sizeof(float) * H * T);
+    ck_assert(attn && lse_all && scaled && lse_out);
+    for (int i = 0; i < D * H * T * L; i++)
+        attn[i] = ref_rand_bf16(1.0);
+    for (int32_t rank = 0; rank < D; rank++)
+        ck_assert_msg(mlart_dcp_scale_cpu(attn, lse_all, D, rank, H, T, L, scaled, lse_out) == 0,
+                      "%s", mlart_last_error());
+    EXPECT_FAIL(mlart_dcp_scale_cpu(attn, lse_all, D, D, H, T, L, scaled, lse_out), MLART_EINVAL,
+                "rank 2 outside [0, 2)");
+    EXPECT_FAIL(mlart_dcp_scale_cpu(attn, lse_all, D, -1, H, T, L, scaled, lse_out), MLART_EINVAL,
+                "rank -1");
+    free(attn);
+    free(lse_all);
+    free(scaled);
+    free(lse_out);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("reference_ops");
@@ -543,6 +719,11 @@ int main(void)
     tcase_add_test(tc, kv_write_cuda_path_choice);
     tcase_add_test(tc, query_pdl_launch_choice);
     tcase_add_test(tc, checks_refuse_bad_views);
+    tcase_add_test(tc, kv_write_skip_on_empty_cache);
+    tcase_add_test(tc, kv_write_check_wide_rows);
+    tcase_add_test(tc, kv_write_check_huge_stride);
+    tcase_add_test(tc, query_bmm_outputs_apart);
+    tcase_add_test(tc, dcp_scale_rank_range);
     suite_add_tcase(s, tc);
     return check_run(s, CK_FORK_GETENV);
 }
