@@ -57,14 +57,15 @@ static int check_no_overlap(const char *op, const char *oname, const mlart_tenso
                             const char *iname, const mlart_tensor *in)
 {
     uintptr_t olo, ohi, ilo, ihi;
+    int rc = mlart_tensor_overlap(o, in);
+    if (rc <= 0)
+        return rc;
     abs_span(o, &olo, &ohi);
     abs_span(in, &ilo, &ihi);
-    if (olo < ohi && ilo < ihi && olo < ihi && ilo < ohi)
-        return mlart_set_error(MLART_ELAYOUT,
-                               "%s: output %s (bytes %#" PRIxPTR "..%#" PRIxPTR
-                               ") overlaps input %s (bytes %#" PRIxPTR "..%#" PRIxPTR ")",
-                               op, oname, olo, ohi, iname, ilo, ihi);
-    return 0;
+    return mlart_set_error(MLART_ELAYOUT,
+                           "%s: output %s (bytes %#" PRIxPTR "..%#" PRIxPTR
+                           ") overlaps input %s (bytes %#" PRIxPTR "..%#" PRIxPTR ")",
+                           op, oname, olo, ohi, iname, ilo, ihi);
 }
 
 /* Sufficient test that no two elements of a view share an address: taking

@@ -197,13 +197,10 @@ static int check_rows_apart(const mlart_tensor *t, const char *name)
 static int check_apart(const mlart_tensor *a, const char *an, const mlart_tensor *b, const char *bn,
                        const char *what)
 {
-    size_t alo, ahi, blo, bhi;
-    uintptr_t a0, a1, b0, b1;
-    MLART_CHECK(mlart_tensor_span(a, &alo, &ahi));
-    MLART_CHECK(mlart_tensor_span(b, &blo, &bhi));
-    a0 = (uintptr_t)a->base + alo, a1 = (uintptr_t)a->base + ahi;
-    b0 = (uintptr_t)b->base + blo, b1 = (uintptr_t)b->base + bhi;
-    if (a->device == b->device && a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1)
+    int rc = mlart_tensor_overlap(a, b);
+    if (rc < 0)
+        return rc;
+    if (rc)
         return mlart_set_error(MLART_ELAYOUT, "%s and %s: %s", an, bn, what);
     return 0;
 }

@@ -136,6 +136,21 @@ int mlart_tensor_span(const mlart_tensor *t, size_t *lo, size_t *hi)
     return 0;
 }
 
+int mlart_tensor_overlap(const mlart_tensor *a, const mlart_tensor *b)
+{
+    size_t alo, ahi, blo, bhi;
+    uintptr_t a0, a1, b0, b1;
+    if (!a || !b)
+        return mlart_set_error(MLART_EINVAL, "mlart_tensor_overlap: NULL argument");
+    MLART_CHECK(mlart_tensor_span(a, &alo, &ahi));
+    MLART_CHECK(mlart_tensor_span(b, &blo, &bhi));
+    if (a->device != b->device || alo == ahi || blo == bhi)
+        return 0;
+    a0 = (uintptr_t)a->base + alo, a1 = (uintptr_t)a->base + ahi;
+    b0 = (uintptr_t)b->base + blo, b1 = (uintptr_t)b->base + bhi;
+    return a0 < b1 && b0 < a1;
+}
+
 int mlart_tensor_check(const mlart_tensor *t, const char *name)
 {
     size_t lo, hi;

@@ -237,6 +237,21 @@ extern "C" int mlart_bench_rows(void)
     return g_rows;
 }
 
+extern "C" void mlart_bench_json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; s && *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
 extern "C" void mlart_bench_table_row(const mlart_bench_opts *o, const mlart_bench_table *t, const char *name,
                                       const double *vals)
 {
@@ -252,7 +267,10 @@ extern "C" void mlart_bench_table_row(const mlart_bench_opts *o, const mlart_ben
     fflush(stdout);
     if (o->json) {
         json_sep(o);
-        fprintf(o->json, "  {\"table\": \"%s\", \"name\": \"%s\"", t->title, name);
+        fprintf(o->json, "  {\"table\": ");
+        mlart_bench_json_str(o->json, t->title);
+        fprintf(o->json, ", \"name\": ");
+        mlart_bench_json_str(o->json, name);
         for (int i = 0; i < t->ncols; i++) {
             if (isnan(vals[i]) || isinf(vals[i]))
                 fprintf(o->json, ", \"%s\": null", t->cols[i].name);
@@ -270,7 +288,11 @@ extern "C" void mlart_bench_summary(const mlart_bench_opts *o, const char *table
     fflush(stdout);
     if (o->json) {
         json_sep(o);
-        fprintf(o->json, "  {\"table\": \"%s\", \"summary\": \"%s\"}", table, line);
+        fprintf(o->json, "  {\"table\": ");
+        mlart_bench_json_str(o->json, table);
+        fprintf(o->json, ", \"summary\": ");
+        mlart_bench_json_str(o->json, line);
+        fprintf(o->json, "}");
         fflush(o->json);
     }
 }

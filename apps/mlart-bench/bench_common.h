@@ -114,6 +114,10 @@ void mlart_bench_table_row(const mlart_bench_opts *o, const mlart_bench_table *t
 int mlart_bench_rows(void);
 /* A free-form summary line, also stored in the JSON as {"summary": line}. */
 void mlart_bench_summary(const mlart_bench_opts *o, const char *table, const char *line);
+/* Writes s to f as a JSON string, quotes included: double quotes and
+ * backslashes escaped, control characters as backslash-u escapes (a GPU
+ * name is written as the driver gives it). */
+void mlart_bench_json_str(FILE *f, const char *s);
 
 /* Suites: each returns the number of wrong results it found (0 = all
  * values checked out) or -1 if it could not run. */

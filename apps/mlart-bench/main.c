@@ -181,9 +181,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "mlart-bench: cannot write %s: %s\n", json_path, strerror(errno));
             return finish(2);
         }
-        fprintf(o.json,
-                "[\n  {\"date\": \"%s\", \"gpu\": \"%s\", \"sms\": %d, \"l2_bytes\": %zu, \"reps\": %d, \"sets\": %d}",
-                stamp, o.gpu, o.sms, o.l2_bytes, o.reps, o.sets);
+        fprintf(o.json, "[\n  {\"date\": \"%s\", \"gpu\": ", stamp);
+        mlart_bench_json_str(o.json, o.gpu);
+        fprintf(o.json, ", \"sms\": %d, \"l2_bytes\": %zu, \"reps\": %d, \"sets\": %d}", o.sms,
+                o.l2_bytes, o.reps, o.sets);
     }
     if (mlart_bench_copy_roofline(&o)) {
         fprintf(stderr, "mlart-bench: copy roofline failed\n");

@@ -174,17 +174,28 @@ const char *serve_engine_describe(const serve_engine *e)
 /* Weights: random, or layer N's kv_b_proj from a checkpoint viewed as
  * W_UK_T / W_UV (the layer makes dense copies if its backend wants them). */
 static int load_weights(serve_engine *e, const serve_engine_opts *o, mlart_tensor *uk,
-                        mlart_tensor *uv)
+                        mlart_tensor *uv, char *err, size_t err_cap)
 {
     const mlart_geometry *g = &e->g;
     int64_t H = g->heads, P = g->qk_nope, L = g->kv_lora, V = g->v_head;
     int rc;
     if (o->weights) {
-        int64_t shape[2] = {H * (P + V), L};
+        int64_t shape[2] = {H * (P + V), L}, total = 0;
         size_t bytes = (size_t)(H * (P + V) * L) * 2;
-        uint16_t *h = malloc(bytes);
+        uint16_t *h;
         mlart_tensor kv;
-        if (!h)
+        if (err_cap)
+            err[0] = '\0'; /* written below only for the head count */
+        /* one server holds every head: the checkpoint must hold no more */
+        if ((rc = mlart_safetensors_kv_b_proj_heads(o->weights, o->layer, g, &total)))
+            return rc;
+        if (total != H) {
+            if (err_cap)
+                snprintf(err, err_cap, "%s: layer %d's kv_b_proj holds %lld heads, the server "
+                         "has heads = %lld", o->weights, o->layer, (long long)total, (long long)H);
+            return MLART_ESHAPE;
+        }
+        if (!(h = malloc(bytes)))
             return MLART_ENOMEM;
         rc = mlart_safetensors_load_kv_b_proj(o->weights, o->layer, g, 0, h, bytes);
         if (rc == 0 && (rc = dev_alloc(e, bytes, &e->kv_b_proj)) == 0)
@@ -309,8 +320,13 @@ int serve_engine_create(const serve_engine_opts *o, serve_engine **out, char *er
     bpt = mlart_kv_bytes_per_token(g);
     if ((rc = dev_alloc(e, (size_t)e->num_slots * bpt, &e->kv_cache)))
         goto fail;
-    if ((rc = load_weights(e, o, &uk, &uv)))
+    if ((rc = load_weights(e, o, &uk, &uv, err, err_cap))) {
+        if (rc == MLART_ESHAPE && err_cap && err[0]) { /* the message is written */
+            serve_engine_destroy(e);
+            return rc;
+        }
         goto fail;
+    }
 
     memset(&d, 0, sizeof d);
     d.geom = *g;

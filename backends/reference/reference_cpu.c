@@ -72,13 +72,10 @@ size_t mlart_reference_attend_cpu_workspace(const mlart_geometry *g)
 static int check_apart(const char *who, const char *oname, const mlart_tensor *o,
                        const char *iname, const mlart_tensor *in)
 {
-    size_t olo, ohi, ilo, ihi;
-    uintptr_t o0, o1, i0, i1;
-    MLART_CHECK(mlart_tensor_span(o, &olo, &ohi));
-    MLART_CHECK(mlart_tensor_span(in, &ilo, &ihi));
-    o0 = (uintptr_t)o->base + olo, o1 = (uintptr_t)o->base + ohi;
-    i0 = (uintptr_t)in->base + ilo, i1 = (uintptr_t)in->base + ihi;
-    if (o0 < o1 && i0 < i1 && o0 < i1 && i0 < o1)
+    int rc = mlart_tensor_overlap(o, in);
+    if (rc < 0)
+        return rc;
+    if (rc)
         return mlart_set_error(MLART_ELAYOUT, "%s: output %s overlaps input %s", who, oname,
                                iname);
     return 0;
@@ -194,6 +191,13 @@ int mlart_reference_attend_check(const mlart_step *s)
                 return mlart_set_error(MLART_EINVAL, "%s: %s is on device %d, the step on device %d",
                                        who, names[i], ts[i]->device, s->device);
         /* the first six are the inputs, the last two the outputs */
+        if (s->lse.data) {
+            int rc = mlart_tensor_overlap(&s->attn_out, &s->lse);
+            if (rc < 0)
+                return rc;
+            if (rc)
+                return mlart_set_error(MLART_ELAYOUT, "%s: outputs attn_out and lse overlap", who);
+        }
         for (int i = 0; i < 6; i++) {
             MLART_CHECK(check_apart(who, names[6], &s->attn_out, names[i], ts[i]));
             if (s->lse.data)

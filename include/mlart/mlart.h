@@ -112,6 +112,12 @@ MLART_API int64_t mlart_tensor_numel(const mlart_tensor *t);
  * Empty views give lo == hi == offset of data.  Returns MLART_EINVAL on
  * negative shapes/strides, bad ndim or dtype, or data below base. */
 MLART_API int mlart_tensor_span(const mlart_tensor *t, size_t *lo, size_t *hi);
+/* Whether views a and b touch a common byte: 1 when both live on one device
+ * and their non-empty byte spans (base + [lo, hi) above) intersect, else 0;
+ * MLART_EINVAL for a view that mlart_tensor_span refuses.  A byte-span
+ * test: two views that interleave without sharing an element (the columns
+ * of one matrix) count as overlapping. */
+MLART_API int mlart_tensor_overlap(const mlart_tensor *a, const mlart_tensor *b);
 /* Validate a view: ndim, dtype, non-negative shape and strides, and the span
  * inside [base, base + extent).  On failure the message names `name`, the
  * span and the extent.  Returns 0, MLART_EINVAL or MLART_ELAYOUT. */

@@ -906,6 +906,55 @@ START_TEST(test_second_signal)
 }
 END_TEST
 
+/* A checkpoint holding more heads than the server's geometry: refused at
+ * start with a message naming both counts (the server has no TP ranks to
+ * take the other heads). */
+START_TEST(test_weights_head_count)
+{
+    enum { H = 8, P = 64, V = 64, L = 256, ROWS = H * (P + V) }; /* the server has 4 heads */
+    static uint16_t bf[ROWS * L];
+    char dir[] = "/tmp/mlart-serve-h-XXXXXX", path[64], errp[80], msg[512] = "";
+    st_buf f;
+    pid_t pid;
+    int status, fd;
+    ssize_t n;
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/w.safetensors", dir);
+    snprintf(errp, sizeof errp, "%s/stderr", dir);
+    for (int i = 0; i < ROWS * L; i++)
+        bf[i] = 0x3c00; /* 2^-7 */
+    {
+        st_tensor t = {"model.layers.0.self_attn.kv_b_proj.weight", "BF16", 2, {ROWS, L}, bf,
+                       sizeof bf, 0, 0, 0};
+        ck_assert_int_eq(st_build(&t, 1, 1, &f), 0);
+        ck_assert_int_eq(st_write_file(path, f.data, f.len), 0);
+        st_buf_free(&f);
+    }
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        int e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0600), devnull = open("/dev/null", O_WRONLY);
+        dup2(devnull, 1);
+        dup2(e, 2);
+        execl(server_path, server_path, "--port", "0", "--device", "cpu", "--weights", path,
+              "--layer", "0", (char *)NULL);
+        _exit(127);
+    }
+    waitpid(pid, &status, 0);
+    fd = open(errp, O_RDONLY);
+    ck_assert_int_ge(fd, 0);
+    n = read(fd, msg, sizeof msg - 1);
+    close(fd);
+    msg[n > 0 ? n : 0] = '\0';
+    printf("checkpoint of 8 heads for a 4-head server: status %d, %s", status, msg);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 1, "status %d", status);
+    ck_assert_msg(strstr(msg, "holds 8 heads") && strstr(msg, "heads = 4"), "message: %s", msg);
+    unlink(errp);
+    unlink(path);
+    rmdir(dir);
+}
+END_TEST
+
 START_TEST(test_bad_options)
 {
     static const char *const bad[][3] = {
@@ -969,6 +1018,7 @@ int main(int argc, char **argv)
     if (!server_extra) {
         tcase_add_test(live, test_second_signal); /* needs about a second of CPU steps */
         tcase_add_test(live, test_weights);       /* runs its servers on the CPU */
+        tcase_add_test(live, test_weights_head_count); /* the CPU too */
     }
     suite_add_tcase(s, proto);
     suite_add_tcase(s, live);

@@ -315,6 +315,13 @@ START_TEST(bad_steps_refused)
         EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&b), MLART_ESHAPE, "seq_lens");
         b = s, b.block_table.extent = 4;
         EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&b), MLART_ELAYOUT, "block_table");
+        /* outputs over each other or over an input */
+        b = s, b.lse.base = b.lse.data = s.attn_out.data, b.lse.extent = s.attn_out.extent;
+        EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&b), MLART_ELAYOUT, "attn_out and lse overlap");
+        b = s, b.lse.base = b.lse.data = s.idx.data, b.lse.extent = s.idx.extent;
+        EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&b), MLART_ELAYOUT, "lse overlaps input idx");
+        b = s, b.lse.data = b.lse.base = NULL, b.lse.extent = 0; /* no lse: nothing to overlap */
+        ck_assert_msg(mlart_reference_attend_cpu(&b) == 0, "%s", mlart_last_error());
         b = s, b.attn_out.device = 0, b.device = 0;
         EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&b), MLART_EINVAL, "device");
         b = s, b.q_nope.stride[2] = 2, b.q_nope.shape[2] = p.g.qk_nope / 2; /* inner stride 1 needed */

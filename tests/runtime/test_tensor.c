@@ -73,6 +73,36 @@ START_TEST(dense_and_span)
 }
 END_TEST
 
+START_TEST(overlap)
+{
+    uint16_t buf[32];
+    int64_t s8[1] = {8}, s2x4[2] = {2, 4};
+    mlart_tensor a = mlart_tensor_dense(buf, MLART_DTYPE_BF16, -1, 1, s8);      /* [0, 16) */
+    mlart_tensor b = mlart_tensor_dense(buf + 8, MLART_DTYPE_BF16, -1, 1, s8);  /* [16, 32) */
+    mlart_tensor c = mlart_tensor_dense(buf + 7, MLART_DTYPE_BF16, -1, 1, s8);  /* [14, 30) */
+    mlart_tensor m = mlart_tensor_dense(buf, MLART_DTYPE_BF16, -1, 2, s2x4);
+    mlart_tensor e = a, d = a;
+    ck_assert_int_eq(mlart_tensor_overlap(&a, &b), 0); /* touching ends */
+    ck_assert_int_eq(mlart_tensor_overlap(&b, &a), 0);
+    ck_assert_int_eq(mlart_tensor_overlap(&a, &c), 1); /* one element shared */
+    ck_assert_int_eq(mlart_tensor_overlap(&c, &b), 1);
+    ck_assert_int_eq(mlart_tensor_overlap(&a, &a), 1);
+    /* the columns of one matrix share no element but interleave: counted */
+    m.stride[0] = 8, m.shape[1] = 2;
+    e = m, e.data = buf + 2;
+    ck_assert_int_eq(mlart_tensor_overlap(&m, &e), 1);
+    /* an empty view overlaps nothing; another device is another memory */
+    e = a, e.shape[0] = 0;
+    ck_assert_int_eq(mlart_tensor_overlap(&e, &a), 0);
+    d.device = 0;
+    ck_assert_int_eq(mlart_tensor_overlap(&d, &a), 0);
+    /* a view that mlart_tensor_span refuses */
+    e = a, e.stride[0] = -1;
+    ck_assert_int_eq(mlart_tensor_overlap(&a, &e), MLART_EINVAL);
+    ck_assert_int_eq(mlart_tensor_overlap(NULL, &a), MLART_EINVAL);
+}
+END_TEST
+
 START_TEST(bad_views)
 {
     uint16_t buf[16];
@@ -264,6 +294,7 @@ int main(void)
     TCase *tc = tcase_create("tensor");
     tcase_add_test(tc, dtypes);
     tcase_add_test(tc, dense_and_span);
+    tcase_add_test(tc, overlap);
     tcase_add_test(tc, bad_views);
     tcase_add_test(tc, huge_shapes);
     tcase_add_test(tc, geometry);
