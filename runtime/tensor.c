@@ -136,10 +136,29 @@ int mlart_tensor_span(const mlart_tensor *t, size_t *lo, size_t *hi)
     return 0;
 }
 
+/* A view as rows: its bytes lie in [first + k*S, first + k*S + w) for
+ * whole k, where first is its lowest byte, S the byte stride of dim 0 and
+ * w the bytes that one index of dim 0 spans; *n = shape[0] (1 for ndim 1,
+ * whose S is then 0).  Returns 0 or MLART_EINVAL. */
+static int row_form(const mlart_tensor *t, uintptr_t *first, size_t *S, size_t *w, int64_t *n)
+{
+    mlart_tensor row = *t;
+    size_t lo, hi;
+    *n = t->ndim >= 2 ? t->shape[0] : 1;
+    if (t->ndim >= 2)
+        row.shape[0] = 1;
+    MLART_CHECK(mlart_tensor_span(&row, &lo, &hi));
+    *first = (uintptr_t)t->base + lo, *w = hi - lo;
+    if (*n <= 1 || __builtin_mul_overflow((size_t)t->stride[0], mlart_dtype_size(t->dtype), S))
+        *S = 0;
+    return 0;
+}
+
 int mlart_tensor_overlap(const mlart_tensor *a, const mlart_tensor *b)
 {
-    size_t alo, ahi, blo, bhi;
-    uintptr_t a0, a1, b0, b1;
+    size_t alo, ahi, blo, bhi, Sa, Sb, S, wa, wb, d;
+    uintptr_t a0, a1, b0, b1, af, bf;
+    int64_t na, nb;
     if (!a || !b)
         return mlart_set_error(MLART_EINVAL, "mlart_tensor_overlap: NULL argument");
     MLART_CHECK(mlart_tensor_span(a, &alo, &ahi));
@@ -148,7 +167,18 @@ int mlart_tensor_overlap(const mlart_tensor *a, const mlart_tensor *b)
         return 0;
     a0 = (uintptr_t)a->base + alo, a1 = (uintptr_t)a->base + ahi;
     b0 = (uintptr_t)b->base + blo, b1 = (uintptr_t)b->base + bhi;
-    return a0 < b1 && b0 < a1;
+    if (!(a0 < b1 && b0 < a1))
+        return 0;
+    /* The ranges meet.  Rows of one period S (each view's rows S bytes
+     * apart, or a single row) that sit at offsets of the period that do not
+     * meet share no byte: [0, wa) and [d, d + wb) apart modulo S. */
+    MLART_CHECK(row_form(a, &af, &Sa, &wa, &na));
+    MLART_CHECK(row_form(b, &bf, &Sb, &wb, &nb));
+    S = na > 1 ? Sa : Sb;
+    if (!S || (na > 1 && Sa != S) || (nb > 1 && Sb != S) || wa > S || wb > S)
+        return 1;
+    d = bf >= af ? (size_t)(bf - af) % S : (S - (size_t)(af - bf) % S) % S;
+    return !(d >= wa && d + wb <= S);
 }
 
 int mlart_tensor_check(const mlart_tensor *t, const char *name)

@@ -1056,13 +1056,16 @@ static int run_local_group(const run *base)
             rc = 1;
             break;
         }
-    /* a rank that did not start leaves the others to time out in their collectives */
+    /* a rank that did not start leaves the group now, so that the started
+     * ones fail their next collective at once instead of waiting for it */
+    for (int k = started; k < D; k++) {
+        mlart_comm_destroy(rs[k].comm);
+        rs[k].comm = NULL;
+    }
     for (int k = 0; k < started; k++) {
         pthread_join(th[k], NULL);
         bad |= rs[k].dcp_rank != 0;
     }
-    for (int k = started; k < D; k++)
-        mlart_comm_destroy(rs[k].comm);
     mlart_comm_group_destroy(g);
     free(rs), free(th);
     return rc || bad ? 1 : 0;

@@ -3,6 +3,7 @@
  * up-projection are the runtime's safe ops (absorb_query = v_up = NULL). */
 #include "backends/b12x_mla_sparse/b12x.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 
 #include "backends/b12x_mla_sparse/b12x_attend.h"
@@ -18,13 +19,21 @@ static int b12x_create(const mlart_backend_init *init, void **state)
     b12x_state *st;
     b12x_dev dev;
     int rc;
-    if (!init || !init->error) /* nothing to report through */
+    if (!init)
+        return MLART_EINVAL;
+    /* an older, shorter struct may end before its error field: nothing to
+     * report through then */
+    if (init->struct_size < sizeof *init)
+        return init->struct_size >= offsetof(mlart_backend_init, error) + sizeof init->error &&
+                       init->error
+                   ? init->error(MLART_EABI,
+                                 "b12x_mla_sparse: mlart_backend_init is %u bytes, need %zu",
+                                 (unsigned)init->struct_size, sizeof *init)
+                   : MLART_EABI;
+    if (!init->error) /* nothing to report through */
         return MLART_EINVAL;
     if (!state)
         return init->error(MLART_EINVAL, "b12x_mla_sparse: create needs a state pointer");
-    if (init->struct_size < sizeof *init)
-        return init->error(MLART_EABI, "b12x_mla_sparse: mlart_backend_init is %u bytes, need %zu",
-                           (unsigned)init->struct_size, sizeof *init);
     g = &init->geom;
     if (init->device < 0)
         return init->error(MLART_ENOTSUP, "b12x_mla_sparse: runs on CUDA devices only (device %d)",

@@ -22,10 +22,10 @@ static int reference_create(const mlart_backend_init *init, void **state)
     mlart_error_fn err;
     if (!init || !state)
         return mlart_set_error(MLART_EINVAL, "reference: create needs init and state");
+    if (init->struct_size < sizeof *init) /* its error field may lie past its end */
+        return mlart_set_error(MLART_EABI, "reference: mlart_backend_init is %u bytes, need %zu",
+                               (unsigned)init->struct_size, sizeof *init);
     err = init->error ? init->error : mlart_set_error;
-    if (init->struct_size < sizeof *init)
-        return err(MLART_EABI, "reference: mlart_backend_init is %u bytes, need %zu",
-                   (unsigned)init->struct_size, sizeof *init);
 #ifndef MLART_WITH_CUDA
     if (init->device >= 0)
         return err(MLART_ENOTSUP, "reference: built without CUDA, cannot run on device %d",

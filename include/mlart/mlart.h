@@ -112,11 +112,15 @@ MLART_API int64_t mlart_tensor_numel(const mlart_tensor *t);
  * Empty views give lo == hi == offset of data.  Returns MLART_EINVAL on
  * negative shapes/strides, bad ndim or dtype, or data below base. */
 MLART_API int mlart_tensor_span(const mlart_tensor *t, size_t *lo, size_t *hi);
-/* Whether views a and b touch a common byte: 1 when both live on one device
- * and their non-empty byte spans (base + [lo, hi) above) intersect, else 0;
- * MLART_EINVAL for a view that mlart_tensor_span refuses.  A byte-span
- * test: two views that interleave without sharing an element (the columns
- * of one matrix) count as overlapping. */
+/* Whether views a and b may share a byte: 0 when they live on different
+ * devices, either is empty, their byte spans (base + [lo, hi) above) do
+ * not meet, or they are rows of one period that do not meet (both views'
+ * dim 0 steps the same number of bytes S, or one of them has a single
+ * index there, each index of dim 0 spans at most S bytes, and the two
+ * sit at offsets modulo S whose bytes are apart: e.g. the rows of two
+ * matrices interleaved in one buffer).  1 otherwise, which may include
+ * views that interleave more finely without sharing a byte; MLART_EINVAL
+ * for a view that mlart_tensor_span refuses. */
 MLART_API int mlart_tensor_overlap(const mlart_tensor *a, const mlart_tensor *b);
 /* Validate a view: ndim, dtype, non-negative shape and strides, and the span
  * inside [base, base + extent).  On failure the message names `name`, the
@@ -271,9 +275,11 @@ MLART_API void mlart_layer_destroy(mlart_layer *layer);
  * (16 heads, top-k 2048: NMSE 1.2e-5 to 1.4e-5 between steps of 1..32 and
  * 64 tokens; docs/serve.md).  Every view is checked before anything runs:
  * a refused step leaves o and lse untouched.  MLART_ELAYOUT, naming both,
- * when o or lse (if given) shares a byte with the other or with anything
+ * when o or lse (if given) may share a byte with the other or with anything
  * the step reads: q, idx, req_of_token, seq_lens, block_table, the layer's
- * kv_cache, or the weights it reads (mlart_layer_weights). */
+ * kv_cache, or the weights it reads (mlart_layer_weights); the test is
+ * mlart_tensor_overlap's, so the rows of o and q may interleave in one
+ * buffer. */
 MLART_API int mlart_layer_decode(mlart_layer *layer, const mlart_step_io *io, void *stream);
 /* Write N new tokens' latent+rope rows [N,L+R] bf16 into cache slots [N]
  * (i32 physical slot = block*page + offset, -1 = skip), quantising to the

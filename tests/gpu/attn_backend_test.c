@@ -10,6 +10,7 @@
  * exactly where no slot is valid. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <check.h>
+#include <stddef.h>
 #include <cuda_runtime.h>
 
 #include "attn_util.h"
@@ -1124,6 +1125,12 @@ START_TEST(test_bad_input)
     ck_assert_int_eq(vt->create(&init, NULL), MLART_EINVAL);
     init.struct_size = sizeof init - 1;
     ck_assert_int_eq(vt->create(&init, &state), MLART_EABI);
+    /* an older struct that ends before its error field: that field is not
+     * the caller's, so it must not be called */
+    init.struct_size = (uint32_t)offsetof(mlart_backend_init, error);
+    init.error = (mlart_error_fn)(uintptr_t)16;
+    ck_assert_int_eq(vt->create(&init, &state), MLART_EABI);
+    init.error = attn_error_cb;
     init.struct_size = sizeof init;
     init.error = NULL; /* nothing to report through */
     ck_assert_int_eq(vt->create(&init, &state), MLART_EINVAL);

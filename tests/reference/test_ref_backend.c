@@ -3,6 +3,7 @@
  * requests shorter than topk, both cache formats, odd geometries; and bad
  * steps refused with clear errors and untouched outputs. */
 #include <check.h>
+#include <stddef.h>
 
 #include "check_run.h"
 #include "ops/ops.h"
@@ -320,7 +321,7 @@ START_TEST(bad_steps_refused)
         EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&b), MLART_ELAYOUT, "attn_out and lse overlap");
         b = s, b.lse.base = b.lse.data = s.idx.data, b.lse.extent = s.idx.extent;
         EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&b), MLART_ELAYOUT, "lse overlaps input idx");
-        b = s, b.lse.data = b.lse.base = NULL, b.lse.extent = 0; /* no lse: nothing to overlap */
+        b = s, b.lse.data = NULL, b.lse.base = NULL, b.lse.extent = 0; /* no lse: nothing to overlap */
         ck_assert_msg(mlart_reference_attend_cpu(&b) == 0, "%s", mlart_last_error());
         b = s, b.attn_out.device = 0, b.device = 0;
         EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&b), MLART_EINVAL, "device");
@@ -343,6 +344,13 @@ START_TEST(bad_steps_refused)
             EXPECT_STEP_FAIL(vt->attend(st, &b, NULL), MLART_EABI, "mlart_step");
             vt->destroy(st);
             vt->destroy(NULL);
+            /* an older struct that ends before its error field: not called */
+            init.struct_size = (uint32_t)offsetof(mlart_backend_init, error);
+            init.error = (mlart_error_fn)(uintptr_t)16;
+            st = NULL;
+            EXPECT_STEP_FAIL(vt->create(&init, &st), MLART_EABI, "mlart_backend_init");
+            ck_assert(st == NULL);
+            init.struct_size = sizeof init, init.error = mlart_set_error;
             init.geom.kv_lora = 100; /* fp8 needs L % 128 == 0 */
             st = NULL;
             EXPECT_STEP_FAIL(vt->create(&init, &st), MLART_EINVAL, "128");

@@ -486,6 +486,38 @@ START_TEST(outputs_over_q_and_w_uk_t_refused)
 }
 END_TEST
 
+/* o and q rows interleaved in one buffer ([o row | q row] a token) share no
+ * byte: accepted, and o the same bits as from separate buffers. */
+START_TEST(o_and_q_rows_interleaved)
+{
+    enum { OW = H_ * V_, QW = H_ * (P_ + R_), W = OW + QW };
+    mlart_layer *ly = make(overlap_backends[_i]);
+    mlart_step_io io = fx_io(&f);
+    uint16_t *buf = malloc(sizeof(uint16_t) * T_ * W), *want = malloc(sizeof(uint16_t) * T_ * OW);
+    decode_ok(ly, &io);
+    memcpy(want, f.o, sizeof(uint16_t) * T_ * OW);
+    for (int t = 0; t < T_; t++) {
+        memset(buf + t * W, 0xff, sizeof(uint16_t) * OW); /* NaN poison */
+        memcpy(buf + t * W + OW, f.q + t * QW, sizeof(uint16_t) * QW);
+    }
+    io.o = fx_view(buf, MLART_DTYPE_BF16, 2, T_, OW, 0);
+    io.o.stride[0] = W, io.o.extent = sizeof(uint16_t) * T_ * W;
+    io.q = fx_view(buf + OW, MLART_DTYPE_BF16, 3, T_, H_, P_ + R_);
+    io.q.base = buf, io.q.stride[0] = W, io.q.extent = sizeof(uint16_t) * T_ * W;
+    ck_assert_msg(mlart_layer_decode(ly, &io, NULL) == 0, "interleaved: %s", mlart_last_error());
+    for (int t = 0; t < T_; t++) {
+        ck_assert_mem_eq(buf + t * W, want + t * OW, sizeof(uint16_t) * OW);
+        ck_assert_mem_eq(buf + t * W + OW, f.q + t * QW, sizeof(uint16_t) * QW);
+    }
+    /* o one element later: each o row meets the next q row, refused */
+    io.o.data = buf + 1;
+    bad_step(ly, &io, MLART_ELAYOUT, "o and q");
+    free(buf);
+    free(want);
+    mlart_layer_destroy(ly);
+}
+END_TEST
+
 static void bad_create(mlart_layer_desc *d, int rc, const char *needle)
 {
     mlart_layer *keep = (mlart_layer *)0x1, *ly = keep;
@@ -607,6 +639,7 @@ int main(void)
     tcase_add_loop_test(tc, o_over_w_uv_refused, 0, overlap_runs);
     tcase_add_loop_test(tc, lse_over_seq_lens_refused, 0, overlap_runs);
     tcase_add_loop_test(tc, outputs_over_q_and_w_uk_t_refused, 0, overlap_runs);
+    tcase_add_loop_test(tc, o_and_q_rows_interleaved, 0, overlap_runs);
     tcase_add_test(tc, bad_layers_refused);
     tcase_add_test(tc, write_kv);
 #ifdef MLART_HAVE_REFERENCE

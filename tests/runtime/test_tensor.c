@@ -87,9 +87,25 @@ START_TEST(overlap)
     ck_assert_int_eq(mlart_tensor_overlap(&a, &c), 1); /* one element shared */
     ck_assert_int_eq(mlart_tensor_overlap(&c, &b), 1);
     ck_assert_int_eq(mlart_tensor_overlap(&a, &a), 1);
-    /* the columns of one matrix share no element but interleave: counted */
+    /* rows of one period S = 16 bytes: m's rows take bytes [0, 4) of each,
+     * e's [4, 8), then [2, 6) (sharing), then [14, 18) (wrapping into the
+     * next row's [0, 2)) */
     m.stride[0] = 8, m.shape[1] = 2;
     e = m, e.data = buf + 2;
+    ck_assert_int_eq(mlart_tensor_overlap(&m, &e), 0);
+    ck_assert_int_eq(mlart_tensor_overlap(&e, &m), 0);
+    e.data = buf + 1;
+    ck_assert_int_eq(mlart_tensor_overlap(&m, &e), 1);
+    e.data = buf + 7, e.shape[0] = 1; /* a single row: bytes [14, 18) */
+    ck_assert_int_eq(mlart_tensor_overlap(&m, &e), 1);
+    e.data = buf + 6; /* [12, 16): in the gap */
+    ck_assert_int_eq(mlart_tensor_overlap(&m, &e), 0);
+    ck_assert_int_eq(mlart_tensor_overlap(&e, &m), 0);
+    /* another period: the ranges meet, counted */
+    e = m, e.data = buf + 2, e.stride[0] = 9;
+    ck_assert_int_eq(mlart_tensor_overlap(&m, &e), 1);
+    /* a row wider than the period (rows overlapping each other) */
+    e = m, e.data = buf + 2, e.shape[1] = 9, e.extent = 0; /* its extent is not looked at */
     ck_assert_int_eq(mlart_tensor_overlap(&m, &e), 1);
     /* an empty view overlaps nothing; another device is another memory */
     e = a, e.shape[0] = 0;
