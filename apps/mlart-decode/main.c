@@ -943,7 +943,7 @@ static int setup(run *r)
     r->MB = (int32_t)((total + g->page_size - 1) / g->page_size);
     nb = (int64_t)r->B * r->MB;
     r->num_slots = nb * g->page_size;
-    if (r->num_slots > INT32_MAX)
+    if (r->num_slots - 1 > INT32_MAX) /* slot numbers 0..num_slots-1 */
         return fail(app_error(MLART_ERANGE, "the cache would have %lld slots (batch %d x %d "
                               "blocks x page_size %d), past the int32 slot numbers of a step; "
                               "lower batch, context or page_size",

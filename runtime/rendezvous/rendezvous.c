@@ -165,7 +165,7 @@ static void on_deadline(uv_timer_t *t)
                              "peers served (missing ranks: %s%s%s)",
                              r->addr, r->port, r->timeout_ms, r->served, r->size - 1, missing,
                              list_ranks(r, 1, pending, sizeof pending) ?
-                             "; sent the blob but not acknowledged: " : "", pending);
+                             "; admitted, blob not acknowledged: " : "", pending);
     } else if (!r->connected && r->busy) {
         rc = mlart_set_error(MLART_ETIMEDOUT,
                              "rendezvous: rank 0 at %s:%d answered rank %d busy %d times within "
