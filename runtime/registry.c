@@ -61,6 +61,22 @@ typedef struct module {
 
 static pthread_mutex_t modules_lock = PTHREAD_MUTEX_INITIALIZER;
 static module *modules;
+/* The module this thread is loading, holding modules_lock: a lookup from its
+ * constructors or entry point would wait for that lock forever. */
+static _Thread_local const char *loading;
+
+/* A table's name for a message, read no further than a valid name can be
+ * long (63 bytes and its NUL): a longer or unterminated one is cut and
+ * marked "...", bytes outside printable ASCII are shown as '?'. */
+static void table_name_text(const char *s, char out[68])
+{
+    size_t i = 0;
+    for (; i < 63 && s[i]; i++)
+        out[i] = s[i] >= 0x20 && s[i] < 0x7f ? s[i] : '?';
+    if (i == 63 && s[i])
+        out[i++] = '.', out[i++] = '.', out[i++] = '.';
+    out[i] = '\0';
+}
 
 int mlart_backend_validate(const mlart_backend_vtable *vt, const char *name, const char *where)
 {
@@ -78,9 +94,12 @@ int mlart_backend_validate(const mlart_backend_vtable *vt, const char *name, con
                                where, vt->struct_size, (size_t)MLART_BACKEND_VTABLE_V1_SIZE);
     if (!vt->name)
         return mlart_set_error(MLART_EABI, "%s: backend table has no name", where);
-    if (name && strcmp(vt->name, name))
+    if (name && strcmp(vt->name, name)) {
+        char got[68];
+        table_name_text(vt->name, got);
         return mlart_set_error(MLART_EABI, "%s: backend table calls itself '%s', expected '%s'",
-                               where, vt->name, name);
+                               where, got, name);
+    }
 #define REQUIRED_(slot)                                                                       \
     if (!vt->slot)                                                                            \
         return mlart_set_error(MLART_EABI, "%s: backend '%s' has no %s() (a required slot)", \
@@ -148,8 +167,9 @@ static int load_module(const char *path, const char *name, module **out)
 static int lookup_module(const char *name, const mlart_backend_vtable **out)
 {
     const char *env = getenv("MLART_BACKEND_PATH");
-    char looked[768] = "";
+    char looked[600] = "", more[96] = "";
     size_t used = 0;
+    int unlisted = 0, too_long = 0;
     const char *p;
     for (module *m = modules; m; m = m->next)
         if (!strcmp(m->name, name)) {
@@ -165,7 +185,9 @@ static int lookup_module(const char *name, const mlart_backend_vtable **out)
             int rc;
             snprintf(path, sizeof path, "%.*s/libmlart-backend-%s.so", (int)len, p, name);
             if (access(path, F_OK) == 0) {
+                loading = name;
                 rc = load_module(path, name, &m);
+                loading = NULL;
                 if (rc < 0)
                     return rc;
                 m->next = modules;
@@ -174,12 +196,22 @@ static int lookup_module(const char *name, const mlart_backend_vtable **out)
                 *out = m->vt;
                 return 0;
             }
-            if (used < sizeof looked)
+            if (used + 2 + len < sizeof looked) /* whole, or counted below */
                 used += (size_t)snprintf(looked + used, sizeof looked - used, "%s%.*s",
                                          used ? ", " : "", (int)len, p);
+            else
+                unlisted++;
+        } else if (len > 0) {
+            too_long++; /* no path fits: not searched */
         }
         p = colon ? colon + 1 : NULL;
     }
+    if (unlisted)
+        snprintf(more, sizeof more, " and %d more", unlisted);
+    if (too_long)
+        snprintf(more + strlen(more), sizeof more - strlen(more),
+                 "; not searched: %d entr%s too long for a path", too_long,
+                 too_long == 1 ? "y" : "ies");
     {
         char names[256] = "";
         size_t n = 0;
@@ -195,8 +227,8 @@ static int lookup_module(const char *name, const mlart_backend_vtable **out)
                                    name, names, name);
         return mlart_set_error(MLART_ENOBACKEND,
                                "unknown backend '%s': built-ins are [%s]; looked for "
-                               "libmlart-backend-%s.so in MLART_BACKEND_PATH directories: %s",
-                               name, names, name, looked[0] ? looked : "(none)");
+                               "libmlart-backend-%s.so in MLART_BACKEND_PATH directories: %s%s",
+                               name, names, name, looked[0] || unlisted ? looked : "(none)", more);
     }
 }
 
@@ -218,6 +250,10 @@ int mlart_backend_lookup(const char *name, const mlart_backend_vtable **out)
             *out = vt;
             return 0;
         }
+    if (loading)
+        return mlart_set_error(MLART_EABI, "backend '%s' looked up while module '%s' is being "
+                               "loaded (from its entry point or a constructor): look it up "
+                               "later, e.g. in create()", name, loading);
     pthread_mutex_lock(&modules_lock);
     rc = lookup_module(name, &vt);
     pthread_mutex_unlock(&modules_lock);

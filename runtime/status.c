@@ -1,6 +1,7 @@
 #include "runtime/status.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,7 +42,8 @@ int mlart_set_error(int status, const char *fmt, ...)
     char msg[sizeof last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap); /* fmt may use last_error itself */
+    if (vsnprintf(msg, sizeof msg, fmt, ap) >= (int)sizeof msg) /* fmt may use last_error itself */
+        memcpy(msg + sizeof msg - 4, "...", 4); /* cut: say so */
     va_end(ap);
     memcpy(last_error, msg, sizeof msg);
     mlart_log(MLART_LOG_DEBUG, "%s: %s", mlart_status_name(status), msg);
@@ -50,7 +52,10 @@ int mlart_set_error(int status, const char *fmt, ...)
 
 static int log_threshold(void)
 {
-    static int level = -1; /* read once; benign race: every reader computes the same value */
+    /* read once; threads may race to compute it, all to the same value, so
+     * relaxed atomics suffice (a plain int here is a C11 data race) */
+    static _Atomic int level_ = -1;
+    int level = atomic_load_explicit(&level_, memory_order_relaxed);
     if (level < 0) {
         const char *s = getenv("MLART_LOG");
         int l = MLART_LOG_WARN;
@@ -65,6 +70,7 @@ static int log_threshold(void)
                 l = MLART_LOG_ERROR;
         }
         level = l;
+        atomic_store_explicit(&level_, level, memory_order_relaxed);
     }
     return level;
 }

@@ -30,6 +30,8 @@ mlart_test_plugin(nosym NO_ENTRY)
 mlart_test_plugin(nulltable NULL_TABLE)
 mlart_test_plugin(noattend NO_ATTEND)
 mlart_test_plugin(wrongname TABLE_NAME="othername")
+mlart_test_plugin(untermname UNTERMINATED_NAME)
+mlart_test_plugin(reentrant LOOKUP_IN_ENTRY)
 
 if(MLART_WITH_CUDA)
   # a CUDA module with a CONTIGUOUS query contract, for the device-side materialisation

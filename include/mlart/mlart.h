@@ -60,7 +60,8 @@ MLART_API const char *mlart_strerror(int status);
 /* Static name of a status ("MLART_EINVAL"); "MLART_UNKNOWN" otherwise. */
 MLART_API const char *mlart_status_name(int status);
 /* Detail of the last failure on this thread ("" if none).  Valid until the
- * next failing call on the same thread. */
+ * next failing call on the same thread.  At most 1023 characters: a longer
+ * detail is cut and ends in "...". */
 MLART_API const char *mlart_last_error(void);
 
 /* ---- dtypes ----------------------------------------------------------- */
@@ -189,7 +190,9 @@ struct mlart_backend_vtable; /* include/mlart/backend.h */
  * stays loaded for the life of the process.  MLART_ENOBACKEND when no such
  * backend exists (the message lists where it looked); MLART_EABI for a module
  * that is not a usable v1 backend (other major ABI, struct_size too small,
- * missing symbol or required slot, name mismatch), with the reason. */
+ * missing symbol or required slot, name mismatch), with the reason.  Safe
+ * from several threads; a module's constructors and entry point may look up
+ * only built-ins (another module: MLART_EABI; do it in create()). */
 MLART_API int mlart_backend_lookup(const char *name, const struct mlart_backend_vtable **out);
 /* NULL-terminated list of the built-in backend names (static storage). */
 MLART_API const char *const *mlart_backend_builtins(void);

@@ -11,9 +11,18 @@
  *   NO_ENTRY         export no mlart_backend_entry_v1
  *   NULL_TABLE       the entry point returns NULL
  *   NO_ATTEND        leave the required attend slot NULL
+ *   UNTERMINATED_NAME  the table's name is 100 bytes of 'x' with no NUL,
+ *                    right before an unreadable page
+ *   LOOKUP_IN_ENTRY  its entry point looks up "testhost" through the function
+ *                    handed to testhost_lookup_in_entry(), and keeps the status
  *
  * attend() is plain float attention over a bf16 cache, and it records what
  * it received so tests can compare the views byte for byte. */
+#ifdef UNTERMINATED_NAME
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 #include "plugins/testhost.h"
 
 #include "ops/numerics.h"
@@ -211,13 +220,44 @@ static const mlart_backend_vtable table = {
     .v_up = NULL, /* runtime op */
 };
 
+#ifdef LOOKUP_IN_ENTRY
+typedef int (*lookup_fn)(const char *, const mlart_backend_vtable **);
+static lookup_fn lookup_cb;
+static int lookup_rc = 1; /* 1: not called */
+MLART_API void testhost_lookup_in_entry(lookup_fn fn, int **rc);
+void testhost_lookup_in_entry(lookup_fn fn, int **rc)
+{
+    lookup_cb = fn;
+    *rc = &lookup_rc;
+}
+#endif
+
 #ifndef NO_ENTRY
 MLART_API const mlart_backend_vtable *mlart_backend_entry_v1(void);
 const mlart_backend_vtable *mlart_backend_entry_v1(void)
 {
+#ifdef LOOKUP_IN_ENTRY
+    if (lookup_cb) {
+        const mlart_backend_vtable *other;
+        lookup_rc = lookup_cb("testhost", &other);
+    }
+#endif
 #ifdef NULL_TABLE
     (void)table;
     return NULL;
+#elif defined(UNTERMINATED_NAME)
+    static mlart_backend_vtable *copy;
+    if (!copy) {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        char *m = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED || mprotect(m + page, page, PROT_NONE))
+            return NULL;
+        memset(m + page - 100, 'x', 100);
+        copy = (mlart_backend_vtable *)(void *)m;
+        *copy = table;
+        copy->name = m + page - 100;
+    }
+    return copy;
 #else
     return &table;
 #endif
