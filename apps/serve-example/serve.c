@@ -60,6 +60,10 @@ struct server {
     uv_tcp_t listener;
     uv_tcp_t spare;  /* a connection refused for want of memory (reject) */
     int rejecting;   /* spare is closing */
+    int reject_waiting; /* a connection came while spare was closing: the
+                           listener is paused until it is accepted */
+    long test_refuse;   /* MLART_SERVE_TEST_REFUSE: refuse that many
+                           connections as if out of memory (tests) */
     uv_signal_t sig[2];
     uv_work_t work;
     serve_engine *eng;
@@ -371,17 +375,29 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
     start_step(c->srv);
 }
 
+static void on_connection(uv_stream_t *l, int status);
+
 static void reject_closed(uv_handle_t *h)
 {
-    ((server *)h->data)->rejecting = 0;
+    server *s = h->data;
+    s->rejecting = 0;
+    if (s->reject_waiting && !uv_is_closing((uv_handle_t *)&s->listener)) {
+        s->reject_waiting = 0;
+        on_connection((uv_stream_t *)&s->listener, 0); /* serve it now, or refuse it */
+    }
 }
 
 /* A connection that cannot be served (out of memory): accept it into the
  * server's spare handle and close it at once.  Left unaccepted, it would
- * make libuv stop watching the listening socket for good. */
+ * make libuv stop watching the listening socket for good; so one that comes
+ * while the spare is still closing waits for reject_closed. */
 static void reject(server *s, uv_stream_t *l)
 {
-    if (s->rejecting || uv_tcp_init(s->loop, &s->spare) < 0)
+    if (s->rejecting) {
+        s->reject_waiting = 1;
+        return;
+    }
+    if (uv_tcp_init(s->loop, &s->spare) < 0)
         return;
     s->spare.data = s;
     s->rejecting = 1;
@@ -395,7 +411,7 @@ static void on_connection(uv_stream_t *l, int status)
     conn *c;
     if (status < 0 || s->stopping)
         return;
-    c = calloc(1, sizeof *c);
+    c = s->test_refuse > 0 ? (s->test_refuse--, NULL) : calloc(1, sizeof *c);
     if (!c) {
         reject(s, l);
         return;
@@ -518,6 +534,8 @@ int main(int argc, char **argv)
     s.max_batch_requests = 16;
     s.max_line = 4096;
     s.max_queue = 4096;
+    if (getenv("MLART_SERVE_TEST_REFUSE"))
+        s.test_refuse = strtol(getenv("MLART_SERVE_TEST_REFUSE"), NULL, 10);
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;

@@ -76,7 +76,9 @@ static serve_err string(scan *s, const char **b, const char **e)
     return SERVE_OK;
 }
 
-/* A JSON number; *is_int and *v set when it is an integer that fits int64. */
+/* A JSON number; *is_int set when it is written as an integer (no fraction,
+ * no exponent), *v then its value, saturated to the int64 range: a huge
+ * integer is still an integer, just out of any range. */
 static serve_err number(scan *s, int *is_int, int64_t *v)
 {
     const char *p = s->p;
@@ -113,8 +115,13 @@ static serve_err number(scan *s, int *is_int, int64_t *v)
             p++;
     }
     s->p = p;
-    *is_int = !frac && !over && x <= (uint64_t)INT64_MAX;
-    *v = *is_int ? (neg ? -(int64_t)x : (int64_t)x) : 0;
+    *is_int = !frac;
+    if (frac)
+        *v = 0;
+    else if (over || x > (uint64_t)INT64_MAX)
+        *v = neg ? INT64_MIN : INT64_MAX;
+    else
+        *v = neg ? -(int64_t)x : (int64_t)x;
     return SERVE_OK;
 }
 
@@ -178,6 +185,19 @@ static serve_err skip(scan *s, int depth)
     }
 }
 
+static int starts_number(const scan *s)
+{
+    return s->p < s->end && (*s->p == '-' || (*s->p >= '0' && *s->p <= '9'));
+}
+
+/* A value of the wrong type for a known field: still valid JSON (else
+ * bad_json), so the request is a bad_request (docs/serve.md). */
+static serve_err wrong_type(scan *s, const char *what)
+{
+    serve_err rc = skip(s, 1);
+    return rc ? rc : fail(s, SERVE_EREQUEST, what);
+}
+
 static int key_is(const char *b, const char *e, const char *k)
 {
     size_t n = strlen(k);
@@ -192,7 +212,8 @@ serve_err serve_parse_request(const char *line, size_t len, const serve_limits *
     int have_id = 0, have_tokens = 0, npos = -1;
     int64_t tokens = 0;
     int pos_range = 0;
-    int64_t bad_pos = 0;
+    const char *bad_pos = NULL, *tok_text = "";
+    int bad_pos_len = 0, tok_len = 0;
     serve_err rc;
 
     memset(&r, 0, sizeof r);
@@ -221,6 +242,8 @@ serve_err serve_parse_request(const char *line, size_t len, const serve_limits *
             if (s.p < s.end && *s.p == '"') {
                 if ((rc = string(&s, &vb, &ve)))
                     return rc;
+            } else if (!starts_number(&s)) {
+                return wrong_type(&s, "id must be a string or an integer");
             } else {
                 if ((rc = number(&s, &is_int, &v)))
                     return rc;
@@ -237,8 +260,12 @@ serve_err serve_parse_request(const char *line, size_t len, const serve_limits *
             int is_int;
             if (have_tokens++)
                 return fail(&s, SERVE_EREQUEST, "duplicate tokens");
+            if (!starts_number(&s))
+                return wrong_type(&s, "tokens must be an integer");
+            tok_text = s.p;
             if ((rc = number(&s, &is_int, &tokens)))
                 return rc;
+            tok_len = (int)(s.p - tok_text < 40 ? s.p - tok_text : 40);
             if (!is_int)
                 return fail(&s, SERVE_EREQUEST, "tokens must be an integer");
         } else if (key_is(kb, ke, "positions")) {
@@ -254,15 +281,20 @@ serve_err serve_parse_request(const char *line, size_t len, const serve_limits *
                 for (;;) {
                     int is_int;
                     int64_t v;
+                    const char *vb;
                     ws(&s);
+                    if (!starts_number(&s))
+                        return wrong_type(&s, "positions must be integers");
+                    vb = s.p;
                     if ((rc = number(&s, &is_int, &v)))
                         return rc;
                     if (!is_int)
                         return fail(&s, SERVE_EREQUEST, "positions must be integers");
                     if (npos >= SERVE_MAX_TOKENS)
                         return fail(&s, SERVE_ERANGE, "more than 64 positions");
-                    if ((v < 0 || v >= lim->context) && !pos_range)
-                        pos_range = 1, bad_pos = v;
+                    if ((v < 0 || v >= lim->context) && !pos_range) /* quoted as written */
+                        pos_range = 1, bad_pos = vb,
+                        bad_pos_len = (int)(s.p - vb < 40 ? s.p - vb : 40);
                     r.positions[npos++] = (int32_t)(v < 0 ? -1 : v > INT32_MAX ? INT32_MAX : v);
                     if (peek(&s, ',')) {
                         s.p++;
@@ -295,8 +327,8 @@ serve_err serve_parse_request(const char *line, size_t len, const serve_limits *
         return fail(&s, SERVE_EREQUEST, "missing tokens or positions");
     if (tokens < 1 || tokens > lim->max_tokens) {
         if (msg_cap)
-            snprintf(msg, msg_cap, "tokens = %lld, this server takes 1..%d per request",
-                     (long long)tokens, lim->max_tokens);
+            snprintf(msg, msg_cap, "tokens = %.*s, this server takes 1..%d per request",
+                     tok_len, tok_text, lim->max_tokens);
         return SERVE_ERANGE;
     }
     if (npos != tokens) {
@@ -306,8 +338,8 @@ serve_err serve_parse_request(const char *line, size_t len, const serve_limits *
     }
     if (pos_range) {
         if (msg_cap)
-            snprintf(msg, msg_cap, "position %lld outside [0, %d) (the server's context)",
-                     (long long)bad_pos, lim->context);
+            snprintf(msg, msg_cap, "position %.*s outside [0, %d) (the server's context)",
+                     bad_pos_len, bad_pos, lim->context);
         return SERVE_ERANGE;
     }
     r.tokens = (int32_t)tokens;

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -53,7 +54,7 @@ START_TEST(test_parse)
         {"{\"id\":1,\"tokens\":1,\"positions\":[1]", SERVE_EJSON, "1"},
         {"{\"id\":1,\"tokens\":1,\"positions\":[1]} x", SERVE_EJSON, "1"},
         {"{\"id\":1,\"tokens\":1,\"positions\":[01]}", SERVE_EJSON, "1"},
-        {"{\"id\":1,\"tokens\":1,\"positions\":[\"1\"]}", SERVE_EJSON, "1"},
+        {"{\"id\":1,\"tokens\":1,\"positions\":[\"1\"]}", SERVE_EREQUEST, "1"},
         {"{\"id\":\"a\\q\",\"tokens\":1,\"positions\":[1]}", SERVE_EJSON, ""},
         {"{\"id\":1.5,\"tokens\":1,\"positions\":[1]}", SERVE_EREQUEST, ""},
         {"{\"id\":1,\"id\":2,\"tokens\":1,\"positions\":[1]}", SERVE_EREQUEST, "1"},
@@ -64,7 +65,7 @@ START_TEST(test_parse)
         {"{\"id\":1,\"tokens\":1,\"positions\":{}}", SERVE_EREQUEST, "1"},
         {"{\"id\":1,\"tokens\":1,\"positions\":[100]}", SERVE_ERANGE, "1"},
         {"{\"id\":1,\"tokens\":1,\"positions\":[-1]}", SERVE_ERANGE, "1"},
-        {"{\"id\":1,\"tokens\":1,\"positions\":[99999999999999999999]}", SERVE_EREQUEST, "1"},
+        {"{\"id\":1,\"tokens\":1,\"positions\":[99999999999999999999]}", SERVE_ERANGE, "1"},
         {"{\"id\":1,\"tokens\":0,\"positions\":[]}", SERVE_ERANGE, "1"},
         {"{\"id\":1,\"tokens\":9,\"positions\":[1,1,1,1,1,1,1,1,1]}", SERVE_ERANGE, "1"},
         {"{\"id\":\"01234567890123456789012345678901234567890123456789012345678901234\","
@@ -88,6 +89,58 @@ START_TEST(test_parse)
     ck_assert_int_eq(r.positions[1], 99);
     printf("protocol: %zu request lines parsed or refused with the right code\n",
            sizeof cases / sizeof cases[0]);
+}
+END_TEST
+
+/* docs/serve.md: a known field of the wrong JSON type is bad_request (the
+ * line is valid JSON), an integer too large for any range is out_of_range
+ * (it is still an integer), and the message quotes it as written. */
+START_TEST(test_parse_types_and_huge_integers)
+{
+    serve_limits lim = {8, 100};
+    serve_request r;
+    char msg[200];
+    static const struct {
+        const char *line;
+        serve_err want;
+        const char *id, *in_msg;
+    } cases[] = {
+        {"{\"id\":true,\"tokens\":1,\"positions\":[1]}", SERVE_EREQUEST, "", "id must"},
+        {"{\"id\":null,\"tokens\":1,\"positions\":[1]}", SERVE_EREQUEST, "", "id must"},
+        {"{\"id\":{\"a\":1},\"tokens\":1,\"positions\":[1]}", SERVE_EREQUEST, "", "id must"},
+        {"{\"id\":1,\"tokens\":\"1\",\"positions\":[1]}", SERVE_EREQUEST, "1", "tokens must"},
+        {"{\"id\":1,\"tokens\":[1],\"positions\":[1]}", SERVE_EREQUEST, "1", "tokens must"},
+        {"{\"id\":1,\"tokens\":1,\"positions\":[null]}", SERVE_EREQUEST, "1", "positions must"},
+        {"{\"id\":1,\"tokens\":1,\"positions\":[[1]]}", SERVE_EREQUEST, "1", "positions must"},
+        /* still bad_json when the value itself is not JSON */
+        {"{\"id\":tru,\"tokens\":1,\"positions\":[1]}", SERVE_EJSON, "", ""},
+        {"{\"id\":1,\"tokens\":1,\"positions\":[\"1]}", SERVE_EJSON, "1", ""},
+        {"{\"id\":1,\"tokens\":-,\"positions\":[1]}", SERVE_EJSON, "1", ""},
+        /* integers beyond int64: out of range, quoted as written */
+        {"{\"id\":1,\"tokens\":99999999999999999999,\"positions\":[1]}", SERVE_ERANGE, "1",
+         "tokens = 99999999999999999999,"},
+        {"{\"id\":1,\"tokens\":-99999999999999999999,\"positions\":[1]}", SERVE_ERANGE, "1",
+         "tokens = -99999999999999999999,"},
+        {"{\"id\":1,\"tokens\":1,\"positions\":[-9223372036854775809]}", SERVE_ERANGE, "1",
+         "position -9223372036854775809 outside"},
+        {"{\"id\":1,\"tokens\":2,\"positions\":[1,18446744073709551616]}", SERVE_ERANGE, "1",
+         "position 18446744073709551616 outside"},
+        {"{\"id\":1,\"tokens\":4294967297,\"positions\":[1]}", SERVE_ERANGE, "1",
+         "tokens = 4294967297,"},
+        /* an integer id is echoed as written, however large */
+        {"{\"id\":123456789012345678901234567890,\"tokens\":1,\"positions\":[1]}", SERVE_OK,
+         "123456789012345678901234567890", ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        serve_err e = serve_parse_request(cases[i].line, strlen(cases[i].line), &lim, &r, msg,
+                                          sizeof msg);
+        ck_assert_msg(e == cases[i].want, "case %zu (%s): got %s want %s (%s)", i, cases[i].line,
+                      serve_err_code(e), serve_err_code(cases[i].want), msg);
+        ck_assert_msg(!strcmp(r.id, cases[i].id), "case %zu: id '%s' want '%s'", i, r.id,
+                      cases[i].id);
+        ck_assert_msg(strstr(msg, cases[i].in_msg), "case %zu: message '%s' lacks '%s'", i, msg,
+                      cases[i].in_msg);
+    }
 }
 END_TEST
 
@@ -660,6 +713,8 @@ static void query(int port, int n, int (*make_line)(int, char *, size_t), char s
     double t0 = now_s();
     ck_assert_int_ge(fd, 0);
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    /* a server that stopped answering fails the case, rather than block it */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &(struct timeval){30, 0}, sizeof(struct timeval));
     for (int i = 0; i < n; i++) {
         char line[256];
         int k = make_line(i, line, sizeof line);
@@ -876,6 +931,57 @@ START_TEST(test_clients_vanish)
 }
 END_TEST
 
+/* Connections the server cannot take (out of memory for their state,
+ * simulated by MLART_SERVE_TEST_REFUSE: that many refusals) that arrive
+ * together: each is accepted and closed, or served once memory is back, and
+ * the server goes on accepting (docs/serve.md); none is left hanging.  The
+ * server is stopped while they connect, so that they wait in the backlog
+ * and reach it in one accept round. */
+START_TEST(test_refused_connections)
+{
+    enum { N = 6 };
+    static const char req[] = "{\"id\":1,\"tokens\":1,\"positions\":[5]}\n";
+    proc p;
+    int fds[N], done[N] = {0}, closed = 0, served = 0;
+    char sums[2][17];
+    double t0;
+    setenv("MLART_SERVE_TEST_REFUSE", "4", 1);
+    spawn(&p, NULL);
+    unsetenv("MLART_SERVE_TEST_REFUSE");
+    kill(p.pid, SIGSTOP);
+    for (int i = 0; i < N; i++) {
+        fds[i] = connect_to(p.port);
+        ck_assert_int_ge(fds[i], 0);
+        ck_assert_int_eq(send(fds[i], req, sizeof req - 1, MSG_NOSIGNAL), (ssize_t)sizeof req - 1);
+    }
+    kill(p.pid, SIGCONT);
+    t0 = now_s();
+    while (closed + served < N && now_s() - t0 < 10.0) {
+        for (int i = 0; i < N; i++) {
+            char buf[512];
+            ssize_t r;
+            if (done[i])
+                continue;
+            r = recv(fds[i], buf, sizeof buf, 0);
+            if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+                done[i] = 1, closed++;
+            else if (r > 0 && memchr(buf, '\n', (size_t)r))
+                done[i] = 1, served++;
+        }
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+    printf("%d connections while %d refusals were due: %d closed by the server, %d served, %d "
+           "left hanging\n",
+           N, 4, closed, served, N - closed - served);
+    ck_assert_int_ge(closed, 1);
+    ck_assert_int_eq(closed + served, N);
+    query(p.port, 2, pair_line, sums); /* and it still accepts */
+    ck_assert_int_eq(finish(&p, SIGTERM, 20.0), 0);
+}
+END_TEST
+
 /* A second signal during a long drain ends the process at once. */
 START_TEST(test_second_signal)
 {
@@ -1007,6 +1113,7 @@ int main(int argc, char **argv)
     proto = tcase_create("protocol");
     live = tcase_create("server");
     tcase_add_test(proto, test_parse);
+    tcase_add_test(proto, test_parse_types_and_huge_integers);
     tcase_add_test(proto, test_framer_and_replies);
     tcase_set_timeout(live, 180);
     tcase_add_test(live, test_load);
@@ -1014,6 +1121,7 @@ int main(int argc, char **argv)
     tcase_add_test(live, test_sigterm);
     tcase_add_test(live, test_sigint);
     tcase_add_test(live, test_clients_vanish);
+    tcase_add_test(live, test_refused_connections);
     tcase_add_test(live, test_bad_options);
     if (!server_extra) {
         tcase_add_test(live, test_second_signal); /* needs about a second of CPU steps */
