@@ -192,6 +192,18 @@ static int check_rows_apart(const mlart_tensor *t, const char *name)
     return 0;
 }
 
+/* rc of a backend call made when the thread's error serial was `serial`: a
+ * failure the backend returned without recording a detail (through
+ * init->error) gets one naming the backend and the call, instead of
+ * leaving the thread's previous message to explain it. */
+static int backend_rc(const mlart_layer *ly, const char *call, unsigned serial, int rc)
+{
+    if (rc < 0 && mlart_error_serial() == serial)
+        return mlart_set_error(rc, "backend '%s': %s returned %s without a detail", ly->vt->name,
+                               call, mlart_status_name(rc));
+    return rc;
+}
+
 /* Views a and b must not share bytes (two outputs, or an output and an
  * input the step reads); `what` ends the message that names both. */
 static int check_apart(const mlart_tensor *a, const char *an, const mlart_tensor *b, const char *bn,
@@ -402,6 +414,7 @@ static int dcp_setup(mlart_layer *ly, const mlart_layer_desc *desc, const char *
     const int64_t H = ly->geom.heads, G = (int64_t)D * H, L = ly->geom.kv_lora,
                   R = ly->geom.rope, T = ly->max_tokens, B = ly->max_requests;
     mlart_backend_init init;
+    unsigned sn;
     mlart_plan plan;
     size_t wbytes = 0;
     if (mlart_comm_device(comm) != ly->device)
@@ -433,7 +446,8 @@ static int dcp_setup(mlart_layer *ly, const mlart_layer_desc *desc, const char *
     init.geom.heads = (int32_t)G;
     init.error = mlart_set_error;
     init.log = mlart_log;
-    MLART_CHECK(ly->vt->create(&init, &ly->dstate));
+    sn = mlart_error_serial();
+    MLART_CHECK(backend_rc(ly, "create", sn, ly->vt->create(&init, &ly->dstate)));
     memset(&plan, 0, sizeof plan);
     plan.struct_size = sizeof plan;
     plan.geom = init.geom;
@@ -442,7 +456,8 @@ static int dcp_setup(mlart_layer *ly, const mlart_layer_desc *desc, const char *
     plan.max_requests = ly->max_requests;
     plan.max_blocks_per_req = ly->max_blocks;
     plan.num_slots = ly->num_slots;
-    MLART_CHECK(ly->vt->plan(ly->dstate, &plan, &wbytes));
+    sn = mlart_error_serial();
+    MLART_CHECK(backend_rc(ly, "plan", sn, ly->vt->plan(ly->dstate, &plan, &wbytes)));
     MLART_CHECK(dcp_alloc(ly, &ly->dwork, wbytes));
     MLART_CHECK(dcp_alloc(ly, &ly->dq_all, (size_t)(G * T * (L + R)) * 2));
     MLART_CHECK(dcp_alloc(ly, &ly->dq_mqa, (size_t)(G * T * (L + R)) * 2));
@@ -483,6 +498,7 @@ int mlart_layer_create(mlart_context *ctx, const mlart_layer_desc *desc, mlart_l
     const char *name;
     mlart_backend_init init;
     mlart_plan plan;
+    unsigned sn;
     int64_t H, P, R, L, V, T;
     size_t tail;
     int rc;
@@ -574,7 +590,8 @@ int mlart_layer_create(mlart_context *ctx, const mlart_layer_desc *desc, mlart_l
     init.geom = *g;
     init.error = mlart_set_error;
     init.log = mlart_log;
-    rc = ly->vt->create(&init, &ly->state);
+    sn = mlart_error_serial();
+    rc = backend_rc(ly, "create", sn, ly->vt->create(&init, &ly->state));
     if (rc < 0)
         goto fail;
     memset(&plan, 0, sizeof plan);
@@ -585,7 +602,8 @@ int mlart_layer_create(mlart_context *ctx, const mlart_layer_desc *desc, mlart_l
     plan.max_requests = desc->max_requests;
     plan.max_blocks_per_req = desc->max_blocks_per_req;
     plan.num_slots = desc->num_slots;
-    rc = ly->vt->plan(ly->state, &plan, &ly->workspace_bytes);
+    sn = mlart_error_serial();
+    rc = backend_rc(ly, "plan", sn, ly->vt->plan(ly->state, &plan, &ly->workspace_bytes));
     if (rc < 0)
         goto fail;
     rc = mem_alloc(ly->device, ly->workspace_bytes, &ly->workspace);
@@ -876,6 +894,7 @@ static int dcp_attend(mlart_layer *ly, const mlart_step *s, void *lse_out, void 
                   C = L + ly->geom.rope, n_idx = (int64_t)T * ly->geom.topk;
     const int cpu = ly->device < 0;
     mlart_step a = *s;
+    unsigned sn;
     /* the translation first: the kernel just before attend() is then not
      * the one that wrote the indices attend may read before its wait (on
      * CUDA it runs on the side branch, dcp_fork_translate, joined after
@@ -902,7 +921,8 @@ static int dcp_attend(mlart_layer *ly, const mlart_step *s, void *lse_out, void 
         memset(&a.w_uv, 0, sizeof a.w_uv);
         memset(&a.o, 0, sizeof a.o);
     }
-    MLART_CHECK(ly->vt->attend(ly->dstate, &a, stream));
+    sn = mlart_error_serial();
+    MLART_CHECK(backend_rc(ly, "attend", sn, ly->vt->attend(ly->dstate, &a, stream)));
     if (ly->dcp_routing == MLART_DCP_A2A) {
         /* the partials and their LSEs in one operation */
         const void *send[2] = {ly->dattn.p, ly->dlse.p};
@@ -945,8 +965,10 @@ static int absorb(mlart_layer *ly, const mlart_step *s, void *stream)
 {
     const int64_t H = ly->geom.heads, T = s->T, L = ly->geom.kv_lora, R = ly->geom.rope;
     mlart_tensor lat, pe;
-    if (ly->vt->absorb_query)
-        return ly->vt->absorb_query(ly->state, s, stream);
+    if (ly->vt->absorb_query) {
+        unsigned sn = mlart_error_serial();
+        return backend_rc(ly, "absorb_query", sn, ly->vt->absorb_query(ly->state, s, stream));
+    }
     lat = view3(s->q_mqa.data, &s->q_mqa, MLART_DTYPE_BF16, H, T, L, L + R, H * (L + R), 1);
     pe = view3((uint16_t *)s->q_mqa.data + L, &s->q_mqa, MLART_DTYPE_BF16, T, H, R, H * (L + R), L + R, 1);
     if (ly->device < 0)
@@ -969,6 +991,7 @@ int mlart_layer_decode(mlart_layer *ly, const mlart_step_io *io, void *stream)
     int64_t H, P, R, L, V, T, B;
     size_t tail;
     int lse_direct = 0;
+    unsigned sn;
     if (!ly || !io)
         return mlart_set_error(MLART_EINVAL, "mlart_layer_decode: NULL argument");
     g = &ly->geom;
@@ -1082,10 +1105,13 @@ int mlart_layer_decode(mlart_layer *ly, const mlart_step_io *io, void *stream)
     }
     if (ly->dcp)
         MLART_CHECK(dcp_attend(ly, &s, lse_direct ? io->lse.data : ly->lse_buf, stream));
-    else
-        MLART_CHECK(ly->vt->attend(ly->state, &s, stream));
+    else {
+        sn = mlart_error_serial();
+        MLART_CHECK(backend_rc(ly, "attend", sn, ly->vt->attend(ly->state, &s, stream)));
+    }
     if (ly->vt->v_up) {
-        MLART_CHECK(ly->vt->v_up(ly->state, &s, stream));
+        sn = mlart_error_serial();
+        MLART_CHECK(backend_rc(ly, "v_up", sn, ly->vt->v_up(ly->state, &s, stream)));
     } else {
         mlart_tensor x = ly->contract.output == MLART_OUT_HEAD_MAJOR
                              ? view3(s.attn_out.data, &s.attn_out, MLART_DTYPE_BF16, H, T, L,

@@ -7,6 +7,7 @@
 #include <string.h>
 
 static _Thread_local char last_error[1024];
+static _Thread_local unsigned error_serial; /* mlart_set_error calls on this thread */
 
 const char *mlart_strerror(int status)
 {
@@ -37,6 +38,11 @@ const char *mlart_last_error(void)
     return last_error;
 }
 
+unsigned mlart_error_serial(void)
+{
+    return error_serial;
+}
+
 int mlart_set_error(int status, const char *fmt, ...)
 {
     char msg[sizeof last_error];
@@ -46,6 +52,7 @@ int mlart_set_error(int status, const char *fmt, ...)
         memcpy(msg + sizeof msg - 4, "...", 4); /* cut: say so */
     va_end(ap);
     memcpy(last_error, msg, sizeof msg);
+    error_serial++;
     mlart_log(MLART_LOG_DEBUG, "%s: %s", mlart_status_name(status), msg);
     return status;
 }

@@ -23,6 +23,11 @@ MLART_API int mlart_set_error(int status, const char *fmt, ...) MLART_PRINTF(2, 
 /* Log to stderr if level >= MLART_LOG (default warn). */
 MLART_API void mlart_log(int level, const char *fmt, ...) MLART_PRINTF(2, 3);
 
+/* How many details this thread has recorded: a caller that compares it
+ * before and after a backend call knows whether the backend's failure came
+ * with a detail of its own. */
+unsigned mlart_error_serial(void);
+
 /* Return on error; the failing call has already recorded its detail. */
 #define MLART_CHECK(call)                                                               \
     do {                                                                                \

@@ -32,6 +32,7 @@ mlart_test_plugin(noattend NO_ATTEND)
 mlart_test_plugin(wrongname TABLE_NAME="othername")
 mlart_test_plugin(untermname UNTERMINATED_NAME)
 mlart_test_plugin(reentrant LOOKUP_IN_ENTRY)
+mlart_test_plugin(silentplan SILENT_PLAN_FAIL)
 
 if(MLART_WITH_CUDA)
   # a CUDA module with a CONTIGUOUS query contract, for the device-side materialisation

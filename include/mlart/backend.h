@@ -71,7 +71,9 @@ typedef struct mlart_layout_contract {
 } mlart_layout_contract;
 
 /* Host callbacks handed to a backend.  error() records the detail for
- * mlart_last_error() and returns `status`, so `return init->error(...)` works. */
+ * mlart_last_error() and returns `status`, so `return init->error(...)` works.
+ * A negative status returned without it is reported by the layer as
+ * "backend 'NAME': CALL returned STATUS without a detail". */
 typedef int (*mlart_error_fn)(int status, const char *fmt, ...);
 typedef void (*mlart_log_fn)(int level, const char *fmt, ...);
 enum { MLART_LOG_DEBUG = 0, MLART_LOG_INFO = 1, MLART_LOG_WARN = 2, MLART_LOG_ERROR = 3 };

@@ -14,6 +14,7 @@
 #include "check_run.h"
 #include "mlart/backend.h"
 #include "plugins/testhost.h"
+#include "runtime/status.h"
 #include "tests/runtime/fixture.h"
 
 enum { H_ = 4, P_ = 16, R_ = 8, L_ = 32, V_ = 16, K_ = 24, PAGE_ = 4, T_ = 5, B_ = 3, MB_ = 6 };
@@ -536,6 +537,10 @@ START_TEST(bad_layers_refused)
     bad_create(&d, MLART_ENOBACKEND, "unknown backend 'nosuchbackend'");
     d = good, d.backend = "badabi";
     bad_create(&d, MLART_EABI, "ABI version 2");
+    /* a backend failing without a detail: named, not the thread's last message */
+    mlart_set_error(MLART_EINVAL, "a message of an earlier call");
+    d = good, d.backend = "silentplan";
+    bad_create(&d, MLART_ENOTSUP, "backend 'silentplan': plan returned MLART_ENOTSUP without a detail");
     d = good, d.geom.heads = 10; /* contract: at most 8 */
     d.w_uk_t.shape[0] = 10, d.w_uv.shape[0] = 10;
     bad_create(&d, MLART_ENOTSUP, "at most 8 heads");
