@@ -44,6 +44,30 @@ static int peek(scan *s, char c)
     return s->p < s->end && *s->p == c;
 }
 
+/* Length of the UTF-8 sequence at p (below end), 0 when it is not one:
+ * RFC 3629, no overlong forms, no surrogates, nothing past U+10FFFF. */
+static int utf8_len(const unsigned char *p, const unsigned char *end)
+{
+    int n;
+    unsigned lo = 0x80, hi = 0xbf;
+    if (p[0] < 0x80)
+        return 1;
+    if (p[0] >= 0xc2 && p[0] <= 0xdf)
+        n = 2;
+    else if (p[0] >= 0xe0 && p[0] <= 0xef)
+        n = 3, lo = p[0] == 0xe0 ? 0xa0 : 0x80, hi = p[0] == 0xed ? 0x9f : 0xbf;
+    else if (p[0] >= 0xf0 && p[0] <= 0xf4)
+        n = 4, lo = p[0] == 0xf0 ? 0x90 : 0x80, hi = p[0] == 0xf4 ? 0x8f : 0xbf;
+    else
+        return 0;
+    if (end - p < n || p[1] < lo || p[1] > hi)
+        return 0;
+    for (int i = 2; i < n; i++)
+        if (p[i] < 0x80 || p[i] > 0xbf)
+            return 0;
+    return n;
+}
+
 /* A JSON string; *b and *e get its raw span, quotes included. */
 static serve_err string(scan *s, const char **b, const char **e)
 {
@@ -55,6 +79,13 @@ static serve_err string(scan *s, const char **b, const char **e)
         unsigned char c = (unsigned char)*s->p;
         if (c < 0x20)
             return fail(s, SERVE_EJSON, "control character in a string");
+        if (c >= 0x80) { /* the id is echoed: a reply must stay UTF-8 */
+            int n = utf8_len((const unsigned char *)s->p, (const unsigned char *)s->end);
+            if (!n)
+                return fail(s, SERVE_EJSON, "invalid UTF-8 in a string");
+            s->p += n;
+            continue;
+        }
         if (c == '\\') {
             if (++s->p >= s->end)
                 break;

@@ -49,6 +49,16 @@ START_TEST(test_parse)
         {" {\"positions\":[3],\"x\":{\"a\":[1,2.5e3,null,true]},\"tokens\":1,\"id\":\"q\\\"1\"} ",
          SERVE_OK, "\"q\\\"1\""},
         {"{\"id\":-3,\"tokens\":1,\"positions\":[1]}", SERVE_OK, "-3"},
+        /* strings are UTF-8: "r\u00e9" and U+10FFFF kept; a lone continuation
+         * byte, an overlong form, a surrogate and a cut sequence refused */
+        {"{\"id\":\"r\xc3\xa9\",\"tokens\":1,\"positions\":[1]}", SERVE_OK, "\"r\xc3\xa9\""},
+        {"{\"id\":\"\xf4\x8f\xbf\xbf\",\"tokens\":1,\"positions\":[1]}", SERVE_OK,
+         "\"\xf4\x8f\xbf\xbf\""},
+        {"{\"id\":\"\xff\xfe\",\"tokens\":1,\"positions\":[1]}", SERVE_EJSON, ""},
+        {"{\"id\":\"\x80\",\"tokens\":1,\"positions\":[1]}", SERVE_EJSON, ""},
+        {"{\"id\":\"\xc0\xaf\",\"tokens\":1,\"positions\":[1]}", SERVE_EJSON, ""},
+        {"{\"id\":\"\xed\xa0\x80\",\"tokens\":1,\"positions\":[1]}", SERVE_EJSON, ""},
+        {"{\"id\":1,\"x\":\"\xe2\x82\",\"tokens\":1,\"positions\":[1]}", SERVE_EJSON, "1"},
         {"", SERVE_EJSON, ""},
         {"[1,2]", SERVE_EJSON, ""},
         {"{\"id\":1,\"tokens\":1,\"positions\":[1]", SERVE_EJSON, "1"},
