@@ -144,6 +144,7 @@ struct mlart_comm_group {
     unsigned long drained;     /* collectives whose bodies all ranks have finished */
     const void **send;         /* each rank's send buffer of the collective under way */
     int members;               /* communicators alive */
+    unsigned char *joined;     /* per rank: 1 once its communicator was created */
 };
 
 typedef struct local_impl {
@@ -159,7 +160,10 @@ int mlart_comm_group_create(int size, int device, int timeout_ms, mlart_comm_gro
         return mlart_set_error(MLART_EINVAL, "comm group: size %d (want 1..4096), timeout %d ms",
                                size, timeout_ms);
     g = calloc(1, sizeof *g);
-    if (!g || !(g->send = calloc((size_t)size, sizeof *g->send))) {
+    if (!g || !(g->send = calloc((size_t)size, sizeof *g->send)) ||
+        !(g->joined = calloc((size_t)size, 1))) {
+        if (g)
+            free(g->send);
         free(g);
         return mlart_set_error(MLART_ENOMEM, "comm group: out of memory");
     }
@@ -190,6 +194,7 @@ void mlart_comm_group_destroy(mlart_comm_group *g)
     pthread_cond_destroy(&g->cv);
     pthread_mutex_destroy(&g->mu);
     free(g->send);
+    free(g->joined);
     free(g);
 }
 
@@ -285,7 +290,13 @@ static int copy_bytes(int device, void *dst, const void *src, size_t n)
     }
 #ifdef MLART_WITH_CUDA
     {
+        /* a copy from device to device (or from pageable host memory)
+         * returns before it has ended; the collective's promise that the
+         * peers' buffers are free and recv is written on return (and the
+         * caller's stream may be non-blocking) needs it ended */
         cudaError_t e = cudaMemcpy(dst, src, n, cudaMemcpyDefault);
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(0); /* the stream cudaMemcpy ran on */
         if (e != cudaSuccess)
             return mlart_set_error(MLART_ECUDA, "local comm copy of %zu bytes: %s", n,
                                    cudaGetErrorString(e));
@@ -376,19 +387,27 @@ static int body_reduce_scatter(mlart_comm *c, const void *const *peers, void *re
         }
         acc = li->stage + n;
     }
+    if (c->device < 0) {
+        /* element by element: in place (recv = send + rank * n, as NCCL
+         * allows) this rank's own block is read before it is written */
+        for (size_t i = 0; i < n; i++) {
+            float sum = 0.0f;
+            for (int r = 0; r < c->size; r++)
+                sum += ((const float *)peers[r])[(size_t)c->rank * n + i];
+            acc[i] = sum;
+        }
+        return 0;
+    }
     for (size_t i = 0; i < n; i++)
         acc[i] = 0.0f;
     for (int r = 0; r < c->size; r++) {
         const float *src = (const float *)peers[r] + (size_t)c->rank * n;
-        if (c->device >= 0) {
-            MLART_CHECK(copy_bytes(c->device, li->stage, src, n * sizeof(float)));
-            src = li->stage;
-        }
+        MLART_CHECK(copy_bytes(c->device, li->stage, src, n * sizeof(float)));
+        src = li->stage;
         for (size_t i = 0; i < n; i++)
             acc[i] += src[i];
     }
-    if (c->device >= 0)
-        MLART_CHECK(copy_bytes(c->device, recv, acc, n * sizeof(float)));
+    MLART_CHECK(copy_bytes(c->device, recv, acc, n * sizeof(float)));
     return 0;
 }
 
@@ -448,6 +467,17 @@ int mlart_comm_local_create(mlart_comm_group *g, int rank, mlart_comm **out)
         free(li);
         return mlart_set_error(MLART_ENOMEM, "local comm: out of memory");
     }
+    pthread_mutex_lock(&g->mu);
+    if (g->joined[rank]) { /* two send buffers for one rank: a collective would take either */
+        pthread_mutex_unlock(&g->mu);
+        free(c);
+        free(li);
+        return mlart_set_error(MLART_EINVAL, "local comm: rank %d of the group has a "
+                               "communicator already (one per rank, once)", rank);
+    }
+    g->joined[rank] = 1;
+    g->members++;
+    pthread_mutex_unlock(&g->mu);
     li->g = g;
     c->ops = &local_ops;
     c->rank = rank;
@@ -455,9 +485,6 @@ int mlart_comm_local_create(mlart_comm_group *g, int rank, mlart_comm **out)
     c->device = g->device;
     c->graph_safe = 0;
     c->impl = li;
-    pthread_mutex_lock(&g->mu);
-    g->members++;
-    pthread_mutex_unlock(&g->mu);
     *out = c;
     return 0;
 }

@@ -59,7 +59,8 @@ MLART_API int mlart_rank_from_env(mlart_rank_info *out);
  * fails the group as a timeout does, at once: the other ranks' collectives
  * then return MLART_ECOMM naming that rank instead of waiting out the
  * timeout for a rank that gave up.  Create the group once, then one
- * communicator per rank; destroy the communicators (after the last
+ * communicator per rank (a second for a rank, even after the first was
+ * destroyed, is refused with MLART_EINVAL); destroy the communicators (after the last
  * collective) before the group. */
 typedef struct mlart_comm_group mlart_comm_group;
 MLART_API int mlart_comm_group_create(int size, int device, int timeout_ms,

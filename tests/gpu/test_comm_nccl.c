@@ -154,6 +154,43 @@ static int collectives(mlart_comm *c, bufs *b, cudaStream_t s)
     return rc;
 }
 
+/* The local group on this device: a collective's copies have ended when it
+ * returns (its promise that recv is written and the peers' buffers free,
+ * whatever stream the caller uses next).  A device-to-device cudaMemcpy
+ * returns before its copy ends (0.03 ms for 4 GiB on the H200): before the
+ * fix, an event recorded on the default stream right after a 1 GiB
+ * all_gather was not yet complete. */
+static void local_copies_end(int dev)
+{
+    const size_t n = (size_t)1 << 30;
+    mlart_comm_group *g = NULL;
+    mlart_comm *lc = NULL;
+    void *send = NULL, *recv = NULL;
+    cudaEvent_t ev;
+    cudaError_t q;
+    int rc;
+    if (mlart_comm_group_create(1, dev, 10000, &g) < 0 || mlart_comm_local_create(g, 0, &lc) < 0) {
+        check(0, "local group on device %d: %s", dev, mlart_last_error());
+        return;
+    }
+    CUDA_OR_DIE(cudaMalloc(&send, n));
+    CUDA_OR_DIE(cudaMalloc(&recv, n));
+    CUDA_OR_DIE(cudaMemset(send, 0x5a, n));
+    CUDA_OR_DIE(cudaDeviceSynchronize());
+    CUDA_OR_DIE(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    rc = mlart_comm_all_gather(lc, send, recv, n, NULL);
+    CUDA_OR_DIE(cudaEventRecord(ev, 0));
+    q = cudaEventQuery(ev);
+    check(rc == 0 && q == cudaSuccess, "local all_gather of 1 GiB: returned %d, its copy %s on "
+          "return", rc, q == cudaSuccess ? "ended" : "still running");
+    CUDA_OR_DIE(cudaDeviceSynchronize());
+    CUDA_OR_DIE(cudaEventDestroy(ev));
+    cudaFree(send);
+    cudaFree(recv);
+    mlart_comm_destroy(lc);
+    mlart_comm_group_destroy(g);
+}
+
 int main(void)
 {
     mlart_comm *comm = NULL;
@@ -190,6 +227,7 @@ int main(void)
         return 1;
     }
     CUDA_OR_DIE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    local_copies_end(device);
 
     /* called directly, on the default stream then on our own */
     upload(&b, 0);

@@ -81,6 +81,12 @@ START_TEST(local_collectives)
     for (int k = 0; k < D; k++) {
         memset(&j[k], 0, sizeof j[k]);
         ck_assert_int_eq(mlart_comm_local_create(g, k, &j[k].comm), 0);
+        {
+            mlart_comm *twice = (mlart_comm *)0x1; /* one communicator per rank */
+            ck_assert_int_eq(mlart_comm_local_create(g, k, &twice), MLART_EINVAL);
+            ck_assert_ptr_eq(twice, (mlart_comm *)0x1);
+            ck_assert_ptr_nonnull(strstr(mlart_last_error(), "has a communicator already"));
+        }
         ck_assert_int_eq(mlart_comm_rank(j[k].comm), k);
         ck_assert_int_eq(mlart_comm_size(j[k].comm), D);
         ck_assert_str_eq(mlart_comm_kind(j[k].comm), "local");
@@ -117,6 +123,62 @@ START_TEST(local_collectives)
     for (int k = 0; k < D; k++) {
         mlart_comm_destroy(j[k].comm);
         free(j[k].send), free(j[k].recv), free(j[k].fsend), free(j[k].frecv);
+    }
+    mlart_comm_group_destroy(g);
+}
+END_TEST
+
+/* In place, as NCCL allows it: reduce_scatter_f32 with recv = send + rank * n.
+ * Before, the host group zeroed its sum in recv and so in its own block of
+ * send before reading it: the rank's own contribution was lost (or doubled). */
+static void *run_rs_in_place(void *arg)
+{
+    rank_job *j = arg;
+    j->rc = mlart_comm_reduce_scatter_f32(j->comm, j->fsend, j->fsend + (size_t)j->rank * j->n,
+                                          j->n, NULL);
+    if (j->rc < 0)
+        snprintf(j->err, sizeof j->err, "%s", mlart_last_error());
+    return NULL;
+}
+
+START_TEST(local_reduce_scatter_in_place)
+{
+    const int D = 1 + _i; /* 1..4 ranks */
+    const size_t n = 37;
+    fx_rng r = {seed + 7u * (uint64_t)_i};
+    mlart_comm_group *g = NULL;
+    rank_job j[MAXD];
+    pthread_t th[MAXD];
+    float want[MAXD][37];
+    ck_assert_int_eq(mlart_comm_group_create(D, -1, 5000, &g), 0);
+    for (int k = 0; k < D; k++) {
+        memset(&j[k], 0, sizeof j[k]);
+        ck_assert_int_eq(mlart_comm_local_create(g, k, &j[k].comm), 0);
+        j[k].rank = k, j[k].size = D, j[k].n = n;
+        j[k].fsend = malloc(sizeof(float) * (size_t)D * n);
+        for (size_t i = 0; i < (size_t)D * n; i++)
+            j[k].fsend[i] = (float)(int)(fx_next(&r) % 1000) - 500.0f; /* exact sums */
+    }
+    for (int k = 0; k < D; k++)
+        for (size_t i = 0; i < n; i++) {
+            want[k][i] = 0.0f;
+            for (int s = 0; s < D; s++)
+                want[k][i] += j[s].fsend[(size_t)k * n + i];
+        }
+    for (int k = 0; k < D; k++)
+        pthread_create(&th[k], NULL, run_rs_in_place, &j[k]);
+    for (int k = 0; k < D; k++)
+        pthread_join(th[k], NULL);
+    for (int k = 0; k < D; k++) {
+        ck_assert_msg(j[k].rc == 0, "rank %d: %s", k, j[k].err);
+        for (size_t i = 0; i < n; i++)
+            ck_assert_msg(j[k].fsend[(size_t)k * n + i] == want[k][i],
+                          "D %d rank %d [%zu]: %g, want %g", D, k, i,
+                          j[k].fsend[(size_t)k * n + i], want[k][i]);
+    }
+    for (int k = 0; k < D; k++) {
+        mlart_comm_destroy(j[k].comm);
+        free(j[k].fsend);
     }
     mlart_comm_group_destroy(g);
 }
@@ -655,6 +717,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, NULL);
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, local_collectives, 0, MAXD);
+    tcase_add_loop_test(tc, local_reduce_scatter_in_place, 0, MAXD);
     tcase_add_test(tc, placement);
     tcase_add_loop_test(tc, dcp_step_equals_one_rank, 0, (int)(sizeof cases / sizeof cases[0]));
     tcase_add_test(tc, bad_setups_refused);
