@@ -339,6 +339,24 @@ static void strip_indent(char *str)
         memmove(str, str + n, strlen(str + n) + 1);
 }
 
+/* A "[name]" line must name one of the four sections.  inih calls the key
+ * handler only for keys, so an unknown section with no key under it would
+ * otherwise pass unnoticed. */
+static void check_section(file_reader *r, const char *str)
+{
+    static const char *const sections[] = {"model", "runtime", "parallel", "run"};
+    const char *end;
+    size_t n;
+    if (r->rc < 0 || str[0] != '[' || !(end = strchr(str, ']')))
+        return; /* not a section line, or inih reports its syntax */
+    n = (size_t)(end - str - 1);
+    for (size_t i = 0; i < sizeof sections / sizeof sections[0]; i++)
+        if (strlen(sections[i]) == n && !strncmp(str + 1, sections[i], n))
+            return;
+    r->rc = mlart_set_error(MLART_ECONFIG, "%s:%d: unknown section [%.*s] (want [model], "
+                            "[runtime], [parallel] or [run])", r->path, r->line, (int)n, str + 1);
+}
+
 static char *read_failed(file_reader *r, int line)
 {
     r->read_errno = errno ? errno : EIO;
@@ -370,6 +388,7 @@ static char *read_line(char *str, int num, void *stream)
         str[0] = '\0'; /* parse nothing of it */
     }
     strip_indent(str);
+    check_section(r, str);
     return str;
 }
 

@@ -90,7 +90,7 @@ MLART_API int mlart_comm_size(const mlart_comm *comm);
 MLART_API int mlart_comm_device(const mlart_comm *comm);
 /* 1 when the collectives may be captured in a CUDA graph (nccl). */
 MLART_API int mlart_comm_graph_safe(const mlart_comm *comm);
-/* "local" or "nccl". */
+/* "local" or "nccl"; "none" for NULL. */
 MLART_API const char *mlart_comm_kind(const mlart_comm *comm);
 
 /* recv holds size blocks of `bytes`: block r is rank r's send. */

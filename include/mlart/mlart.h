@@ -218,7 +218,7 @@ typedef struct mlart_layer_desc {
     int64_t num_slots;          /* cache rows (tokens) */
     mlart_tensor w_uk_t;        /* [H,P,L] bf16, any strides, on the context's device */
     mlart_tensor w_uv;          /* [H,L,V] bf16, any strides, on the context's device */
-    mlart_tensor kv_cache;      /* u8 [num_slots, mlart_kv_bytes_per_token] (dense rows) */
+    mlart_tensor kv_cache;      /* u8 [num_slots, mlart_kv_bytes_per_token], dense */
     int validate_indices;       /* CUDA: copy indices to host and check them before each
                                    step (not graph-safe; for debugging). Host: always on. */
     int early_weights;          /* CUDA: 1 = the caller promises that no kernel it enqueues
@@ -253,10 +253,11 @@ typedef struct mlart_layer_desc {
 typedef struct mlart_step_io {
     int32_t T, B;
     mlart_tensor q;            /* [T,H,P+R] bf16 (rope applied to the last R); inner stride 1 */
-    mlart_tensor idx;          /* [T,topk] i32 logical positions, -1 = empty */
-    mlart_tensor req_of_token; /* [T] i32, request of each token, in [0,B) */
-    mlart_tensor seq_lens;     /* [B] i32 */
-    mlart_tensor block_table;  /* [B,max_blocks_per_req] i32 */
+    mlart_tensor idx;          /* [T,topk] i32 logical positions, -1 = empty; dense */
+    mlart_tensor req_of_token; /* [T] i32, request of each token, in [0,B); dense */
+    mlart_tensor seq_lens;     /* [B] i32; dense */
+    mlart_tensor block_table;  /* [B,max_blocks_per_req] i32; dense (a strided view of these
+                                  four is MLART_ELAYOUT) */
     mlart_tensor o;            /* out [T,H*V] bf16, inner stride 1, rows apart */
     mlart_tensor lse;          /* optional out [H,T] f32, natural log; data == NULL: not wanted;
                                   inner stride 1, rows apart, no byte shared with o */

@@ -126,6 +126,9 @@ START_TEST(errors_name_key_and_line)
     expect_error("[parallel]\ndcp_routing = ring\n", "'dcp_routing'", ":2");
     expect_error("[model]\nsoftmax_scale = nan\n", "'softmax_scale'", ":2");
     expect_error("[runtime]\nheads = 4\n", "belongs in section [model]", ":2");
+    /* an unknown section is an error even with no key under it */
+    expect_error("[model]\nheads = 4\n[paralel]\n", "unknown section [paralel]", ":3");
+    expect_error("[bogus]\nheads = 4\n", "unknown section [bogus]", ":1");
     expect_error("[model]\nheads = 4\nheads = 8\n", "duplicate key 'heads'", ":3");
     expect_error("[model]\nthis line has no equals sign\n", "syntax error", ":2");
     snprintf(buf, sizeof buf, "[model]\nheads = 4\n; %0300d\n", 0);
