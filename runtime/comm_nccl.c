@@ -24,6 +24,8 @@
 _Static_assert(sizeof(ncclUniqueId) == MLART_NCCL_ID_BYTES, "NCCL unique id size");
 
 #define NCCL_MIN_VERSION 21800
+/* A call NCCL leaves in progress (not set-up, which takes create's timeout,
+ * the time left of a rendezvous from mlart_comm_nccl_join) */
 #define NCCL_WAIT_MS 60000
 
 /* The entry points used, looked up in libnccl.so.2. */
@@ -226,9 +228,12 @@ static void nccl_destroy(mlart_comm *c)
         mlart_log(MLART_LOG_WARN, "nccl communicator rank %d of %d: %s, aborting it", c->rank,
                   c->size, state != ncclSuccess ? api.GetErrorString(state)
                                                 : "finalize did not complete");
-        api.CommAbort(m->comm);
-    } else {
-        api.CommDestroy(m->comm);
+        if ((state = api.CommAbort(m->comm)) != ncclSuccess)
+            mlart_log(MLART_LOG_WARN, "nccl communicator rank %d of %d: ncclCommAbort: %s",
+                      c->rank, c->size, api.GetErrorString(state));
+    } else if ((state = api.CommDestroy(m->comm)) != ncclSuccess) {
+        mlart_log(MLART_LOG_WARN, "nccl communicator rank %d of %d: ncclCommDestroy: %s", c->rank,
+                  c->size, api.GetErrorString(state));
     }
     free(m);
     free(c);

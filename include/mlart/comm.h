@@ -72,7 +72,9 @@ MLART_API int mlart_comm_local_create(mlart_comm_group *group, int rank, mlart_c
  * opaque bytes); every rank passes the same id to mlart_comm_nccl_create
  * for `rank` of `size` on CUDA `device`, which returns once the group is
  * joined or timeout_ms (0: 60000) has passed (MLART_ETIMEDOUT; the half-made
- * communicator is aborted).  The id may travel by any means; programs link
+ * communicator is aborted).  A later call that NCCL leaves in progress is
+ * polled for at most 60 s (MLART_ETIMEDOUT; the communicator is then
+ * aborted when it is destroyed).  The id may travel by any means; programs link
  * libmlart_rendezvous.a for mlart_comm_nccl_join (include/mlart/rendezvous.h),
  * which does all three steps over TCP.  MLART_ENOTSUP in a build without
  * CUDA; MLART_ECOMM when libnccl.so.2 cannot be opened or is older than 2.18
