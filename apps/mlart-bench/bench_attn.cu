@@ -86,7 +86,8 @@ constexpr int kTopk = 2048;
 constexpr int kSeq = 4096;              /* positions per request; 2048 of them selected */
 constexpr int kPage = 64;
 constexpr int kPagesPerReq = kSeq / kPage;
-constexpr int64_t kSlots = 1 << 19;     /* cache rows (604 MB bf16, 344 MB fp8) */
+constexpr int64_t kSlots = 1 << 20;     /* cache rows (1.2 GB bf16, 688 MB fp8): 16384 pages, so that
+                                           a rotation's sets never share a page (alloc_sets) */
 constexpr int kMaxT = 64;
 constexpr int kKvwRows = 8192;          /* MLART_BENCH_ATTN_KVW: the KV write's slots 0..kKvwRows-1 */
 constexpr double kNmseMax = 1e-4;
@@ -540,8 +541,12 @@ int alloc_sets(Ctx &c, int nsets, uint64_t seed)
         for (int t = 0; t < T; t++) {
             req[t] = t;
             seq[t] = c.valid ? c.valid : kSeq;
+            /* fresh pages only for the positions the list can name (a short
+             * request touches ceil(valid / kPage) of them); the rest of the
+             * table points at page 0 and is never read */
+            const int used = c.valid ? (c.valid + kPage - 1) / kPage : kPagesPerReq;
             for (int p = 0; p < kPagesPerReq; p++)
-                bt[t * kPagesPerReq + p] = (int32_t)(next_page++ % pages);
+                bt[t * kPagesPerReq + p] = p < used ? (int32_t)(next_page++ % pages) : 0;
             int32_t *row = idx + (size_t)t * kTopk;
             if (c.valid) {
                 for (int k = 0; k < kTopk; k++)
@@ -566,6 +571,9 @@ int alloc_sets(Ctx &c, int nsets, uint64_t seed)
         ATT_CUDA(cudaMemcpy(x.seq, seq, sizeof(int32_t) * T, cudaMemcpyHostToDevice));
         ATT_CUDA(cudaMemcpy(x.bt, bt, sizeof(int32_t) * T * kPagesPerReq, cudaMemcpyHostToDevice));
     }
+    if (next_page > pages) /* pages reused: some sets' rows were read shortly before (L2) */
+        fprintf(stderr, "mlart-bench attn: T=%d x %d sets need %lld pages of %lld: pages reused\n", T, nsets,
+                (long long)next_page, (long long)pages);
     ATT_CUDA(cudaDeviceSynchronize());
     rc = 0;
 fail:
@@ -1241,7 +1249,10 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
 #ifdef B12X_PROFILE
                 b12x_profile_reset();
 #endif
-                int bad = mlart_bench_time(o, enqueue_b12x, c, nsets, &v[0]);
+                /* poison set 0's outputs: a call that writes nothing fails the check */
+                int bad = cudaMemset(c->sets[0].out, 0xff, (size_t)c->g.heads * c->T * 1024) != cudaSuccess ||
+                          cudaMemset(c->sets[0].lse, 0xff, (size_t)c->g.heads * c->T * 4) != cudaSuccess;
+                bad = bad || mlart_bench_time(o, enqueue_b12x, c, nsets, &v[0]);
 #ifdef B12X_PROFILE
                 b12x_profile_dump(stdout, name); /* the last graph replay's stamps */
 #endif
@@ -1269,6 +1280,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
                     Variant ip = {c, {0, 0, 0, 1, 0, 1}, &dev};
                     double ip_err = NAN;
                     if (cudaMemset(c->sets[0].out, 0xff, (size_t)c->g.heads * c->T * 1024) != cudaSuccess ||
+                        cudaMemset(c->sets[0].lse, 0xff, (size_t)c->g.heads * c->T * 4) != cudaSuccess ||
                         mlart_bench_time(o, enqueue_variant, &ip, nsets, &v[10]) ||
                         !((ip_err = check_set0(*c)) <= kNmseMax)) {
                         fprintf(stderr, "mlart-bench attn: %s: in-place combine failed (nmse %g)\n", name, ip_err);
