@@ -1044,6 +1044,14 @@ int mlart_layer_decode(mlart_layer *ly, const mlart_step_io *io, void *stream)
             if (io->lse.data)
                 MLART_CHECK(check_apart(&io->lse, "lse", in[i], in_names[i], overlap));
         }
+        {
+            /* the V up-projection (the runtime's op, or a backend's through
+             * mlart_v_up_bmm_check) tests o as [H,T,V] against W_UV, after
+             * attend() has run: make the same test before anything runs */
+            mlart_tensor o3 = view3(io->o.data, &io->o, MLART_DTYPE_BF16, H, T, V, V,
+                                    io->o.stride[0], 1);
+            MLART_CHECK(check_apart(&o3, "o", &ly->w_uv, "w_uv", overlap));
+        }
     }
     if (ly->validate_indices) {
         const int32_t *idx = NULL, *req = NULL, *lens = NULL, *bt = NULL;

@@ -136,27 +136,42 @@ int mlart_tensor_span(const mlart_tensor *t, size_t *lo, size_t *hi)
     return 0;
 }
 
-/* A view as rows: its bytes lie in [first + k*S, first + k*S + w) for
- * whole k, where first is its lowest byte, S the byte stride of dim 0 and
- * w the bytes that one index of dim 0 spans; *n = shape[0] (1 for ndim 1,
- * whose S is then 0).  Returns 0 or MLART_EINVAL. */
+/* A view as rows along its outermost dim d of more than one index: its
+ * bytes lie in [first + k*S, first + k*S + w) for whole k, where first is
+ * its lowest byte, S the byte stride of dim d and w the bytes one index of
+ * d spans; *n = shape[d], and 1 (S 0) when only the last dim has more than
+ * one index.  Returns 0 or MLART_EINVAL. */
 static int row_form(const mlart_tensor *t, uintptr_t *first, size_t *S, size_t *w, int64_t *n)
 {
     mlart_tensor row = *t;
     size_t lo, hi;
-    *n = t->ndim >= 2 ? t->shape[0] : 1;
-    if (t->ndim >= 2)
-        row.shape[0] = 1;
+    int d = 0;
+    while (d < t->ndim - 1 && t->shape[d] <= 1)
+        d++;
+    *n = d < t->ndim - 1 ? t->shape[d] : 1;
+    if (*n > 1)
+        row.shape[d] = 1;
     MLART_CHECK(mlart_tensor_span(&row, &lo, &hi));
     *first = (uintptr_t)t->base + lo, *w = hi - lo;
-    if (*n <= 1 || __builtin_mul_overflow((size_t)t->stride[0], mlart_dtype_size(t->dtype), S))
-        *S = 0;
+    if (*n <= 1 || __builtin_mul_overflow((size_t)t->stride[d], mlart_dtype_size(t->dtype), S))
+        *S = 0, *n = 1;
     return 0;
+}
+
+/* Whether pieces of w1 bytes from f1 and of w2 bytes from f2, both
+ * repeating every S bytes, are apart: [0, w1) and [d, d + w2) modulo S. */
+static int apart_mod(uintptr_t f1, size_t w1, uintptr_t f2, size_t w2, size_t S)
+{
+    size_t d;
+    if (!S || w1 > S || w2 > S)
+        return 0;
+    d = f2 >= f1 ? (size_t)(f2 - f1) % S : (S - (size_t)(f1 - f2) % S) % S;
+    return d >= w1 && d + w2 <= S;
 }
 
 int mlart_tensor_overlap(const mlart_tensor *a, const mlart_tensor *b)
 {
-    size_t alo, ahi, blo, bhi, Sa, Sb, S, wa, wb, d;
+    size_t alo, ahi, blo, bhi, Sa, Sb, wa, wb;
     uintptr_t a0, a1, b0, b1, af, bf;
     int64_t na, nb;
     if (!a || !b)
@@ -169,16 +184,16 @@ int mlart_tensor_overlap(const mlart_tensor *a, const mlart_tensor *b)
     b0 = (uintptr_t)b->base + blo, b1 = (uintptr_t)b->base + bhi;
     if (!(a0 < b1 && b0 < a1))
         return 0;
-    /* The ranges meet.  Rows of one period S (each view's rows S bytes
-     * apart, or a single row) that sit at offsets of the period that do not
-     * meet share no byte: [0, wa) and [d, d + wb) apart modulo S. */
+    /* The ranges meet.  Take one view's rows, S bytes apart; the other
+     * view as rows of the same S, or whole as one piece no longer than S.
+     * Pieces at offsets of the period that do not meet share no byte. */
     MLART_CHECK(row_form(a, &af, &Sa, &wa, &na));
     MLART_CHECK(row_form(b, &bf, &Sb, &wb, &nb));
-    S = na > 1 ? Sa : Sb;
-    if (!S || (na > 1 && Sa != S) || (nb > 1 && Sb != S) || wa > S || wb > S)
-        return 1;
-    d = bf >= af ? (size_t)(bf - af) % S : (S - (size_t)(af - bf) % S) % S;
-    return !(d >= wa && d + wb <= S);
+    if (na > 1 && apart_mod(af, wa, b0, nb > 1 && Sb == Sa ? wb : (size_t)(b1 - b0), Sa))
+        return 0;
+    if (nb > 1 && apart_mod(bf, wb, a0, na > 1 && Sa == Sb ? wa : (size_t)(a1 - a0), Sb))
+        return 0;
+    return 1;
 }
 
 int mlart_tensor_check(const mlart_tensor *t, const char *name)

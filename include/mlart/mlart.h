@@ -115,13 +115,14 @@ MLART_API int64_t mlart_tensor_numel(const mlart_tensor *t);
 MLART_API int mlart_tensor_span(const mlart_tensor *t, size_t *lo, size_t *hi);
 /* Whether views a and b may share a byte: 0 when they live on different
  * devices, either is empty, their byte spans (base + [lo, hi) above) do
- * not meet, or they are rows of one period that do not meet (both views'
- * dim 0 steps the same number of bytes S, or one of them has a single
- * index there, each index of dim 0 spans at most S bytes, and the two
- * sit at offsets modulo S whose bytes are apart: e.g. the rows of two
- * matrices interleaved in one buffer).  1 otherwise, which may include
- * views that interleave more finely without sharing a byte; MLART_EINVAL
- * for a view that mlart_tensor_span refuses. */
+ * not meet, or one view's rows (along its outermost dim of more than one
+ * index, S bytes apart, each spanning at most S) and the other view (its
+ * rows S bytes apart too, or its whole span, at most S) sit at offsets
+ * modulo S whose bytes are apart: e.g. the rows of two matrices
+ * interleaved in one buffer, or a block in the gaps of a matrix's rows.
+ * 1 otherwise, which may include views that interleave more finely
+ * without sharing a byte; MLART_EINVAL for a view that mlart_tensor_span
+ * refuses. */
 MLART_API int mlart_tensor_overlap(const mlart_tensor *a, const mlart_tensor *b);
 /* Validate a view: ndim, dtype, non-negative shape and strides, and the span
  * inside [base, base + extent).  On failure the message names `name`, the

@@ -519,6 +519,51 @@ START_TEST(o_and_q_rows_interleaved)
 }
 END_TEST
 
+/* One head: o's rows around W_UV in one buffer (o row 0, then W_UV [1,L,V],
+ * then o row 1, ...).  They share no byte: the layer and the V
+ * up-projection's own check both take the step, and o gets the bits of a
+ * step with separate buffers, W_UV untouched. */
+static const char *const one_head_backends[] = {"testsafe", NULL};
+
+START_TEST(one_head_o_around_w_uv)
+{
+    enum { S = V_ + L_ * V_ };
+    fx g;
+    mlart_layer_desc d;
+    mlart_layer *plain = NULL, *ly = NULL;
+    mlart_step_io io;
+    const int64_t wsh[3] = {1, L_, V_};
+    const size_t n = (size_t)(T_ - 1) * S + V_ + 1; /* one spare element for the shifted o */
+    uint16_t *buf = calloc(n, sizeof(uint16_t)), *want = malloc(sizeof(uint16_t) * T_ * V_);
+    fx_init(&g, 1, P_, R_, L_, V_, K_, PAGE_, T_, B_, MB_, f.seed);
+    d = fx_desc(&g, one_head_backends[_i]);
+    ck_assert_msg(mlart_layer_create(ctx, &d, &plain) == 0, "%s", mlart_last_error());
+    io = fx_io(&g);
+    ck_assert_msg(mlart_layer_decode(plain, &io, NULL) == 0, "%s", mlart_last_error());
+    memcpy(want, g.o, sizeof(uint16_t) * T_ * V_);
+    memcpy(buf + V_, g.w_uv, sizeof(uint16_t) * L_ * V_);
+    d.w_uv = mlart_tensor_dense(buf + V_, MLART_DTYPE_BF16, -1, 3, wsh);
+    d.w_uv.base = buf, d.w_uv.extent = n * sizeof(uint16_t);
+    ck_assert_msg(mlart_layer_create(ctx, &d, &ly) == 0, "%s", mlart_last_error());
+    io.o.data = buf, io.o.base = buf, io.o.extent = n * sizeof(uint16_t), io.o.stride[0] = S;
+    for (int t = 0; t < T_; t++)
+        memset(buf + (size_t)t * S, 0xff, sizeof(uint16_t) * V_); /* NaN poison */
+    ck_assert_msg(mlart_layer_decode(ly, &io, NULL) == 0, "o around w_uv: %s", mlart_last_error());
+    for (int t = 0; t < T_; t++)
+        ck_assert_mem_eq(buf + (size_t)t * S, want + (size_t)t * V_, sizeof(uint16_t) * V_);
+    ck_assert_mem_eq(buf + V_, g.w_uv, sizeof(uint16_t) * L_ * V_);
+    /* o one element later: its row 0 meets W_UV, refused before attend runs */
+    io.o.data = buf + 1;
+    ck_assert_int_eq(mlart_layer_decode(ly, &io, NULL), MLART_ELAYOUT);
+    ck_assert_msg(strstr(mlart_last_error(), "o and w_uv"), "%s", mlart_last_error());
+    mlart_layer_destroy(plain);
+    mlart_layer_destroy(ly);
+    fx_free(&g);
+    free(buf);
+    free(want);
+}
+END_TEST
+
 static void bad_create(mlart_layer_desc *d, int rc, const char *needle)
 {
     mlart_layer *keep = (mlart_layer *)0x1, *ly = keep;
@@ -645,6 +690,7 @@ int main(void)
     tcase_add_loop_test(tc, lse_over_seq_lens_refused, 0, overlap_runs);
     tcase_add_loop_test(tc, outputs_over_q_and_w_uk_t_refused, 0, overlap_runs);
     tcase_add_loop_test(tc, o_and_q_rows_interleaved, 0, overlap_runs);
+    tcase_add_loop_test(tc, one_head_o_around_w_uv, 0, overlap_runs);
     tcase_add_test(tc, bad_layers_refused);
     tcase_add_test(tc, write_kv);
 #ifdef MLART_HAVE_REFERENCE

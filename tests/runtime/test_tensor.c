@@ -101,6 +101,23 @@ START_TEST(overlap)
     e.data = buf + 6; /* [12, 16): in the gap */
     ck_assert_int_eq(mlart_tensor_overlap(&m, &e), 0);
     ck_assert_int_eq(mlart_tensor_overlap(&e, &m), 0);
+    /* a leading dim of one index does not hide the period, and a view
+     * whose whole span fits the gap of the other's rows is apart: m3
+     * [1,2,2] rows every 16 bytes, e a dense [2,2] block in bytes [4, 12) */
+    {
+        mlart_tensor m3 = m;
+        int64_t s22[2] = {2, 2};
+        m3.ndim = 3, m3.shape[0] = 1, m3.shape[1] = 2, m3.shape[2] = 2;
+        m3.stride[0] = 16, m3.stride[1] = 8, m3.stride[2] = 1;
+        e = mlart_tensor_dense(buf + 2, MLART_DTYPE_BF16, -1, 2, s22);
+        ck_assert_int_eq(mlart_tensor_overlap(&m3, &e), 0);
+        ck_assert_int_eq(mlart_tensor_overlap(&e, &m3), 0);
+        e.data = buf + 3; /* [6, 14): still in the gap */
+        ck_assert_int_eq(mlart_tensor_overlap(&m3, &e), 0);
+        e.data = buf + 5; /* [10, 18): meets row 1's [16, 20) */
+        ck_assert_int_eq(mlart_tensor_overlap(&m3, &e), 1);
+        ck_assert_int_eq(mlart_tensor_overlap(&e, &m3), 1);
+    }
     /* another period: the ranges meet, counted */
     e = m, e.data = buf + 2, e.stride[0] = 9;
     ck_assert_int_eq(mlart_tensor_overlap(&m, &e), 1);
