@@ -19,6 +19,10 @@ static char path[256];
 /* Write `text` into a fresh temporary .ini file; path[] holds its name.
  * The file of the previous call, if a test left it, is removed first, so
  * a test may chain several ini() calls and unlink only the last. */
+/* A small [model] section, all keys but topk */
+#define SMALL_MODEL                                                                  \
+    "[model]\nheads = 2\nqk_nope_dim = 8\nrope_dim = 8\nkv_lora_rank = 16\nv_head_dim = 8\n"
+
 static const char *ini(const char *text)
 {
     int fd;
@@ -293,8 +297,7 @@ START_TEST(seed_decimal_or_hex)
     expect_bad_seed("0x10000000000000000");
     /* the same rules in a file and in the environment */
     clear_env();
-    ck_assert_int_eq(mlart_config_load(ini("[model]\nheads = 2\nqk_nope_dim = 8\nrope_dim = 8\n"
-                                           "kv_lora_rank = 16\nv_head_dim = 8\ntopk = 8\n"
+    ck_assert_int_eq(mlart_config_load(ini(SMALL_MODEL "topk = 8\n"
                                            "[run]\nseed = 010\n"), &c), 0);
     ck_assert_int_eq(c.seed, 10);
     setenv("MLART_SEED", "0x10", 1);
@@ -423,14 +426,12 @@ START_TEST(precedence)
     /* environment can supply a required key the file lacks */
     unsetenv("MLART_DEVICE");
     setenv("MLART_TOPK", "16", 1);
-    ck_assert_int_eq(mlart_config_load(ini("[model]\nheads = 2\nqk_nope_dim = 8\nrope_dim = 8\n"
-                                           "kv_lora_rank = 16\nv_head_dim = 8\n"), &c), 0);
+    ck_assert_int_eq(mlart_config_load(ini(SMALL_MODEL), &c), 0);
     ck_assert_int_eq(c.geom.topk, 16);
     ck_assert_str_eq(mlart_config_origin(&c, "topk"), "environment MLART_TOPK");
     /* early_weights from the file, then the environment */
     unsetenv("MLART_TOPK");
-    ck_assert_int_eq(mlart_config_load(ini("[model]\nheads = 2\nqk_nope_dim = 8\nrope_dim = 8\n"
-                                           "kv_lora_rank = 16\nv_head_dim = 8\ntopk = 8\n"
+    ck_assert_int_eq(mlart_config_load(ini(SMALL_MODEL "topk = 8\n"
                                            "[runtime]\nearly_weights = 1\n"), &c), 0);
     ck_assert_int_eq(c.early_weights, 1);
     setenv("MLART_EARLY_WEIGHTS", "0", 1);
