@@ -5,7 +5,8 @@
  * runs the step on a worker thread (one step in flight at a time: the layer
  * owns one set of buffers), and answers each request with its timing and a
  * checksum of its output.  SIGINT/SIGTERM: stop accepting, answer every
- * request already received, refuse new ones, close, exit 0. */
+ * request already received, refuse new ones, close, exit 0; a drain that
+ * takes longer than --drain-timeout closes what is left and exits 1. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <signal.h>
@@ -83,6 +84,12 @@ struct server {
     /* shutdown */
     int stopping;
     conn *conns;
+    uv_timer_t drain;        /* --drain-timeout, started by the signal */
+    long drain_timeout_s;    /* 0: no limit */
+    int drain_timed_out;
+    uint64_t drain_dropped;  /* queued requests dropped at the timeout */
+    uint64_t drain_unsent;   /* replies written but never sent (cancelled) */
+    uint64_t drain_closed;   /* connections closed at the timeout */
     /* counters */
     uint64_t served, errors, steps, step_tokens, step_requests, step_ns;
 };
@@ -130,6 +137,8 @@ static void on_written(uv_write_t *w, int status)
 {
     write_req *wr = (write_req *)w;
     conn *c = wr->c;
+    if (status == UV_ECANCELED && c->srv->drain_timed_out)
+        c->srv->drain_unsent++;
     if (status < 0 && !c->closing)
         conn_close(c);
     /* resume a client we paused for not reading its replies */
@@ -240,7 +249,10 @@ static void after_work_cb(uv_work_t *w, int status)
     s->step_ns += s->t_step1 - s->t_step0;
     for (int i = 0; i < s->nbatch; i++) {
         pending *p = s->batch[i];
-        if (status < 0 || s->step_rc) {
+        if (p->c->closing) {
+            /* the client went, or the drain timed out: nothing to answer */
+            s->drain_dropped += (uint64_t)s->drain_timed_out;
+        } else if (status < 0 || s->step_rc) {
             send_error(p->c, p->req.id, SERVE_EINTERNAL,
                        status < 0 ? "step cancelled" : s->step_err);
         } else {
@@ -457,6 +469,39 @@ static void maybe_finish(server *s)
             uv_close((uv_handle_t *)&s->sig[i], NULL);
 }
 
+/* The drain took longer than --drain-timeout (a client that does not read
+ * its replies holds its connection's flush for ever): drop what is queued,
+ * close every connection (libuv cancels their unsent writes), and let the
+ * step in flight, if any, end without replies. */
+static void on_drain_timeout(uv_timer_t *t)
+{
+    server *s = t->data;
+    while (s->qhead) {
+        pending *p = s->qhead;
+        s->qhead = p->next;
+        p->c->pending--;
+        conn_unref(p->c);
+        free(p);
+        s->drain_dropped++;
+    }
+    s->qtail = NULL;
+    s->qlen = 0;
+    s->drain_timed_out = 1;
+    for (conn *c = s->conns; c; c = c->next)
+        if (!c->closing) {
+            conn_close(c);
+            s->drain_closed++;
+        }
+    for (int i = 0; i < 2; i++)
+        if (!uv_is_closing((uv_handle_t *)&s->sig[i]))
+            uv_close((uv_handle_t *)&s->sig[i], NULL);
+    fprintf(stderr, "mlart-serve-example: drain not done after %ld s (--drain-timeout): closing "
+                    "%llu connection(s), %llu queued request(s) dropped%s\n",
+            s->drain_timeout_s, (unsigned long long)s->drain_closed,
+            (unsigned long long)s->drain_dropped,
+            s->busy ? ", the running step's replies dropped" : "");
+}
+
 static void on_signal(uv_signal_t *h, int signum)
 {
     server *s = h->data;
@@ -471,6 +516,9 @@ static void on_signal(uv_signal_t *h, int signum)
                     "exiting\n",
             signum, s->qlen, s->busy ? " + running" : "");
     uv_close((uv_handle_t *)&s->listener, NULL);
+    if (s->drain_timeout_s > 0 &&
+        uv_timer_start(&s->drain, on_drain_timeout, (uint64_t)s->drain_timeout_s * 1000, 0) == 0)
+        uv_unref((uv_handle_t *)&s->drain); /* the loop ends when the drain does */
     maybe_finish(s);
 }
 
@@ -493,6 +541,8 @@ static void usage(FILE *f)
             "  --max-batch-requests N requests per step (default 16, <= 256)\n"
             "  --max-line N           request line cap in bytes (default 4096)\n"
             "  --max-queue N          queued requests before 'busy' replies (default 4096)\n"
+            "  --drain-timeout S      after SIGINT/SIGTERM, close what is left after S seconds\n"
+            "                         and exit 1 (default 30; 0: no limit)\n"
             "  --weights FILE --layer N  W_UK_T/W_UV from a .safetensors kv_b_proj\n"
             "  --seed N               synthetic weights and cache (default 1)\n");
 }
@@ -534,6 +584,7 @@ int main(int argc, char **argv)
     s.max_batch_requests = 16;
     s.max_line = 4096;
     s.max_queue = 4096;
+    s.drain_timeout_s = 30;
     if (getenv("MLART_SERVE_TEST_REFUSE"))
         s.test_refuse = strtol(getenv("MLART_SERVE_TEST_REFUSE"), NULL, 10);
 
@@ -579,6 +630,8 @@ int main(int argc, char **argv)
             ok = !parse_int(val, 64, 1 << 24, &v) && ((s.max_line = (size_t)v), 1);
         else if (!strcmp(a, "--max-queue"))
             ok = !parse_int(val, 1, 1 << 24, &v) && ((s.max_queue = (size_t)v), 1);
+        else if (!strcmp(a, "--drain-timeout"))
+            ok = !parse_int(val, 0, 86400, &s.drain_timeout_s);
         else if (!strcmp(a, "--weights"))
             eo.weights = val;
         else if (!strcmp(a, "--layer"))
@@ -660,6 +713,8 @@ int main(int argc, char **argv)
         free(s.batch);
         return 1;
     }
+    uv_timer_init(s.loop, &s.drain); /* cannot fail */
+    s.drain.data = &s;
     for (int i = 0; i < 2; i++) {
         /* neither fails on a working loop; if one did, the server could
          * not drain on a signal, so it would rather not start */
@@ -680,6 +735,8 @@ int main(int argc, char **argv)
     fflush(stdout);
 
     uv_run(s.loop, UV_RUN_DEFAULT);
+    uv_close((uv_handle_t *)&s.drain, NULL); /* the drain ended before it, or it fired */
+    uv_run(s.loop, UV_RUN_DEFAULT);
 
     fprintf(stderr,
             "mlart-serve-example: %llu requests answered, %llu error replies, %llu steps "
@@ -688,8 +745,14 @@ int main(int argc, char **argv)
             (unsigned long long)s.steps, s.steps ? (double)s.step_tokens / (double)s.steps : 0.0,
             s.steps ? (double)s.step_requests / (double)s.steps : 0.0,
             s.steps ? (double)s.step_ns / 1e3 / (double)s.steps : 0.0);
+    if (s.drain_timed_out)
+        fprintf(stderr,
+                "mlart-serve-example: drain cut at %ld s: %llu connection(s) closed, %llu queued "
+                "request(s) dropped, %llu reply/replies written but not sent\n",
+                s.drain_timeout_s, (unsigned long long)s.drain_closed,
+                (unsigned long long)s.drain_dropped, (unsigned long long)s.drain_unsent);
     rc = uv_loop_close(s.loop);
     serve_engine_destroy(s.eng);
     free(s.batch);
-    return rc == 0 ? 0 : 1;
+    return rc == 0 && !s.drain_timed_out ? 0 : 1;
 }

@@ -224,6 +224,8 @@ typedef struct proc {
     FILE *out;
 } proc;
 
+static const char *spawn_stderr; /* if set, the next server's stderr goes to this file */
+
 static void spawn(proc *p, const char *const *extra)
 {
     int fds[2];
@@ -245,6 +247,11 @@ static void spawn(proc *p, const char *const *extra)
         signal(SIGINT, SIG_DFL); /* a background shell may have left these ignored */
         signal(SIGTERM, SIG_DFL);
         signal(SIGPIPE, SIG_DFL); /* the server must handle it itself */
+        if (spawn_stderr) {
+            int e = open(spawn_stderr, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+            if (e < 0 || dup2(e, 2) < 0)
+                _exit(126);
+        }
         dup2(fds[1], 1);
         close(fds[0]);
         close(fds[1]);
@@ -287,11 +294,14 @@ static int finish(proc *p, int sig, double limit_s)
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-static int connect_to(int port)
+/* A non-blocking connection; rcvbuf > 0 sets SO_RCVBUF before connecting. */
+static int connect_buf(int port, int rcvbuf)
 {
     struct sockaddr_in a;
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     ck_assert_int_ge(fd, 0);
+    if (rcvbuf > 0)
+        ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf), 0);
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
     a.sin_port = htons((uint16_t)port);
@@ -302,6 +312,11 @@ static int connect_to(int port)
     }
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
     return fd;
+}
+
+static int connect_to(int port)
+{
+    return connect_buf(port, 0);
 }
 
 static double now_s(void)
@@ -1001,6 +1016,74 @@ START_TEST(test_second_signal)
 }
 END_TEST
 
+/* A client that never reads its replies: once 1 MiB of them wait, the
+ * server stops reading from it, and after a signal the flush of its
+ * connection would never end.  --drain-timeout 1 cuts the drain: the
+ * connection is closed, and the server says so and exits 1 within about a
+ * second of the signal. */
+START_TEST(test_drain_timeout)
+{
+    static const char *const args[] = {"--max-batch-tokens", "32", "--max-batch-requests", "32",
+                                       "--drain-timeout", "1", NULL};
+    static const char req[] = "{\"id\":\"never-read\",\"tokens\":1,\"positions\":[5]}\n";
+    char dir[] = "/tmp/mlart-serve-d-XXXXXX", errp[80], msg[4096] = "";
+    proc p;
+    int fd, rc, efd;
+    long nsent = 0;
+    size_t off = 0;
+    double t0, t_stall = -1.0, secs;
+    ssize_t n;
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(errp, sizeof errp, "%s/stderr", dir);
+    spawn_stderr = errp;
+    spawn(&p, args);
+    spawn_stderr = NULL;
+    fd = connect_buf(p.port, 4096);
+    ck_assert_int_ge(fd, 0);
+    /* send until the server has stopped reading: sends refused for 0.5 s */
+    t0 = now_s();
+    while (now_s() - t0 < 60.0) {
+        ssize_t w = send(fd, req + off, sizeof req - 1 - off, MSG_NOSIGNAL);
+        if (w > 0) {
+            off += (size_t)w;
+            if (off == sizeof req - 1)
+                nsent++, off = 0;
+            t_stall = -1.0;
+            continue;
+        }
+        ck_assert_msg(w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK), "send: %zd, %s", w,
+                      strerror(errno));
+        if (t_stall < 0)
+            t_stall = now_s();
+        else if (now_s() - t_stall > 0.5)
+            break;
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    ck_assert_msg(t_stall >= 0 && now_s() - t_stall > 0.5, "the server kept reading %ld requests",
+                  nsent);
+    t0 = now_s();
+    kill(p.pid, SIGTERM);
+    rc = finish(&p, 0, 20.0);
+    secs = now_s() - t0;
+    close(fd);
+    efd = open(errp, O_RDONLY);
+    ck_assert_int_ge(efd, 0);
+    n = read(efd, msg, sizeof msg - 1);
+    close(efd);
+    msg[n > 0 ? n : 0] = '\0';
+    unlink(errp);
+    rmdir(dir);
+    printf("drain timeout: %ld requests sent, never read; after SIGTERM exit %d in %.2f s; "
+           "stderr:\n%s",
+           nsent, rc, secs, msg);
+    ck_assert_int_eq(rc, 1);
+    ck_assert_msg(secs >= 0.9 && secs < 10.0, "exit %.2f s after the signal", secs);
+    ck_assert_msg(strstr(msg, "drain not done after 1 s") && strstr(msg, "drain cut at 1 s: 1 "
+                                                                         "connection(s) closed"),
+                  "stderr: %s", msg);
+}
+END_TEST
+
 /* A checkpoint holding more heads than the server's geometry: refused at
  * start with a message naming both counts (the server has no TP ranks to
  * take the other heads). */
@@ -1055,6 +1138,7 @@ START_TEST(test_bad_options)
     static const char *const bad[][3] = {
         {"--port", "70000", NULL}, {"--device", "tpu", NULL}, {"--bogus", "1", NULL},
         {"--max-request-tokens", "65", NULL}, {"--weights", "/nonexistent.safetensors", NULL},
+        {"--drain-timeout", "-1", NULL},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         pid_t pid = fork();
@@ -1111,6 +1195,7 @@ int main(int argc, char **argv)
     tcase_add_test(live, test_clients_vanish);
     tcase_add_test(live, test_refused_connections);
     tcase_add_test(live, test_bad_options);
+    tcase_add_test(live, test_drain_timeout);
     if (!server_extra) {
         tcase_add_test(live, test_second_signal); /* needs about a second of CPU steps */
         tcase_add_test(live, test_weights);       /* runs its servers on the CPU */
