@@ -175,33 +175,37 @@ static int nccl_all_gather(mlart_comm *c, const void *send, void *recv, size_t b
                                       (cudaStream_t)stream), "ncclAllGather");
 }
 
-/* Every array's sends and receives in one group: one launch. */
+/* Every array's sends and receives in one group: one launch.  A call of a
+ * non-blocking communicator that returns ncclInProgress inside the group
+ * has been accepted; the group's end is what is waited for. */
 static int nccl_all_to_all(mlart_comm *c, int n, const void *const *send, void *const *recv,
                            const size_t *bytes, void *stream)
 {
+#define NCCL_ACCEPTED(r) ((r) == ncclSuccess || (r) == ncclInProgress)
     nccl_impl *m = c->impl;
     ncclResult_t r = api.GroupStart(), end;
     const char *what = "ncclGroupStart";
     if (r != ncclSuccess)
         return nccl_done(c, r, what);
-    for (int p = 0; p < c->size && r == ncclSuccess; p++)
-        for (int i = 0; i < n && r == ncclSuccess; i++) {
+    for (int p = 0; p < c->size && NCCL_ACCEPTED(r); p++)
+        for (int i = 0; i < n && NCCL_ACCEPTED(r); i++) {
             what = "ncclSend";
             r = api.Send((const char *)send[i] + (size_t)p * bytes[i], bytes[i], ncclUint8, p,
                          m->comm, (cudaStream_t)stream);
-            if (r == ncclSuccess) {
+            if (NCCL_ACCEPTED(r)) {
                 what = "ncclRecv";
                 r = api.Recv((char *)recv[i] + (size_t)p * bytes[i], bytes[i], ncclUint8, p,
                              m->comm, (cudaStream_t)stream);
             }
         }
     end = api.GroupEnd();
-    if (r != ncclSuccess && r != ncclInProgress) {
+    if (!NCCL_ACCEPTED(r)) {
         if (end == ncclInProgress)
             nccl_wait(c, m->comm, NCCL_WAIT_MS, "ncclGroupEnd");
         return nccl_done(c, r, what);
     }
     return nccl_done(c, end, "ncclGroupEnd (all_to_all)");
+#undef NCCL_ACCEPTED
 }
 
 static int nccl_reduce_scatter_f32(mlart_comm *c, const float *send, float *recv, size_t n,

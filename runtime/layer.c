@@ -559,6 +559,13 @@ int mlart_layer_create(mlart_context *ctx, const mlart_layer_desc *desc, mlart_l
         rc = enforce_weight(ly, &desc->w_uk_t, "w_uk_t", uk_shape, &ly->w_uk_t, &ly->w_uk_t_own);
         if (rc == 0)
             rc = enforce_weight(ly, &desc->w_uv, "w_uv", uv_shape, &ly->w_uv, &ly->w_uv_own);
+        /* a cache write would change the weights every step reads */
+        if (rc == 0)
+            rc = check_apart(&ly->kv_cache, "kv_cache", &ly->w_uk_t, "w_uk_t",
+                             "the cache overlaps a weight the step reads");
+        if (rc == 0)
+            rc = check_apart(&ly->kv_cache, "kv_cache", &ly->w_uv, "w_uv",
+                             "the cache overlaps a weight the step reads");
         if (rc < 0)
             goto fail;
     }
@@ -578,7 +585,8 @@ int mlart_layer_create(mlart_context *ctx, const mlart_layer_desc *desc, mlart_l
                    (size_t)desc->max_requests * ((size_t)desc->max_blocks_per_req + 1);
         if (desc->dcp)
             n += (size_t)T * (size_t)g->topk + (size_t)desc->max_requests;
-        ly->h_meta = malloc(n * sizeof(int32_t));
+        /* every term is below 2^62; their bytes may not be */
+        ly->h_meta = n <= SIZE_MAX / sizeof(int32_t) ? malloc(n * sizeof(int32_t)) : NULL;
         if (!ly->h_meta) {
             rc = mlart_set_error(MLART_ENOMEM, "layer: out of host memory");
             goto fail;

@@ -17,9 +17,11 @@
  *             (NCCL's latency, the bytes over NVLink) needs one GPU a rank
  *             and is not in these columns, so they bound a rank's step from
  *             below
- * Each input set has requests of its own (block tables into one cache);
- * the sets rotate as in every suite.  A column is NAN where it could not
- * run (no libnccl.so.2 for dcp1). */
+ * Each input set has requests of its own (block tables into one cache) and
+ * weights of its own, so a column keeps one layer a set (as a model has one
+ * a layer: W_UK and W_UV, 7.3 MB, do not stay in L2 from step to step); the
+ * sets rotate as in every suite.  A column is NAN where it could not run
+ * (no libnccl.so.2 for dcp1). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,12 +94,15 @@ mlart_comm *loopback(int size)
 
 struct DSet {
     void *q, *idx, *req, *lens, *bt, *bt_l, *o, *lse;
+    void *wuk, *wuv; /* this set's weights, [H,P,L] and [H,L,V] */
 };
+
+const size_t kWukBytes = (size_t)kH * kP * kL * 2, kWuvBytes = (size_t)kH * kL * kV * 2;
 
 struct DCtx {
     int T, nsets;
     int shard; /* the step reads bt_l [T, kPagesL] (the DCP-of-4 rows) */
-    mlart_layer *ly;
+    mlart_layer **ly; /* one a set, on that set's weights */
     DSet *sets;
 };
 
@@ -128,7 +133,7 @@ int dcp_enqueue(void *ctx, int set, cudaStream_t stream)
 {
     DCtx *c = (DCtx *)ctx;
     mlart_step_io io = dcp_io(*c, set);
-    if (mlart_layer_decode(c->ly, &io, stream)) {
+    if (mlart_layer_decode(c->ly[set], &io, stream)) {
         fprintf(stderr, "mlart-bench dcp: %s\n", mlart_last_error());
         return -1;
     }
@@ -190,7 +195,10 @@ int alloc_sets(DCtx &c, uint64_t seed)
             cudaMalloc(&d.bt_l, sizeof(int32_t) * (size_t)T * kPagesL) != cudaSuccess ||
             cudaMalloc(&d.o, (size_t)T * kH * kV * 2) != cudaSuccess ||
             cudaMalloc(&d.lse, sizeof(float) * (size_t)kH * T) != cudaSuccess ||
-            mlart_bench_fill_bf16(d.q, qb / 2, seed + (uint64_t)s, 0))
+            cudaMalloc(&d.wuk, kWukBytes) != cudaSuccess || cudaMalloc(&d.wuv, kWuvBytes) != cudaSuccess ||
+            mlart_bench_fill_bf16(d.q, qb / 2, seed + (uint64_t)s, 0) ||
+            mlart_bench_fill_bf16(d.wuk, kWukBytes / 2, 0xDC1ull + 2 * (uint64_t)s, 0) ||
+            mlart_bench_fill_bf16(d.wuv, kWuvBytes / 2, 0xDC2ull + 2 * (uint64_t)s, 0))
             goto done;
         for (int t = 0; t < T; t++) {
             const int64_t r = (int64_t)s * T + t; /* this set's requests */
@@ -226,15 +234,15 @@ void free_sets(DCtx &c)
 {
     for (int s = 0; c.sets && s < c.nsets; s++) {
         DSet &d = c.sets[s];
-        void *p[] = {d.q, d.idx, d.req, d.lens, d.bt, d.bt_l, d.o, d.lse};
+        void *p[] = {d.q, d.idx, d.req, d.lens, d.bt, d.bt_l, d.o, d.lse, d.wuk, d.wuv};
         for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
             cudaFree(p[i]);
     }
     free(c.sets);
 }
 
-/* Set 0's output and LSE on the host, after one eager step on `layer`. */
-int run_once(DCtx &c, mlart_layer *ly, int shard, uint16_t *o, float *lse)
+/* Set 0's output and LSE on the host, after one eager step on `ly[0]`. */
+int run_once(DCtx &c, mlart_layer **ly, int shard, uint16_t *o, float *lse)
 {
     DCtx one = c;
     one.ly = ly;
@@ -264,13 +272,12 @@ extern "C" int mlart_bench_dcp(const mlart_bench_opts *o)
         (int)(sizeof cols / sizeof cols[0])};
     int wrong = 0, head = 0, nccl_ok = 0;
     mlart_comm *nccl1 = NULL, *lb4 = loopback(kD);
-    void *wuk = NULL, *wuv = NULL; /* one pair of dense weights for every layer */
     if (!lb4)
         return -1;
     for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
         char name[64];
         DCtx c;
-        mlart_layer *ly[4] = {NULL, NULL, NULL, NULL}; /* plain, dcp1, a2a4, ag4 */
+        mlart_layer **ly[4] = {NULL, NULL, NULL, NULL}; /* plain, dcp1, a2a4, ag4; one a set */
         mlart_context *ctx = NULL;
         double t[4] = {NAN, NAN, NAN, NAN}, vals[9];
         void *cache = NULL;
@@ -292,29 +299,25 @@ extern "C" int mlart_bench_dcp(const mlart_bench_opts *o)
                       mlart_comm_nccl_create(0, 1, o->device, id, sizeof id, 0, &nccl1) == 0;
             if (!nccl_ok)
                 printf("# dcp1: no NCCL communicator (%s)\n", mlart_last_error());
-            if (cudaMalloc(&wuk, (size_t)kH * kP * kL * 2) != cudaSuccess ||
-                cudaMalloc(&wuv, (size_t)kH * kL * kV * 2) != cudaSuccess ||
-                mlart_bench_fill_bf16(wuk, (size_t)kH * kP * kL, 0xDC1, 0) ||
-                mlart_bench_fill_bf16(wuv, (size_t)kH * kL * kV, 0xDC2, 0)) {
-                wrong++;
-                break;
-            }
         }
         memset(&g, 0, sizeof g);
         g.heads = kH, g.qk_nope = kP, g.rope = kR, g.kv_lora = kL, g.v_head = kV;
         g.topk = kTopk, g.page_size = kPage, g.kv_format = MLART_KV_FP8_DS_MLA;
         g.softmax_scale = 1.0f / sqrtf((float)(kP + kR));
         bpt = mlart_kv_bytes_per_token(&g);
-        c.nsets = mlart_bench_sets(o, (size_t)c.T * kTopk * bpt, 2);
+        c.nsets = mlart_bench_sets(o, (size_t)c.T * kTopk * bpt + kWukBytes + kWuvBytes, 2);
         rows = (int64_t)c.nsets * c.T * kCtxTokens;
         c.sets = (DSet *)calloc((size_t)c.nsets, sizeof(DSet));
         o0 = (uint16_t *)malloc((size_t)c.T * kH * kV * 2), o1 = (uint16_t *)malloc((size_t)c.T * kH * kV * 2);
         l0 = (float *)malloc(sizeof(float) * (size_t)kH * c.T), l1 = (float *)malloc(sizeof(float) * (size_t)kH * c.T);
-        if (!c.sets || !o0 || !o1 || !l0 || !l1 || mlart_context_create(o->device, &ctx) ||
-            cudaMalloc(&cache, (size_t)rows * bpt) != cudaSuccess)
+        for (int k = 0; k < 4; k++)
+            ly[k] = (mlart_layer **)calloc((size_t)c.nsets, sizeof(mlart_layer *));
+        if (!c.sets || !o0 || !o1 || !l0 || !l1 || !ly[0] || !ly[1] || !ly[2] || !ly[3] ||
+            mlart_context_create(o->device, &ctx) || cudaMalloc(&cache, (size_t)rows * bpt) != cudaSuccess ||
+            alloc_sets(c, 0xDC5ull + (uint64_t)c.T))
             goto fail;
-        {
-            for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < 4; k++)
+            for (int st = 0; st < c.nsets; st++) {
                 mlart_layer_desc d;
                 memset(&d, 0, sizeof d);
                 d.geom = g;
@@ -322,24 +325,24 @@ extern "C" int mlart_bench_dcp(const mlart_bench_opts *o)
                 d.max_requests = c.T;
                 d.max_blocks_per_req = k >= 2 ? kPagesL : kPages;
                 d.num_slots = rows;
-                d.w_uk_t = dv(wuk, MLART_DTYPE_BF16, 3, kH, kP, kL);
-                d.w_uv = dv(wuv, MLART_DTYPE_BF16, 3, kH, kL, kV);
+                d.w_uk_t = dv(c.sets[st].wuk, MLART_DTYPE_BF16, 3, kH, kP, kL);
+                d.w_uv = dv(c.sets[st].wuv, MLART_DTYPE_BF16, 3, kH, kL, kV);
                 d.kv_cache = dv(cache, MLART_DTYPE_U8, 2, rows, (int64_t)bpt, 0);
                 d.early_weights = 1; /* as the shipped GPU configs */
                 d.dcp = k == 0 ? NULL : k == 1 ? nccl1 : lb4;
                 d.dcp_routing = k == 3 ? MLART_DCP_AG_RS : MLART_DCP_A2A;
                 if (k == 1 && !nccl_ok)
                     continue;
-                if (mlart_layer_create(ctx, &d, &ly[k])) {
-                    fprintf(stderr, "mlart-bench %s: layer %d: %s\n", name, k, mlart_last_error());
+                if (mlart_layer_create(ctx, &d, &ly[k][st])) {
+                    fprintf(stderr, "mlart-bench %s: layer %d of set %d: %s\n", name, k, st,
+                            mlart_last_error());
                     goto fail;
                 }
             }
-        }
-        if (fill_cache(ly[0], rows) || alloc_sets(c, 0xDC5ull + (uint64_t)c.T))
+        if (fill_cache(ly[0][0], rows))
             goto fail;
         for (int k = 0; k < 4; k++) {
-            if (!ly[k])
+            if (!ly[k][0])
                 continue;
             c.ly = ly[k];
             c.shard = k >= 2;
@@ -349,7 +352,7 @@ extern "C" int mlart_bench_dcp(const mlart_bench_opts *o)
         /* dcp1 gives the plain step's bytes; the loopback steps finite values */
         if (run_once(c, ly[0], 0, o0, l0))
             goto fail;
-        if (ly[1]) {
+        if (ly[1][0]) {
             if (run_once(c, ly[1], 0, o1, l1))
                 goto fail;
             if (memcmp(o0, o1, (size_t)c.T * kH * kV * 2) || memcmp(l0, l1, sizeof(float) * (size_t)kH * c.T)) {
@@ -380,8 +383,11 @@ extern "C" int mlart_bench_dcp(const mlart_bench_opts *o)
         wrong += bad;
         rc = 0;
     fail:
-        for (int k = 0; k < 4; k++)
-            mlart_layer_destroy(ly[k]);
+        for (int k = 0; k < 4; k++) {
+            for (int st = 0; ly[k] && st < c.nsets; st++)
+                mlart_layer_destroy(ly[k][st]);
+            free(ly[k]);
+        }
         free_sets(c);
         cudaFree(cache);
         mlart_context_destroy(ctx);
@@ -398,7 +404,5 @@ extern "C" int mlart_bench_dcp(const mlart_bench_opts *o)
                             "the least any exchange costs");
     mlart_comm_destroy(nccl1);
     free(lb4);
-    cudaFree(wuk);
-    cudaFree(wuv);
     return wrong;
 }

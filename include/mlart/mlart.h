@@ -219,7 +219,8 @@ typedef struct mlart_layer_desc {
     int64_t num_slots;          /* cache rows (tokens) */
     mlart_tensor w_uk_t;        /* [H,P,L] bf16, any strides, on the context's device */
     mlart_tensor w_uv;          /* [H,L,V] bf16, any strides, on the context's device */
-    mlart_tensor kv_cache;      /* u8 [num_slots, mlart_kv_bytes_per_token], dense */
+    mlart_tensor kv_cache;      /* u8 [num_slots, mlart_kv_bytes_per_token], dense; no byte
+                                   shared with the weights (MLART_ELAYOUT) */
     int validate_indices;       /* CUDA: copy indices to host and check them before each
                                    step (not graph-safe; for debugging). Host: always on. */
     int early_weights;          /* CUDA: 1 = the caller promises that no kernel it enqueues

@@ -380,6 +380,19 @@ END_TEST
         n_bad++;                                                                                 \
     } while (0)
 
+/* The query absorption's inputs over a dense q [T,H,P+R] and weight
+ * [H,P,L]: the strided [H,T,P] view, the rope part [T,H,R], the weight. */
+static void qabs_inputs(ref_buf *qb, ref_buf *wb, int64_t H, int64_t T, int64_t P, int64_t L,
+                        int64_t R, mlart_tensor *a, mlart_tensor *pe_in, mlart_tensor *w)
+{
+    int64_t sh[3] = {H, T, P}, st[3] = {P + R, H * (P + R), 1};
+    *a = ref_view(qb, MLART_DTYPE_BF16, 0, 3, sh, st);
+    sh[0] = T, sh[1] = H, sh[2] = R, st[0] = H * (P + R), st[1] = P + R, st[2] = 1;
+    *pe_in = ref_view(qb, MLART_DTYPE_BF16, P, 3, sh, st);
+    sh[0] = H, sh[1] = P, sh[2] = L, st[0] = P * L, st[1] = L, st[2] = 1;
+    *w = ref_view(wb, MLART_DTYPE_BF16, 0, 3, sh, st);
+}
+
 START_TEST(checks_refuse_bad_views)
 {
     enum { H = 2, T = 3, P = 16, L = 32, R = 8, V = 16 };
@@ -389,12 +402,7 @@ START_TEST(checks_refuse_bad_views)
             vb = ref_buf_new(H * L * V * 2), ob = ref_buf_new(T * H * V * 2);
     int64_t sh[3], st[3];
     mlart_tensor a, w, out, pe_in, pe_out, bad, x, wv, o;
-    sh[0] = H, sh[1] = T, sh[2] = P, st[0] = P + R, st[1] = H * (P + R), st[2] = 1;
-    a = ref_view(&qb, MLART_DTYPE_BF16, 0, 3, sh, st);
-    sh[0] = T, sh[1] = H, sh[2] = R, st[0] = H * (P + R), st[1] = P + R, st[2] = 1;
-    pe_in = ref_view(&qb, MLART_DTYPE_BF16, P, 3, sh, st);
-    sh[0] = H, sh[1] = P, sh[2] = L, st[0] = P * L, st[1] = L, st[2] = 1;
-    w = ref_view(&wb, MLART_DTYPE_BF16, 0, 3, sh, st);
+    qabs_inputs(&qb, &wb, H, T, P, L, R, &a, &pe_in, &w);
     sh[0] = H, sh[1] = T, sh[2] = L, st[0] = L + R, st[1] = H * (L + R), st[2] = 1;
     out = ref_view(&mb, MLART_DTYPE_BF16, 0, 3, sh, st);
     sh[0] = T, sh[1] = H, sh[2] = R, st[0] = H * (L + R), st[1] = L + R, st[2] = 1;
@@ -622,12 +630,7 @@ START_TEST(query_bmm_outputs_apart)
         int64_t sh[3], st[3], pst[3] = {tok, L + R, 1};
         mlart_tensor a, w, out, pe_in, pe_out, sep;
         uint8_t *snapshot = malloc(mb.bytes);
-        sh[0] = H, sh[1] = T, sh[2] = P, st[0] = P + R, st[1] = H * (P + R), st[2] = 1;
-        a = ref_view(&qb, MLART_DTYPE_BF16, 0, 3, sh, st);
-        sh[0] = T, sh[1] = H, sh[2] = R, st[0] = H * (P + R), st[1] = P + R, st[2] = 1;
-        pe_in = ref_view(&qb, MLART_DTYPE_BF16, P, 3, sh, st);
-        sh[0] = H, sh[1] = P, sh[2] = L, st[0] = P * L, st[1] = L, st[2] = 1;
-        w = ref_view(&wb, MLART_DTYPE_BF16, 0, 3, sh, st);
+        qabs_inputs(&qb, &wb, H, T, P, L, R, &a, &pe_in, &w);
         sh[0] = H, sh[1] = T, sh[2] = L, st[0] = L + R, st[1] = tok, st[2] = 1;
         out = ref_view(&mb, MLART_DTYPE_BF16, 0, 3, sh, st);
         sh[0] = T, sh[1] = H, sh[2] = R;

@@ -605,6 +605,23 @@ START_TEST(bad_layers_refused)
     bad_create(&d, MLART_EINVAL, "w_uk_t: lives on device 0");
     d = good, d.kv_cache.shape[1] = 656;
     bad_create(&d, MLART_ESHAPE, "kv_cache: shape");
+    {
+        /* the cache and a weight in one buffer, 16 bytes shared: a cache
+         * write would change the weight */
+        const size_t cb = (size_t)f.num_slots * mlart_kv_bytes_per_token(&f.g),
+                     wb = (size_t)H_ * P_ * L_ * 2, vb = (size_t)H_ * L_ * V_ * 2;
+        unsigned char *buf = malloc(cb + wb + vb);
+        ck_assert_ptr_nonnull(buf);
+        d = good;
+        d.kv_cache = fx_view(buf, MLART_DTYPE_U8, 2, f.num_slots,
+                             (int64_t)mlart_kv_bytes_per_token(&f.g), 0);
+        d.w_uk_t = fx_view(buf + cb - 16, MLART_DTYPE_BF16, 3, H_, P_, L_);
+        bad_create(&d, MLART_ELAYOUT, "kv_cache and w_uk_t: the cache overlaps a weight");
+        d.w_uk_t = good.w_uk_t;
+        d.w_uv = fx_view(buf + 16, MLART_DTYPE_BF16, 3, H_, L_, V_);
+        bad_create(&d, MLART_ELAYOUT, "kv_cache and w_uv: the cache overlaps a weight");
+        free(buf);
+    }
     d = good, d.max_tokens = 0;
     bad_create(&d, MLART_EINVAL, "max_tokens 0");
     d = good, d.geom.page_size = 0;
