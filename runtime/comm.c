@@ -1,6 +1,7 @@
 /* Communicators: the common entry points, the local (threads) group, and
  * where a cached token lives under DCP.  The NCCL communicator is in
- * comm_nccl.c, the rendezvous and the rank variables in rendezvous.c. */
+ * comm_nccl.c, the rank variables in ranks.c, the rendezvous in
+ * rendezvous/rendezvous.c. */
 #define _POSIX_C_SOURCE 200809L
 #include "runtime/comm_impl.h"
 #include "runtime/status.h"

@@ -121,6 +121,38 @@ if(TARGET mlart-decode)
   set_tests_properties(decode_ranks_match_tp PROPERTIES
                        ENVIRONMENT "OMPI_COMM_WORLD_RANK=0;OMPI_COMM_WORLD_SIZE=4"
                        PASS_REGULAR_EXPRESSION "4 ranks \\(OMPI\\) for tp_size 2")
+  # MLART_MASTER_PORT: group g's rendezvous is at PORT + g, so one group may take 65535 (rank 1
+  # gets past the port to the missing NCCL), two may not, and without DCP no port is used
+  add_test(NAME decode_master_port_last
+           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 1
+                   --set heads=8 --set tp_size=2 --set dcp_size=2)
+  set_tests_properties(decode_master_port_last PROPERTIES
+                       ENVIRONMENT "MLART_RANK=1;MLART_WORLD_SIZE=2;MLART_MASTER_PORT=65535"
+                       PASS_REGULAR_EXPRESSION "rank 1: a DCP group across processes needs CUDA")
+  add_test(NAME decode_master_port_past_last
+           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 1
+                   --set heads=8 --set tp_size=4 --set dcp_size=2)
+  set_tests_properties(decode_master_port_past_last PROPERTIES
+                       ENVIRONMENT "MLART_RANK=1;MLART_WORLD_SIZE=4;MLART_MASTER_PORT=65535"
+                       PASS_REGULAR_EXPRESSION "MLART_MASTER_PORT '65535' is not a port of 1..65534")
+  add_test(NAME decode_master_port_no_dcp
+           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 1 --context 64
+                   --set heads=8 --set tp_size=2)
+  set_tests_properties(decode_master_port_no_dcp PROPERTIES
+                       ENVIRONMENT "MLART_RANK=1;MLART_WORLD_SIZE=2;MLART_MASTER_PORT=65535"
+                       PASS_REGULAR_EXPRESSION "rank 1: result: backend=reference")
+  # one step: the timing line says ms/step is that step's, one-time work included
+  add_test(NAME decode_one_step_timing
+           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 1 --context 64)
+  set_tests_properties(decode_one_step_timing PROPERTIES
+                       PASS_REGULAR_EXPRESSION "ms/step and tokens/s are those of the only step")
+  # every verify line of a rank says which rank it is, the reference backend's too
+  add_test(NAME decode_rank_verify_lines
+           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 2 --context 64
+                   --set heads=8 --set tp_size=2 --backend testsafe --verify)
+  set_tests_properties(decode_rank_verify_lines PROPERTIES
+                       ENVIRONMENT "MLART_BACKEND_PATH=${MLART_TEST_PLUGIN_DIR};MLART_RANK=1;MLART_WORLD_SIZE=2"
+                       PASS_REGULAR_EXPRESSION "\nrank 1: verify vs reference backend: [^\n]*PASS")
   add_test(NAME decode_backend_flag
            COMMAND ${_dec} --config ${_tiny} --device cpu --steps 2 --backend testsafe --verify)
   add_test(NAME decode_backend_env
@@ -233,6 +265,8 @@ if(TARGET mlart-decode)
                        decode_output_write_error
                        decode_dcp_local_a2a
                        decode_dcp_local_ag_rs_fp8 decode_dcp_ranks_need_nccl decode_ranks_match_tp
+                       decode_master_port_last decode_master_port_past_last
+                       decode_master_port_no_dcp decode_one_step_timing decode_rank_verify_lines
                        PROPERTIES LABELS cpu TIMEOUT 120)
 endif()
 

@@ -866,6 +866,9 @@ static int run_decode(run *r)
                    use_graph ? ", each the replay of one CUDA graph of the step"
                    : r->dev >= 0 ? ", kernels launched directly" : "",
                    1e3 * t_first);
+        else
+            printf("# ms/step and tokens/s are those of the only step, one-time work included "
+                   "(on CUDA each kernel's first launch loads its module)\n");
         if (use_graph && r->cfg.steps > 1)
             printf("# the graph (KV write and decode of every layer) was captured and instantiated "
                    "once in %.3f ms, outside the timing\n", 1e3 * t_capture);
@@ -899,12 +902,12 @@ static int run_decode(run *r)
             ok = o_ok && !vs.lse_bad;
             if (vs.compared_ref) {
                 int r_ok = !vs.nan && vs.ref_nmse <= VERIFY_NMSE;
-                printf("verify vs reference backend: max_abs_err %.3e  nmse %.3e  %s\n",
-                       vs.ref_max_abs, vs.ref_nmse, r_ok ? "PASS" : "FAIL");
+                printf("%sverify vs reference backend: max_abs_err %.3e  nmse %.3e  %s\n",
+                       who, vs.ref_max_abs, vs.ref_nmse, r_ok ? "PASS" : "FAIL");
                 ok = ok && r_ok;
             }
             if (vs.nan)
-                printf("verify: NaN or Inf in the output\n");
+                printf("%sverify: NaN or Inf in the output\n", who);
         }
         printf("%sresult: backend=%s device=%s kv=%s verify=%s\n", who, bname, dname,
                mlart_kv_format_name(g->kv_format),
@@ -1079,6 +1082,9 @@ static int run_world(run *r, const mlart_rank_info *ri, int n_dev)
 {
     const int D = r->cfg.dcp_size;
     const char *addr = getenv("MLART_MASTER_ADDR"), *port_s = getenv("MLART_MASTER_PORT");
+    /* group g's rendezvous is at port + g, so the last group's at port + last
+     * (without DCP there is none, and the port goes unused) */
+    const int last = D > 1 ? ri->size / D - 1 : 0;
     long port = 29500;
     int rc;
     if (ri->size != r->cfg.tp_size) {
@@ -1089,8 +1095,9 @@ static int run_world(run *r, const mlart_rank_info *ri, int n_dev)
     if (port_s && *port_s) {
         char *end;
         port = strtol(port_s, &end, 10);
-        if (*end || port < 1 || port > 65535 - ri->size / D) {
-            fprintf(stderr, "mlart-decode: MLART_MASTER_PORT '%s' is not a port\n", port_s);
+        if (*end || port < 1 || port > 65535 - last) {
+            fprintf(stderr, "mlart-decode: MLART_MASTER_PORT '%s' is not a port of 1..%d (the "
+                            "DCP groups take ports PORT..PORT+%d)\n", port_s, 65535 - last, last);
             return 1;
         }
     }
