@@ -219,8 +219,11 @@ static int set_value(mlart_config *cfg, int k, const char *value, const char *or
         v = strtod(value, &end);
         while (isspace((unsigned char)*end))
             end++;
-        if (end == value || errno || *end || !isfinite(v) || !(v > 0.0) || v > 1e30)
-            return bad_value(k, value, origin, "a finite number > 0");
+        /* the value is kept as a float: one that rounds to 0 there is refused
+         * here, naming the key, rather than by the geometry check at finish */
+        if (end == value || errno || *end || !isfinite(v) || !(v > 0.0) || v > 1e30 ||
+            !((float)v > 0.0f))
+            return bad_value(k, value, origin, "a number in (0, 1e30], not 0 as a float");
         cfg->geom.softmax_scale = (float)v;
         break;
     }
@@ -319,6 +322,7 @@ typedef struct file_reader {
     const char *path;
     int line;          /* line just handed to inih */
     int too_long_line; /* first line longer than inih's buffer, 0 if none */
+    int nul_line;      /* first line holding a NUL byte, 0 if none */
     int read_errno;    /* errno of a failed read, 0 if none */
     int read_err_line; /* the line that read failed on */
     int rc;            /* first error */
@@ -341,15 +345,32 @@ static void strip_indent(char *str)
 
 /* A "[name]" line must name one of the four sections.  inih calls the key
  * handler only for keys, so an unknown section with no key under it would
- * otherwise pass unnoticed. */
+ * otherwise pass unnoticed; and inih ignores whatever follows the ']', so
+ * "[run] seed = 7" would drop the key: only a comment may follow.  inih skips
+ * a UTF-8 byte order mark on the first line, so that line is read past it. */
 static void check_section(file_reader *r, const char *str)
 {
     static const char *const sections[] = {"model", "runtime", "parallel", "run"};
-    const char *end;
-    size_t n;
+    const char *end, *rest;
+    size_t n, rn;
+    if (r->line == 1 && !strncmp(str, "\xEF\xBB\xBF", 3)) {
+        str += 3;
+        while (isspace((unsigned char)*str))
+            str++;
+    }
     if (r->rc < 0 || str[0] != '[' || !(end = strchr(str, ']')))
         return; /* not a section line, or inih reports its syntax */
     n = (size_t)(end - str - 1);
+    for (rest = end + 1; isspace((unsigned char)*rest); rest++)
+        ;
+    if (*rest && *rest != ';' && *rest != '#') {
+        for (rn = strlen(rest); isspace((unsigned char)rest[rn - 1]); rn--)
+            ;
+        r->rc = mlart_set_error(MLART_ECONFIG, "%s:%d: text '%.*s' after section [%.*s] (want "
+                                "nothing or a comment)", r->path, r->line, (int)rn, rest, (int)n,
+                                str + 1);
+        return;
+    }
     for (size_t i = 0; i < sizeof sections / sizeof sections[0]; i++)
         if (strlen(sections[i]) == n && !strncmp(str + 1, sections[i], n))
             return;
@@ -364,28 +385,40 @@ static char *read_failed(file_reader *r, int line)
     return NULL;
 }
 
-/* fgets that counts lines, so the handler knows the line number (Debian's
+/* An fgets that counts lines, so the handler knows the line number (Debian's
  * inih is built without INI_HANDLER_LINENO).  A failed read ends the parse
  * like EOF does, but leaves errno in read_errno so the caller reports it
- * instead of taking the file as shorter than it is. */
+ * instead of taking the file as shorter than it is.  Read a byte at a time
+ * rather than by fgets, whose caller cannot see a NUL byte: inih would take
+ * the line as ending there and silently drop the rest of it. */
 static char *read_line(char *str, int num, void *stream)
 {
     file_reader *r = stream;
-    size_t len;
+    size_t len = 0;
+    int c = 0, nul = 0;
     errno = 0;
-    if (!fgets(str, num, r->f))
-        return ferror(r->f) ? read_failed(r, r->line + 1) : NULL;
+    while (len + 1 < (size_t)num && c != '\n' && (c = getc(r->f)) != EOF) {
+        nul |= c == '\0';
+        str[len++] = (char)c;
+    }
+    if (ferror(r->f))
+        return read_failed(r, r->line + 1);
+    if (!len)
+        return NULL;
+    str[len] = '\0';
     r->line++;
-    len = strlen(str);
-    if (len > 0 && str[len - 1] != '\n' && !feof(r->f)) {
-        int c;
-        while ((c = fgetc(r->f)) != EOF && c != '\n')
+    if (c != '\n' && !feof(r->f)) {
+        while ((c = getc(r->f)) != EOF && c != '\n')
             ;
         if (ferror(r->f))
             return read_failed(r, r->line);
         if (!r->too_long_line)
             r->too_long_line = r->line;
         str[0] = '\0'; /* parse nothing of it */
+    } else if (nul) {
+        if (!r->nul_line)
+            r->nul_line = r->line;
+        str[0] = '\0';
     }
     strip_indent(str);
     check_section(r, str);
@@ -484,6 +517,8 @@ int mlart_config_read_file(mlart_config *cfg, const char *path)
     if (r.too_long_line)
         return mlart_set_error(MLART_ECONFIG, "%s:%d: line longer than %d characters", path,
                                r.too_long_line, INI_MAX_LINE - 2);
+    if (r.nul_line)
+        return mlart_set_error(MLART_ECONFIG, "%s:%d: NUL byte in line", path, r.nul_line);
     if (line > 0)
         return mlart_set_error(MLART_ECONFIG, "%s:%d: syntax error (want 'key = value', "
                                "'[section]' or a comment)", path, line);

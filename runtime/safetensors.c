@@ -1062,8 +1062,9 @@ int mlart_safetensors_load_kv_b_proj(const char *path, int layer, const mlart_ge
     snprintf(scale_name, sizeof scale_name, "%s_scale_inv", name);
     if ((int64_t)head_offset + g->heads > heads_total) {
         rc = mlart_set_error(MLART_ESHAPE,
-                             "safetensors: \"%s\" holds %lld heads; heads [%d, %d) requested",
-                             name, (long long)heads_total, head_offset, head_offset + g->heads);
+                             "safetensors: \"%s\" holds %lld heads; heads [%d, %lld) requested",
+                             name, (long long)heads_total, head_offset,
+                             (long long)head_offset + g->heads);
         goto done;
     }
     if (!(tmp = malloc((size_t)need))) {

@@ -19,7 +19,9 @@
  *               seed is decimal ("010" is ten, never octal) or hexadecimal after 0x/0X
  *
  * Lines may be indented (spaces or tabs): an indented key, section or comment
- * reads as an unindented one.  No value continues onto the next line.
+ * reads as an unindented one.  No value continues onto the next line.  Only a
+ * comment (';' or '#') may follow a section's ']' on its line; a NUL byte
+ * anywhere is an error.
  *
  * Precedence: command line > environment > file.  Every key has an
  * environment variable MLART_<KEY in upper case>: MLART_HEADS, MLART_QK_NOPE_DIM,

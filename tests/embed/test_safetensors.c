@@ -2,6 +2,7 @@
  * and every way a file can lie.  Files are generated here, in a temp dir. */
 #define _POSIX_C_SOURCE 200809L
 #include <check.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -465,6 +466,21 @@ START_TEST(test_heads_query)
 }
 END_TEST
 
+/* A head_offset near INT_MAX: refused with the requested range named in
+ * 64-bit, not computed in int (signed overflow, a negative end). */
+START_TEST(test_head_offset_overflow)
+{
+    uint16_t dst[24];
+    mlart_geometry g = geom(2, 2, 1, 4);
+    ck_assert_int_eq(shape_case(2, 6, 4, 0), 0); /* two heads */
+    EXPECT_FAIL(MLART_ESHAPE, load(tpath("shape.safetensors"), 0, &g, INT_MAX - 1, dst,
+                                   sizeof dst));
+    ck_assert_msg(strstr(mlart_last_error(), "heads [2147483646, 2147483648) requested") != NULL,
+                  "%s", mlart_last_error());
+    printf("head_offset INT_MAX - 1: ESHAPE naming [2147483646, 2147483648)\n");
+}
+END_TEST
+
 /* A FIFO is refused at once, not after a writer comes (the open used to
  * block before the regular-file check could run). */
 START_TEST(test_fifo)
@@ -644,6 +660,7 @@ int main(void)
     tcase_add_test(tc, test_header_length);
     tcase_add_test(tc, test_bad_args);
     tcase_add_test(tc, test_heads_query);
+    tcase_add_test(tc, test_head_offset_overflow);
     tcase_add_test(tc, test_fifo);
     suite_add_tcase(s, tc);
     failed = check_run(s, CK_FORK_GETENV);

@@ -392,6 +392,50 @@ START_TEST(indented_lines)
 }
 END_TEST
 
+/* Lines inih would read without a word: text after a section's ']' (the
+ * key on it was dropped), a NUL byte (the line ended there for inih, or was
+ * skipped whole when it came first), an unknown section behind a UTF-8 byte
+ * order mark; and a softmax_scale outside what its message promises. */
+START_TEST(nothing_silently_dropped)
+{
+    static const char nul_first[] = "[run]\n\0seed = 7\n";
+    static const char nul_mid[] = "[run]\nseed = 7\0junk\nbatch = 9\n";
+    mlart_config c;
+    char want[300];
+    FILE *f;
+    expect_error("[run] seed = 7\n", "text 'seed = 7' after section [run]", ":1");
+    expect_error("[model]\nheads = 4\n[run]]\n", "after section [run]", ":3");
+    expect_error("\xEF\xBB\xBF[bogus]\n[model]\n", "unknown section [bogus]", ":1");
+    expect_error("[model]\nsoftmax_scale = 1e31\n", "(0, 1e30]", ":2");
+    expect_error("[model]\nsoftmax_scale = 1e-50\n", "not 0 as a float", ":2");
+    for (int i = 0; i < 2; i++) {
+        const char *text = i ? nul_mid : nul_first;
+        size_t len = i ? sizeof nul_mid - 1 : sizeof nul_first - 1;
+        clear_env();
+        ini("");
+        f = fopen(path, "wb");
+        ck_assert_ptr_nonnull(f);
+        ck_assert_uint_eq(fwrite(text, 1, len, f), len);
+        fclose(f);
+        mlart_config_init(&c);
+        ck_assert_int_eq(mlart_config_read_file(&c, path), MLART_ECONFIG);
+        snprintf(want, sizeof want, "%s:2: NUL byte", path);
+        ck_assert_msg(strstr(mlart_last_error(), want), "want '%s' in '%s'", want,
+                      mlart_last_error());
+        unlink(path);
+    }
+    /* what stays allowed: a comment after a section, a BOM before a known one */
+    mlart_config_init(&c);
+    ck_assert_msg(mlart_config_read_file(&c, ini("\xEF\xBB\xBF[run] ; seeds\nseed = 7\n"
+                                                "[model]  # dims\nheads = 4\r\n[runtime]\r\n")) ==
+                      0,
+                  "%s", mlart_last_error());
+    ck_assert_int_eq(c.seed, 7);
+    ck_assert_int_eq(c.heads_total, 4);
+    unlink(path);
+}
+END_TEST
+
 START_TEST(precedence)
 {
     mlart_config c, keep;
@@ -487,6 +531,7 @@ int main(void)
     tcase_add_test(tc, fifo_read);
     tcase_add_test(tc, seed_decimal_or_hex);
     tcase_add_test(tc, indented_lines);
+    tcase_add_test(tc, nothing_silently_dropped);
     tcase_add_test(tc, precedence);
     tcase_add_test(tc, shipped_configs);
     suite_add_tcase(s, tc);
