@@ -9,8 +9,10 @@
  * against the data size and against dtype x shape, the tensors must tile the
  * data region exactly (no overlap, no hole, no trailing bytes), names are
  * unique, and reads go through mlart_st_read, which refuses anything outside
- * the tensor it is asked for.  All failures are MLART_EIO with a message that
- * names the byte offset or the tensor. */
+ * the tensor it is asked for.  A file that breaks any of this, or cannot be
+ * read, is MLART_EIO with a message that names the byte offset or the
+ * tensor; running out of memory is MLART_ENOMEM, and a read outside a
+ * tensor (a caller's bug) MLART_EINTERNAL. */
 #ifndef MLART_RUNTIME_SAFETENSORS_H
 #define MLART_RUNTIME_SAFETENSORS_H
 
