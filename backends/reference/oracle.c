@@ -31,24 +31,24 @@ static int32_t i32_at(const mlart_tensor *t, int64_t i, int64_t j)
 static void load_row(const mlart_geometry *g, const mlart_tensor *cache, int64_t slot, double *out)
 {
     const uint8_t *rec = (const uint8_t *)cache->data + slot * cache->stride[0];
-    int L = g->kv_lora, R = g->rope;
+    int64_t L = g->kv_lora, R = g->rope; /* L + R may pass INT32_MAX */
     if (g->kv_format == MLART_KV_FP8_DS_MLA) {
         for (int tile = 0; tile < L / MLART_FP8_DS_MLA_TILE; tile++) {
             float scale;
             memcpy(&scale, rec + L + sizeof(float) * (size_t)tile, sizeof scale);
             for (int i = 0; i < MLART_FP8_DS_MLA_TILE; i++) {
-                int l = tile * MLART_FP8_DS_MLA_TILE + i;
+                int64_t l = (int64_t)tile * MLART_FP8_DS_MLA_TILE + i;
                 out[l] = (double)mlart_e4m3_to_f32(rec[l]) * (double)scale;
             }
         }
-        for (int r = 0; r < R; r++) {
+        for (int64_t r = 0; r < R; r++) {
             uint16_t h;
             memcpy(&h, rec + L + sizeof(float) * (size_t)(L / MLART_FP8_DS_MLA_TILE) + 2 * (size_t)r,
                    sizeof h);
             out[L + r] = (double)mlart_bf16_to_f32(h);
         }
     } else {
-        for (int d = 0; d < L + R; d++) {
+        for (int64_t d = 0; d < L + R; d++) {
             uint16_t h;
             memcpy(&h, rec + 2 * (size_t)d, sizeof h);
             out[d] = (double)mlart_bf16_to_f32(h);
@@ -96,6 +96,14 @@ static int check_views(const mlart_oracle_problem *p, mlart_tensor *wk, mlart_te
     return 0;
 }
 
+/* *bytes = a * b * c doubles; 1 when that is past SIZE_MAX. */
+static int f64_bytes(int64_t a, int64_t b, int64_t c, size_t *bytes)
+{
+    return __builtin_mul_overflow((size_t)a, (size_t)b, bytes) ||
+           __builtin_mul_overflow(*bytes, (size_t)c, bytes) ||
+           __builtin_mul_overflow(*bytes, sizeof(double), bytes);
+}
+
 /* Slot of index k of token t, -1 for an empty entry, or an error. */
 static int slot_for(const mlart_oracle_problem *p, int64_t t, int64_t k, int64_t *slot)
 {
@@ -131,6 +139,7 @@ int mlart_oracle_decode_f64(const mlart_oracle_problem *p, double *o, double *ls
     mlart_tensor wk, wv;
     int64_t T, H, P, R, L, V, D, topk;
     double *qlat = NULL, *rows = NULL, *w = NULL, *lat = NULL, *o_new = NULL, *lse_new = NULL;
+    size_t rows_bytes, o_bytes, lse_bytes;
     int rc = 0;
     if (!p || !o)
         return mlart_set_error(MLART_EINVAL, "%s: problem and o are required", who);
@@ -141,17 +150,27 @@ int mlart_oracle_decode_f64(const mlart_oracle_problem *p, double *o, double *ls
     MLART_CHECK(check_views(p, &wk, &wv));
     T = p->T, H = g->heads, P = g->qk_nope, R = g->rope, L = g->kv_lora, V = g->v_head;
     D = L + R, topk = g->topk;
+    /* T*H*V and H*T count outputs the caller holds; top-k rows of L+R may
+     * not fit even so.  Sizes that wrap would give buffers too small. */
+    if (f64_bytes(topk, D, 1, &rows_bytes) || f64_bytes(T, H, V, &o_bytes) ||
+        f64_bytes(H, T, 1, &lse_bytes) || o_bytes > SIZE_MAX - sizeof(double) ||
+        lse_bytes > SIZE_MAX - sizeof(double))
+        return mlart_set_error(MLART_ERANGE,
+                               "%s: scratch for top-k %" PRId64 " rows of L+R = %" PRId64
+                               " values and T*H*V = %" PRId64 "*%" PRId64 "*%" PRId64
+                               " outputs is past SIZE_MAX bytes",
+                               who, topk, D, T, H, V);
     for (int64_t t = 0; t < T; t++) /* all errors before any output */
         for (int64_t k = 0; k < topk; k++) {
             int64_t sl;
             MLART_CHECK(slot_for(p, t, k, &sl));
         }
     qlat = malloc(sizeof *qlat * (size_t)D);
-    rows = malloc(sizeof *rows * (size_t)(topk * D));
+    rows = malloc(rows_bytes);
     w = malloc(sizeof *w * (size_t)topk);
     lat = malloc(sizeof *lat * (size_t)L);
-    o_new = malloc(sizeof *o_new * (size_t)(T * H * V + 1));
-    lse_new = malloc(sizeof *lse_new * (size_t)(H * T + 1));
+    o_new = malloc(o_bytes + sizeof *o_new);
+    lse_new = malloc(lse_bytes + sizeof *lse_new);
     if (!qlat || !rows || !w || !lat || !o_new || !lse_new) {
         rc = mlart_set_error(MLART_ENOMEM, "%s: scratch for topk=%" PRId64 " rows", who, topk);
         goto done;
@@ -204,9 +223,9 @@ int mlart_oracle_decode_f64(const mlart_oracle_problem *p, double *o, double *ls
             lse_new[h * T + t] = n ? m + log(sum) : -INFINITY;
         }
     }
-    memcpy(o, o_new, sizeof *o * (size_t)(T * H * V));
+    memcpy(o, o_new, o_bytes);
     if (lse)
-        memcpy(lse, lse_new, sizeof *lse * (size_t)(H * T));
+        memcpy(lse, lse_new, lse_bytes);
 done:
     free(qlat);
     free(rows);

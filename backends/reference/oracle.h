@@ -33,8 +33,9 @@ typedef struct mlart_oracle_problem {
  * -INFINITY for a row with no valid slot, whose o is 0).  Duplicated indices
  * count once per occurrence.  An index < -1 or >= its request's seq_len, a
  * request id outside [0,B) or a block that maps outside the cache gives
- * MLART_ERANGE naming it; bad views give the usual shape/dtype/layout
- * errors.  Nothing is written on failure. */
+ * MLART_ERANGE naming it, and so does a problem whose scratch (top-k rows
+ * of L+R doubles, T*H*V outputs) is past SIZE_MAX bytes; bad views give
+ * the usual shape/dtype/layout errors.  Nothing is written on failure. */
 int mlart_oracle_decode_f64(const mlart_oracle_problem *p, double *o, double *lse);
 
 /* Error of `got` (a 1- or 2-D host view of bf16 or f32 values, dense

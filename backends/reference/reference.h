@@ -23,7 +23,8 @@ int mlart_reference_attend_cpu(const mlart_step *s);
 /* The view checks of the attend stage alone (shapes, dtypes, spans, one
  * device); reads no tensor data, so the CUDA path runs it too. */
 int mlart_reference_attend_check(const mlart_step *s);
-/* Scratch bytes mlart_reference_attend_cpu needs for geometry g. */
+/* Scratch bytes mlart_reference_attend_cpu needs for geometry g; 0 when
+ * past SIZE_MAX (plan and the host path then refuse with MLART_ERANGE). */
 size_t mlart_reference_attend_cpu_workspace(const mlart_geometry *g);
 
 /* Validate one view of a step for `who`: rank, dtype, shape (entries of

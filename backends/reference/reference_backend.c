@@ -69,6 +69,7 @@ static int check_step(const reference_state *st, const mlart_step *s, const char
 static int reference_plan(void *state, const mlart_plan *plan, size_t *workspace_bytes)
 {
     reference_state *st = state;
+    size_t ws;
     if (!st || !plan || !workspace_bytes)
         return mlart_set_error(MLART_EINVAL, "reference plan: NULL argument");
     if (plan->struct_size < sizeof *plan)
@@ -81,7 +82,17 @@ static int reference_plan(void *state, const mlart_plan *plan, size_t *workspace
         return st->error(MLART_EINVAL, "reference plan: negative size");
     /* The CUDA kernels keep their scratch on chip; the host path gathers one
      * token's rows at a time. */
-    *workspace_bytes = st->device < 0 ? mlart_reference_attend_cpu_workspace(&st->geom) : 0;
+    if (st->device >= 0) {
+        *workspace_bytes = 0;
+        return 0;
+    }
+    ws = mlart_reference_attend_cpu_workspace(&st->geom);
+    if (!ws)
+        return st->error(MLART_ERANGE,
+                         "reference plan: host scratch for top-k %d rows of L+R = %lld values is "
+                         "past SIZE_MAX bytes",
+                         (int)st->geom.topk, (long long)st->geom.kv_lora + st->geom.rope);
+    *workspace_bytes = ws;
     return 0;
 }
 

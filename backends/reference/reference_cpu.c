@@ -56,15 +56,20 @@ int mlart_reference_check_view(const char *who, const char *name, const mlart_te
 }
 
 /* Workspace: scores[topk] and acc[L] doubles, then rows[topk][L+R] and
- * q[L+R] floats. */
+ * q[L+R] floats.  0 when that is past SIZE_MAX (top-k near 2^31 with L+R
+ * near 2^31): the sum would wrap to a buffer smaller than the rows. */
 size_t mlart_reference_attend_cpu_workspace(const mlart_geometry *g)
 {
-    size_t topk, D;
+    size_t topk, D, floats, bytes;
     if (!g || g->topk <= 0 || g->kv_lora <= 0 || g->rope < 0)
         return 0;
     topk = (size_t)g->topk;
     D = (size_t)g->kv_lora + (size_t)g->rope;
-    return sizeof(double) * (topk + (size_t)g->kv_lora) + sizeof(float) * (topk * D + D);
+    if (__builtin_mul_overflow(topk + 1, D, &floats) ||
+        __builtin_mul_overflow(floats, sizeof(float), &bytes) ||
+        __builtin_add_overflow(bytes, sizeof(double) * (topk + (size_t)g->kv_lora), &bytes))
+        return 0;
+    return bytes;
 }
 
 /* An output must not share a byte with an input (both checked views on
@@ -220,6 +225,12 @@ int mlart_reference_attend_cpu(const mlart_step *s)
     if (s->device != -1)
         return mlart_set_error(MLART_EINVAL, "%s: the host path got a step on device %d", who,
                                s->device);
+    ws_need = mlart_reference_attend_cpu_workspace(&s->geom);
+    if (!ws_need)
+        return mlart_set_error(MLART_ERANGE,
+                               "%s: scratch for top-k %d rows of L+R = %" PRId64 " values is past "
+                               "SIZE_MAX bytes",
+                               who, (int)s->geom.topk, (int64_t)s->geom.kv_lora + s->geom.rope);
     MLART_CHECK(check_indices(who, s));
     g = &s->geom;
     T = s->T;
@@ -229,7 +240,6 @@ int mlart_reference_attend_cpu(const mlart_step *s)
     D = L + R;
     topk = g->topk;
 
-    ws_need = mlart_reference_attend_cpu_workspace(g);
     if (s->workspace && s->workspace_bytes >= ws_need && ((uintptr_t)s->workspace % 8) == 0) {
         scores = (double *)s->workspace;
     } else {

@@ -2,8 +2,10 @@
  * fresh random problems: holes, all -1 rows, duplicates, page boundaries,
  * requests shorter than topk, both cache formats, odd geometries; and bad
  * steps refused with clear errors and untouched outputs. */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE */
 #include <check.h>
 #include <stddef.h>
+#include <sys/mman.h>
 
 #include "check_run.h"
 #include "ops/ops.h"
@@ -396,6 +398,104 @@ START_TEST(contract)
 }
 END_TEST
 
+/* Address space for a view that must never be read: any access faults. */
+static void *no_access(size_t bytes)
+{
+    void *p = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    ck_assert(p != MAP_FAILED);
+    return p;
+}
+
+/* A host view of `extent` bytes at p. */
+static mlart_tensor host_view(void *p, size_t extent, mlart_dtype dt, int ndim,
+                              const int64_t *shape, const int64_t *stride)
+{
+    mlart_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = p, t.base = p, t.extent = extent, t.dtype = dt, t.ndim = ndim, t.device = -1;
+    for (int i = 0; i < ndim; i++)
+        t.shape[i] = shape[i], t.stride[i] = stride[i];
+    return t;
+}
+
+/* A host step of T = B = 1 over g whose q_mqa and one-row cache are
+ * `region` (never read) and whose idx entries are all 0 (stride 0). */
+static void huge_step(const mlart_geometry *g, void *region, mlart_step *s)
+{
+    static int32_t zero = 0, one = 1;
+    static uint16_t attn[128];
+    static float lse;
+    const int64_t D = (int64_t)g->kv_lora + g->rope, L = g->kv_lora;
+    const int64_t bpt = (int64_t)mlart_kv_bytes_per_token(g);
+    int64_t sh[3], st[3] = {0, 0, 0};
+    memset(s, 0, sizeof *s);
+    s->struct_size = sizeof *s, s->geom = *g, s->device = -1, s->T = 1, s->B = 1;
+    sh[0] = sh[1] = 1, sh[2] = D, st[0] = st[1] = D, st[2] = 1;
+    s->q_mqa = host_view(region, (size_t)D * 2, MLART_DTYPE_BF16, 3, sh, st);
+    sh[1] = bpt, st[0] = bpt, st[1] = 1;
+    s->kv_cache = host_view(region, (size_t)bpt, MLART_DTYPE_U8, 2, sh, st);
+    sh[1] = g->topk, st[0] = st[1] = 0;
+    s->idx = host_view(&zero, 4, MLART_DTYPE_I32, 2, sh, st);
+    s->req_of_token = host_view(&zero, 4, MLART_DTYPE_I32, 1, sh, st);
+    s->seq_lens = host_view(&one, 4, MLART_DTYPE_I32, 1, sh, st);
+    sh[1] = 1;
+    s->block_table = host_view(&zero, 4, MLART_DTYPE_I32, 2, sh, st);
+    s->lse = host_view(&lse, 4, MLART_DTYPE_F32, 2, sh, st);
+    sh[2] = L, st[0] = st[1] = L, st[2] = 1;
+    s->attn_out = host_view(attn, sizeof attn, MLART_DTYPE_BF16, 3, sh, st);
+}
+
+/* Geometries the checks accept whose scratch is past SIZE_MAX: the host
+ * path's 8*(topk+L) + 4*(topk+1)*(L+R) bytes at top-k 2^31-1 and L+R = 2^31
+ * (it wrapped to 16 GiB, and the gathered rows ran past it), the oracle's
+ * 8*topk*(L+R) at top-k*(L+R) = 2^61 + 8 (it wrapped to 64 bytes).  plan,
+ * attend and the oracle refuse them before reading a tensor. */
+START_TEST(scratch_past_size_max)
+{
+    int n_bad = 0;
+    ref_problem p; /* for EXPECT_STEP_FAIL's poisoning: a tiny problem */
+    mlart_geometry g = {1, 16, (int32_t)((1u << 31) - 128), 128, 16, INT32_MAX, 1, MLART_KV_BF16,
+                        0.125f};
+    const mlart_backend_vtable *vt = mlart_backend_reference_vtable();
+    mlart_backend_init init;
+    mlart_plan plan;
+    mlart_step s;
+    mlart_oracle_problem op;
+    void *st = NULL, *region = no_access((size_t)1 << 32);
+    size_t ws = 12345;
+    double o[16];
+    small_problem(&p, MLART_KV_BF16);
+    ck_assert_uint_eq(mlart_reference_attend_cpu_workspace(&g), 0);
+    memset(&init, 0, sizeof init);
+    init.struct_size = sizeof init, init.device = -1, init.geom = g, init.error = mlart_set_error;
+    ck_assert_msg(vt->create(&init, &st) == 0, "%s", mlart_last_error());
+    memset(&plan, 0, sizeof plan);
+    plan.struct_size = sizeof plan, plan.geom = g, plan.device = -1;
+    plan.max_tokens = plan.max_requests = plan.max_blocks_per_req = 1, plan.num_slots = 1;
+    EXPECT_STEP_FAIL(vt->plan(st, &plan, &ws), MLART_ERANGE, "SIZE_MAX");
+    ck_assert_uint_eq(ws, 12345); /* out-parameter untouched */
+    huge_step(&g, region, &s);
+    EXPECT_STEP_FAIL(vt->attend(st, &s, NULL), MLART_ERANGE, "top-k 2147483647");
+    vt->destroy(st);
+
+    g.topk = 1073807362, g.rope = 2147352580 - 128; /* topk*(L+R) = 2^61 + 8 */
+    huge_step(&g, region, &s);
+    memset(&op, 0, sizeof op);
+    op.geom = g, op.T = 1, op.B = 1, op.q = s.q_mqa, op.kv_cache = s.kv_cache, op.idx = s.idx;
+    op.q.shape[2] = (int64_t)g.qk_nope + g.rope; /* [1,1,P+R] inside the same region */
+    op.req_of_token = s.req_of_token, op.seq_lens = s.seq_lens, op.block_table = s.block_table;
+    {
+        int64_t sh[3] = {1, 16, 128}, sd[3] = {0, 0, 0}; /* one value, broadcast */
+        op.w_uk_t = host_view(s.attn_out.data, 2, MLART_DTYPE_BF16, 3, sh, sd);
+        sh[1] = 128, sh[2] = 16;
+        op.w_uv = host_view(s.attn_out.data, 2, MLART_DTYPE_BF16, 3, sh, sd);
+    }
+    EXPECT_STEP_FAIL(mlart_oracle_decode_f64(&op, o, NULL), MLART_ERANGE, "SIZE_MAX");
+    munmap(region, (size_t)1 << 32);
+    ref_problem_free(&p);
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("reference_backend");
@@ -405,6 +505,7 @@ int main(void)
     tcase_add_test(tc, contract);
     tcase_add_test(tc, reference_vs_oracle_random);
     tcase_add_test(tc, bad_steps_refused);
+    tcase_add_test(tc, scratch_past_size_max);
     suite_add_tcase(su, tc);
     return check_run(su, CK_FORK_GETENV);
 }
