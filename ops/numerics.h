@@ -157,7 +157,7 @@ static inline void mlart_fp8_ds_mla_decode(const uint8_t *rec, int L, int R, flo
     for (int r = 0; r < R; r++) {
         uint16_t h;
         memcpy(&h, rec + L + sizeof(float) * (size_t)tiles + sizeof h * (size_t)r, sizeof h);
-        out[L + r] = mlart_bf16_to_f32(h);
+        out[(size_t)L + (size_t)r] = mlart_bf16_to_f32(h); /* L + R may pass INT_MAX */
     }
 }
 
