@@ -1958,6 +1958,22 @@ extern "C" int b12x_attend_setup(b12x_dev *out, mlart_error_fn err)
         return err(MLART_ENOTSUP,
                    "b12x_mla_sparse: device %d has compute capability %d.x; the kernels need sm_90",
                    dev, major);
+    {
+        /* every choice checked before any is taken: a refused create
+         * changes nothing for the backends that live */
+        const char *bad = nullptr;
+        b12x_env_choice("MLART_B12X_WGMMA", 1, 0, 2, &bad);
+        b12x_env_choice("MLART_B12X_SWG", 0, 0, 1, &bad);
+        b12x_env_choice("MLART_B12X_RC", 1, 0, 1, &bad);
+        b12x_env_choice("MLART_B12X_HALF", 1, 0, 1, &bad);
+        b12x_env_choice("MLART_B12X_INPLACE", 0, 0, 1, &bad);
+        b12x_env_choice("MLART_B12X_INPLACE_TRIPS", 2, 1, 64, &bad);
+        if (bad)
+            return err(MLART_EINVAL,
+                       "b12x_mla_sparse: %s='%s' is not one of its values (docs/attention.md: "
+                       "WGMMA 0..2, INPLACE_TRIPS 1..64, the others 0 or 1)",
+                       bad, getenv(bad));
+    }
     int rc = 0;
     for (int f = 0; f < 2 && rc == 0; f++)
         for (int rt = 2; rt <= 4 && rc == 0; rt++)
@@ -1980,10 +1996,9 @@ extern "C" int b12x_attend_setup(b12x_dev *out, mlart_error_fn err)
     }
     if (rc != 0)
         return rc;
-    const char *rcv = getenv("MLART_B12X_RC");
-    g_rc = !(rcv && *rcv == '0');
-    const char *hv = getenv("MLART_B12X_HALF");
-    g_half = !(hv && *hv == '0');
+    const char *bad_env = nullptr; /* checked above */
+    g_rc = b12x_env_choice("MLART_B12X_RC", 1, 0, 1, &bad_env);
+    g_half = b12x_env_choice("MLART_B12X_HALF", 1, 0, 1, &bad_env);
     int per_sm = 0;
     e = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
     if (e != cudaSuccess)
@@ -1999,7 +2014,7 @@ extern "C" int b12x_attend_setup(b12x_dev *out, mlart_error_fn err)
 
     if (rc != 0)
         return rc;
-    e = (cudaError_t)b12x_wgmma_setup(); /* b12x_wgmma.cu: its shared memory, MLART_B12X_WGMMA */
+    e = (cudaError_t)b12x_wgmma_setup(&bad_env); /* b12x_wgmma.cu: its shared memory, MLART_B12X_WGMMA */
     if (e != cudaSuccess)
         return cuda_fail(err, "wgmma kernel setup", e);
     /* Blocks of the in-place small-head kernels the device holds at once
@@ -2035,14 +2050,13 @@ extern "C" int b12x_attend_setup(b12x_dev *out, mlart_error_fn err)
     out->resident = resident * sms;
     out->resident_gen = gen * sms;
     out->resident_wg = wg_per_sm * sms;
-    const char *ipv = getenv("MLART_B12X_INPLACE");
-    out->inplace = ipv && *ipv == '1';
+    out->inplace = b12x_env_choice("MLART_B12X_INPLACE", 0, 0, 1, &bad_env);
     /* Longest in-place combine taken, in dependent L2 round trips: with few
      * splits a block combines many units, where the combine kernel spreads
      * them over the GPU.  2 is a first guess; MLART_B12X_INPLACE_TRIPS
      * (1..64) sets it, e.g. for the variants table (s2i .. s64i). */
-    const char *tv = getenv("MLART_B12X_INPLACE_TRIPS");
-    out->max_trips = tv && atoi(tv) >= 1 && atoi(tv) <= 64 ? atoi(tv) : 2;
+    out->max_trips = b12x_env_choice("MLART_B12X_INPLACE_TRIPS", 2, 1, 64, &bad_env);
+    b12x_modes_now(&out->modes);
     int words = out->resident > out->resident_wg ? out->resident : out->resident_wg;
     words = words > out->resident_gen ? words : out->resident_gen;
     if (words > 0) {
@@ -2185,6 +2199,14 @@ extern "C" int b12x_attend_halves(const b12x_dev *dev, int T, int heads, int spl
 {
     return g_half && heads <= 16 && part_kernel(T, heads, 1) == PK_SMALL && splits > 1 && !inplace &&
            T <= SMALL_SHORT_T && !(fp8 && g_rc && T >= SMALL_RC_T) && 2 * (int64_t)T * splits <= dev->num_sms;
+}
+
+extern "C" void b12x_modes_now(b12x_modes *m)
+{
+    m->wgmma = b12x_wgmma_mode();
+    m->swg = b12x_swg_mode();
+    m->rc = g_rc;
+    m->half = g_half;
 }
 
 extern "C" void b12x_attend_teardown(b12x_dev *dev)

@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "mlart/backend.h"
 
@@ -37,7 +38,36 @@ typedef struct b12x_split {
  * otherwise split steps run the combine kernel), and the most dependent L2
  * round trips its combine may take (`max_trips`: 2, or
  * MLART_B12X_INPLACE_TRIPS). */
+/* The kernel choices read from MLART_B12X_WGMMA, _SWG, _RC and _HALF at
+ * create.  They are process-wide (the launch rules read them), so a backend
+ * keeps the values its create read and refuses plan and steps once a later
+ * create has read others: its workspace was sized by the old rules. */
+typedef struct b12x_modes {
+    int wgmma, swg, rc, half;
+} b12x_modes;
+void b12x_modes_now(b12x_modes *m);
+
+/* An MLART_B12X_* value: unset or empty gives def, otherwise the whole
+ * value must be a decimal in [lo, hi]; if not, def, and *bad names the
+ * variable (when it names none yet) for the create to refuse. */
+static inline int b12x_env_choice(const char *name, int def, int lo, int hi, const char **bad)
+{
+    const char *v = getenv(name);
+    char *end;
+    long x;
+    if (!v || !*v)
+        return def;
+    x = strtol(v, &end, 10);
+    if (*end || x < lo || x > hi) {
+        if (!*bad)
+            *bad = name;
+        return def;
+    }
+    return (int)x;
+}
+
 typedef struct b12x_dev {
+    b12x_modes modes; /* as create read them */
     int num_sms;
     int resident;
     int resident_wg;
@@ -124,7 +154,7 @@ int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev, const b12
  * ws_o and their fp32 LSEs into ws_lse, in the mma.sync kernel's layout,
  * when splits > 1; the caller runs the combine kernel unless `bar`).  They
  * return a cudaError_t. */
-int b12x_wgmma_setup(void);
+int b12x_wgmma_setup(const char **bad_env);
 int b12x_wgmma_mode(void);
 size_t b12x_wgmma_smem(void);
 /* Blocks of its in-place instantiations a multiprocessor holds at once. */

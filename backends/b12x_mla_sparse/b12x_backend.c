@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backends/b12x_mla_sparse/b12x_attend.h"
 
@@ -51,6 +52,9 @@ static int b12x_create(const mlart_backend_init *init, void **state)
                            B12X_MAX_TOPK, (int)g->topk);
     if (g->page_size < 1)
         return init->error(MLART_EINVAL, "b12x_mla_sparse: page_size %d", (int)g->page_size);
+    if (g->kv_format != MLART_KV_BF16 && g->kv_format != MLART_KV_FP8_DS_MLA)
+        return init->error(MLART_ENOTSUP, "b12x_mla_sparse: kv_format %d is neither bf16 nor "
+                           "fp8_ds_mla", (int)g->kv_format);
     rc = b12x_attend_setup(&dev, init->error);
     if (rc < 0)
         return rc;
@@ -74,6 +78,21 @@ static void b12x_destroy(void *state)
     free(st);
 }
 
+/* The kernel choices this backend was created with still hold (b12x_modes). */
+static int modes_hold(const b12x_state *st, const char *call)
+{
+    b12x_modes now;
+    b12x_modes_now(&now);
+    if (memcmp(&now, &st->dev.modes, sizeof now))
+        return st->init.error(MLART_EINVAL,
+                              "b12x_mla_sparse %s: a later create read other MLART_B12X_* kernel "
+                              "choices (WGMMA %d, SWG %d, RC %d, HALF %d; this backend's: %d, %d, "
+                              "%d, %d); they are process-wide: set them once, before the first create",
+                              call, now.wgmma, now.swg, now.rc, now.half, st->dev.modes.wgmma,
+                              st->dev.modes.swg, st->dev.modes.rc, st->dev.modes.half);
+    return 0;
+}
+
 static int b12x_plan(void *state, const mlart_plan *plan, size_t *workspace_bytes)
 {
     b12x_state *st = state;
@@ -92,10 +111,12 @@ static int b12x_plan(void *state, const mlart_plan *plan, size_t *workspace_byte
                               "b12x_mla_sparse plan: device or geometry differs from create");
     if (plan->max_tokens < 0)
         return st->init.error(MLART_EINVAL, "b12x_mla_sparse: max_tokens %d", (int)plan->max_tokens);
+    if (modes_hold(st, "plan"))
+        return MLART_EINVAL;
     /* The split depends on T, so size for the largest need over every T a
      * step may have, not just for max_tokens. */
-    for (int32_t T = 1; T <= plan->max_tokens; T++) {
-        size_t b = b12x_attend_workspace(T, plan->geom.heads, plan->geom.topk,
+    for (int64_t T = 1; T <= plan->max_tokens; T++) {
+        size_t b = b12x_attend_workspace((int)T, plan->geom.heads, plan->geom.topk,
                                          plan->geom.kv_format == MLART_KV_FP8_DS_MLA, st->dev.num_sms);
         if (b > most)
             most = b;
@@ -124,6 +145,10 @@ static int b12x_attend(void *state, const mlart_step *s, void *stream)
                               s->device, (int)s->geom.heads, (int)s->geom.topk,
                               (int)s->geom.kv_format, st->init.device, (int)st->init.geom.heads,
                               (int)st->init.geom.topk, (int)st->init.geom.kv_format);
+    if (s->T < 0)
+        return st->init.error(MLART_EINVAL, "b12x_mla_sparse: step of %d tokens", (int)s->T);
+    if (modes_hold(st, "attend"))
+        return MLART_EINVAL;
     return b12x_attend_launch(s, &st->dev, stream, st->init.error);
 }
 

@@ -1060,14 +1060,10 @@ int g_swg = 0; /* MLART_B12X_SWG */
 
 } /* namespace */
 
-extern "C" int b12x_wgmma_setup(void)
+extern "C" int b12x_wgmma_setup(const char **bad_env)
 {
-    const char *env = getenv("MLART_B12X_WGMMA");
-    g_mode = env && *env ? atoi(env) : 1;
-    if (g_mode < 0 || g_mode > 2)
-        g_mode = 1;
-    const char *sw = getenv("MLART_B12X_SWG");
-    g_swg = sw && *sw == '1';
+    g_mode = b12x_env_choice("MLART_B12X_WGMMA", 1, 0, 2, bad_env);
+    g_swg = b12x_env_choice("MLART_B12X_SWG", 0, 0, 1, bad_env);
     cudaError_t e = cudaFuncSetAttribute((const void *)b12x_swg_kernel<false>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)SwSmem<false>::bytes(B12X_MAX_TOPK));

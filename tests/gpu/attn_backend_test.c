@@ -1231,8 +1231,50 @@ START_TEST(test_bad_input)
         ck_assert_int_eq(run.vt->plan(run.state, &plan, &ws), MLART_EABI);
     }
     s = attn_dev_step(&h, &d);
+    s.T = -1;
+    ck_assert_int_eq(run.vt->attend(run.state, &s, 0), MLART_EINVAL);
+    ck_assert_ptr_nonnull(strstr(attn_last_msg, "step of -1 tokens"));
+    s = attn_dev_step(&h, &d);
     s.T = 0;
     ck_assert_int_eq(run.vt->attend(run.state, &s, 0), 0);
+    {
+        /* kernel choices: a value that is not one of a variable's is
+         * refused at create, changing nothing; a later create that reads
+         * other choices leaves this backend refusing (its workspace was
+         * sized by the old rules), not running on a wrong size */
+        static const char *const bad[][2] = {{"MLART_B12X_WGMMA", "yes"}, {"MLART_B12X_WGMMA", "3"},
+                                             {"MLART_B12X_RC", "off"},    {"MLART_B12X_HALF", "05"},
+                                             {"MLART_B12X_INPLACE", "10"}, {"MLART_B12X_INPLACE_TRIPS", "16abc"}};
+        void *other = NULL;
+        mlart_plan plan;
+        size_t ws = 0;
+        init.geom = h.g;
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            setenv(bad[i][0], bad[i][1], 1);
+            ck_assert_int_eq(vt->create(&init, &other), MLART_EINVAL);
+            ck_assert_msg(strstr(attn_last_msg, bad[i][0]) && strstr(attn_last_msg, bad[i][1]), "%s",
+                          attn_last_msg);
+            unsetenv(bad[i][0]);
+        }
+        ck_assert_ptr_null(other);
+        s = attn_dev_step(&h, &d);
+        ck_assert_int_eq(run.vt->attend(run.state, &s, 0), 0); /* unchanged by the refusals */
+        setenv("MLART_B12X_WGMMA", "0", 1);
+        ck_assert_int_eq(vt->create(&init, &other), 0);
+        ck_assert_int_eq(run.vt->attend(run.state, &s, 0), MLART_EINVAL);
+        ck_assert_ptr_nonnull(strstr(attn_last_msg, "process-wide"));
+        memset(&plan, 0, sizeof plan);
+        plan.struct_size = sizeof plan, plan.geom = h.g, plan.device = 0, plan.max_tokens = 1;
+        ck_assert_int_eq(run.vt->plan(run.state, &plan, &ws), MLART_EINVAL);
+        ck_assert_int_eq(vt->plan(other, &plan, &ws), 0);
+        vt->destroy(other);
+        unsetenv("MLART_B12X_WGMMA");
+        ck_assert_int_eq(vt->create(&init, &other), 0); /* the default choices again */
+        vt->destroy(other);
+        s = attn_dev_step(&h, &d);
+        ck_assert_int_eq(run.vt->attend(run.state, &s, 0), 0);
+        GPU_CUDA(cudaDeviceSynchronize());
+    }
     GPU_CUDA(cudaDeviceSynchronize());
     GPU_CUDA(cudaMemcpy(&probe, d.out, 2, cudaMemcpyDeviceToHost));
     ck_assert_msg(probe == 0xffff, "a refused call wrote its output");
