@@ -1237,6 +1237,9 @@ START_TEST(test_bad_input)
     s = attn_dev_step(&h, &d);
     s.T = 0;
     ck_assert_int_eq(run.vt->attend(run.state, &s, 0), 0);
+    GPU_CUDA(cudaDeviceSynchronize());
+    GPU_CUDA(cudaMemcpy(&probe, d.out, 2, cudaMemcpyDeviceToHost));
+    ck_assert_msg(probe == 0xffff, "a refused call wrote its output");
     {
         /* kernel choices: a value that is not one of a variable's is
          * refused at create, changing nothing; a later create that reads
@@ -1261,8 +1264,13 @@ START_TEST(test_bad_input)
         ck_assert_int_eq(run.vt->attend(run.state, &s, 0), 0); /* unchanged by the refusals */
         setenv("MLART_B12X_WGMMA", "0", 1);
         ck_assert_int_eq(vt->create(&init, &other), 0);
+        GPU_CUDA(cudaDeviceSynchronize());
+        attn_poison(&d, &h);
         ck_assert_int_eq(run.vt->attend(run.state, &s, 0), MLART_EINVAL);
         ck_assert_ptr_nonnull(strstr(attn_last_msg, "process-wide"));
+        GPU_CUDA(cudaDeviceSynchronize());
+        GPU_CUDA(cudaMemcpy(&probe, d.out, 2, cudaMemcpyDeviceToHost));
+        ck_assert_msg(probe == 0xffff, "the refused step wrote its output");
         memset(&plan, 0, sizeof plan);
         plan.struct_size = sizeof plan, plan.geom = h.g, plan.device = 0, plan.max_tokens = 1;
         ck_assert_int_eq(run.vt->plan(run.state, &plan, &ws), MLART_EINVAL);
@@ -1275,9 +1283,6 @@ START_TEST(test_bad_input)
         ck_assert_int_eq(run.vt->attend(run.state, &s, 0), 0);
         GPU_CUDA(cudaDeviceSynchronize());
     }
-    GPU_CUDA(cudaDeviceSynchronize());
-    GPU_CUDA(cudaMemcpy(&probe, d.out, 2, cudaMemcpyDeviceToHost));
-    ck_assert_msg(probe == 0xffff, "a refused call wrote its output");
     printf("bad input: NULL or short create/plan/step structs, plan and steps of another "
            "geometry or device; wrong geometry/heads/device, missing or short workspace, misaligned "
            "q_mqa, wrong cache rows, a wgmma split with an empty chunk refused; nothing written\n");
