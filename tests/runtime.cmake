@@ -110,49 +110,37 @@ if(TARGET mlart-decode)
   set_tests_properties(decode_dcp_local_ag_rs_fp8 PROPERTIES ENVIRONMENT "MLART_KV_FORMAT=fp8_ds_mla"
                        PASS_REGULAR_EXPRESSION "rank 3: result.*fp8_ds_mla verify=PASS"
                        FAIL_REGULAR_EXPRESSION "FAIL")
-  add_test(NAME decode_dcp_ranks_need_nccl
-           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 1
-                   --set heads=8 --set tp_size=2 --set dcp_size=2)
-  set_tests_properties(decode_dcp_ranks_need_nccl PROPERTIES
-                       ENVIRONMENT "MLART_RANK=1;MLART_WORLD_SIZE=2"
-                       PASS_REGULAR_EXPRESSION "rank 1: a DCP group across processes needs CUDA")
-  add_test(NAME decode_ranks_match_tp
-           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 1 --set heads=8 --set tp_size=2)
-  set_tests_properties(decode_ranks_match_tp PROPERTIES
-                       ENVIRONMENT "OMPI_COMM_WORLD_RANK=0;OMPI_COMM_WORLD_SIZE=4"
-                       PASS_REGULAR_EXPRESSION "4 ranks \\(OMPI\\) for tp_size 2")
+  # a mlart-decode run of the tiny config on the CPU under ENV (";"-separated
+  # assignments) whose output must match PASS
+  function(mlart_decode_case name env pass)
+    add_test(NAME ${name} COMMAND ${_dec} --config ${_tiny} --device cpu ${ARGN})
+    set_tests_properties(${name} PROPERTIES ENVIRONMENT "${env}" PASS_REGULAR_EXPRESSION "${pass}")
+  endfunction()
+  mlart_decode_case(decode_dcp_ranks_need_nccl "MLART_RANK=1;MLART_WORLD_SIZE=2"
+                    "rank 1: a DCP group across processes needs CUDA"
+                    --steps 1 --set heads=8 --set tp_size=2 --set dcp_size=2)
+  mlart_decode_case(decode_ranks_match_tp "OMPI_COMM_WORLD_RANK=0;OMPI_COMM_WORLD_SIZE=4"
+                    "4 ranks \\(OMPI\\) for tp_size 2" --steps 1 --set heads=8 --set tp_size=2)
   # MLART_MASTER_PORT: group g's rendezvous is at PORT + g, so one group may take 65535 (rank 1
   # gets past the port to the missing NCCL), two may not, and without DCP no port is used
-  add_test(NAME decode_master_port_last
-           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 1
-                   --set heads=8 --set tp_size=2 --set dcp_size=2)
-  set_tests_properties(decode_master_port_last PROPERTIES
-                       ENVIRONMENT "MLART_RANK=1;MLART_WORLD_SIZE=2;MLART_MASTER_PORT=65535"
-                       PASS_REGULAR_EXPRESSION "rank 1: a DCP group across processes needs CUDA")
-  add_test(NAME decode_master_port_past_last
-           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 1
-                   --set heads=8 --set tp_size=4 --set dcp_size=2)
-  set_tests_properties(decode_master_port_past_last PROPERTIES
-                       ENVIRONMENT "MLART_RANK=1;MLART_WORLD_SIZE=4;MLART_MASTER_PORT=65535"
-                       PASS_REGULAR_EXPRESSION "MLART_MASTER_PORT '65535' is not a port of 1..65534")
-  add_test(NAME decode_master_port_no_dcp
-           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 1 --context 64
-                   --set heads=8 --set tp_size=2)
-  set_tests_properties(decode_master_port_no_dcp PROPERTIES
-                       ENVIRONMENT "MLART_RANK=1;MLART_WORLD_SIZE=2;MLART_MASTER_PORT=65535"
-                       PASS_REGULAR_EXPRESSION "rank 1: result: backend=reference")
+  mlart_decode_case(decode_master_port_last "MLART_RANK=1;MLART_WORLD_SIZE=2;MLART_MASTER_PORT=65535"
+                    "rank 1: a DCP group across processes needs CUDA"
+                    --steps 1 --set heads=8 --set tp_size=2 --set dcp_size=2)
+  mlart_decode_case(decode_master_port_past_last
+                    "MLART_RANK=1;MLART_WORLD_SIZE=4;MLART_MASTER_PORT=65535"
+                    "MLART_MASTER_PORT '65535' is not a port of 1..65534"
+                    --steps 1 --set heads=8 --set tp_size=4 --set dcp_size=2)
+  mlart_decode_case(decode_master_port_no_dcp "MLART_RANK=1;MLART_WORLD_SIZE=2;MLART_MASTER_PORT=65535"
+                    "rank 1: result: backend=reference"
+                    --steps 1 --context 64 --set heads=8 --set tp_size=2)
   # one step: the timing line says ms/step is that step's, one-time work included
-  add_test(NAME decode_one_step_timing
-           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 1 --context 64)
-  set_tests_properties(decode_one_step_timing PROPERTIES
-                       PASS_REGULAR_EXPRESSION "ms/step and tokens/s are those of the only step")
+  mlart_decode_case(decode_one_step_timing "" "ms/step and tokens/s are those of the only step"
+                    --steps 1 --context 64)
   # every verify line of a rank says which rank it is, the reference backend's too
-  add_test(NAME decode_rank_verify_lines
-           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 2 --context 64
-                   --set heads=8 --set tp_size=2 --backend testsafe --verify)
-  set_tests_properties(decode_rank_verify_lines PROPERTIES
-                       ENVIRONMENT "MLART_BACKEND_PATH=${MLART_TEST_PLUGIN_DIR};MLART_RANK=1;MLART_WORLD_SIZE=2"
-                       PASS_REGULAR_EXPRESSION "\nrank 1: verify vs reference backend: [^\n]*PASS")
+  mlart_decode_case(decode_rank_verify_lines
+                    "MLART_BACKEND_PATH=${MLART_TEST_PLUGIN_DIR};MLART_RANK=1;MLART_WORLD_SIZE=2"
+                    "\nrank 1: verify vs reference backend: [^\n]*PASS"
+                    --steps 2 --context 64 --set heads=8 --set tp_size=2 --backend testsafe --verify)
   add_test(NAME decode_backend_flag
            COMMAND ${_dec} --config ${_tiny} --device cpu --steps 2 --backend testsafe --verify)
   add_test(NAME decode_backend_env
