@@ -28,16 +28,6 @@ typedef struct b12x_split {
     int blocks_per_split;
 } b12x_split;
 
-/* What the launches need to know of the device, from b12x_attend_setup:
- * its multiprocessor count, how many blocks of the small-head kernels
- * (`resident`), of the 64-head wgmma kernel (`resident_wg`) and of the
- * general mma.sync kernel (`resident_gen`) it holds at once, the barrier
- * array of the in-place combine (device memory, the largest of the three
- * counts in words 128 bytes apart, zeroed once), and whether steps use it
- * by default (`inplace`: MLART_B12X_INPLACE=1 when the backend is created;
- * otherwise split steps run the combine kernel), and the most dependent L2
- * round trips its combine may take (`max_trips`: 2, or
- * MLART_B12X_INPLACE_TRIPS). */
 /* The kernel choices read from MLART_B12X_WGMMA, _SWG, _RC and _HALF at
  * create.  They are process-wide (the launch rules read them), so a backend
  * keeps the values its create read and refuses plan and steps once a later
@@ -66,6 +56,16 @@ static inline int b12x_env_choice(const char *name, int def, int lo, int hi, con
     return (int)x;
 }
 
+/* What the launches need to know of the device, from b12x_attend_setup:
+ * its multiprocessor count, how many blocks of the small-head kernels
+ * (`resident`), of the 64-head wgmma kernel (`resident_wg`) and of the
+ * general mma.sync kernel (`resident_gen`) it holds at once, the barrier
+ * array of the in-place combine (device memory, the largest of the three
+ * counts in words 128 bytes apart, zeroed once), and whether steps use it
+ * by default (`inplace`: MLART_B12X_INPLACE=1 when the backend is created;
+ * otherwise split steps run the combine kernel), and the most dependent L2
+ * round trips its combine may take (`max_trips`: 2, or
+ * MLART_B12X_INPLACE_TRIPS); and the kernel choices create read (`modes`). */
 typedef struct b12x_dev {
     b12x_modes modes; /* as create read them */
     int num_sms;
