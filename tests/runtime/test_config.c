@@ -273,6 +273,21 @@ static void expect_bad_seed(const char *value)
 }
 
 /* seed: decimal (a leading zero is not octal) or 0x hexadecimal. */
+/* SMALL_MODEL with topk 8 and `extra` loaded from a file into *file, then
+ * again with `var` = `value` in the environment into *env; the variable is
+ * unset and the file removed after. */
+static void file_then_env(const char *extra, const char *var, const char *value, mlart_config *file,
+                          mlart_config *env)
+{
+    char text[512];
+    snprintf(text, sizeof text, "%stopk = 8\n%s", SMALL_MODEL, extra);
+    ck_assert_int_eq(mlart_config_load(ini(text), file), 0);
+    setenv(var, value, 1);
+    ck_assert_int_eq(mlart_config_load(path, env), 0);
+    unsetenv(var);
+    unlink(path);
+}
+
 START_TEST(seed_decimal_or_hex)
 {
     mlart_config c;
@@ -297,14 +312,12 @@ START_TEST(seed_decimal_or_hex)
     expect_bad_seed("0x10000000000000000");
     /* the same rules in a file and in the environment */
     clear_env();
-    ck_assert_int_eq(mlart_config_load(ini(SMALL_MODEL "topk = 8\n"
-                                           "[run]\nseed = 010\n"), &c), 0);
-    ck_assert_int_eq(c.seed, 10);
-    setenv("MLART_SEED", "0x10", 1);
-    ck_assert_int_eq(mlart_config_load(path, &c), 0);
-    ck_assert_int_eq(c.seed, 16);
-    unsetenv("MLART_SEED");
-    unlink(path);
+    {
+        mlart_config env;
+        file_then_env("[run]\nseed = 010\n", "MLART_SEED", "0x10", &c, &env);
+        ck_assert_int_eq(c.seed, 10);
+        ck_assert_int_eq(env.seed, 16);
+    }
 }
 END_TEST
 
@@ -475,15 +488,13 @@ START_TEST(precedence)
     ck_assert_str_eq(mlart_config_origin(&c, "topk"), "environment MLART_TOPK");
     /* early_weights from the file, then the environment */
     unsetenv("MLART_TOPK");
-    ck_assert_int_eq(mlart_config_load(ini(SMALL_MODEL "topk = 8\n"
-                                           "[runtime]\nearly_weights = 1\n"), &c), 0);
-    ck_assert_int_eq(c.early_weights, 1);
-    setenv("MLART_EARLY_WEIGHTS", "0", 1);
-    ck_assert_int_eq(mlart_config_load(path, &c), 0);
-    ck_assert_int_eq(c.early_weights, 0);
-    ck_assert_str_eq(mlart_config_origin(&c, "early_weights"), "environment MLART_EARLY_WEIGHTS");
-    unsetenv("MLART_EARLY_WEIGHTS");
-    unlink(path);
+    {
+        mlart_config env;
+        file_then_env("[runtime]\nearly_weights = 1\n", "MLART_EARLY_WEIGHTS", "0", &c, &env);
+        ck_assert_int_eq(c.early_weights, 1);
+        ck_assert_int_eq(env.early_weights, 0);
+        ck_assert_str_eq(mlart_config_origin(&env, "early_weights"), "environment MLART_EARLY_WEIGHTS");
+    }
     printf("precedence: command line > environment > file\n");
 }
 END_TEST
