@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -95,6 +96,73 @@ int mlart_comm_reduce_scatter_f32(mlart_comm *c, const float *send, float *recv,
 {
     MLART_CHECK(check_args(c, send, recv, n, "reduce_scatter_f32"));
     return n ? c->ops->reduce_scatter_f32(c, send, recv, n, stream) : 0;
+}
+
+int mlart_comm_wait(mlart_comm *c, void *stream, int timeout_ms)
+{
+    int rc;
+    if (!c)
+        return mlart_set_error(MLART_EINVAL, "mlart_comm_wait: NULL communicator");
+    if (timeout_ms < 0)
+        return mlart_set_error(MLART_EINVAL, "mlart_comm_wait: timeout %d ms", timeout_ms);
+    if (c->device < 0)
+        return 0; /* host collectives have ended when they return */
+    timeout_ms = timeout_ms ? timeout_ms : 60000;
+    if (c->ops->wait)
+        return c->ops->wait(c, stream, timeout_ms);
+    if ((rc = mlart_comm_poll_stream(c, stream, timeout_ms, NULL)) == 1)
+        return mlart_set_error(MLART_ETIMEDOUT, "%s communicator rank %d of %d: the stream's work "
+                               "did not end within %d ms", c->ops->kind, c->rank, c->size,
+                               timeout_ms);
+    return rc;
+}
+
+#ifdef MLART_WITH_CUDA
+static int64_t mono_us(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000 + t.tv_nsec / 1000;
+}
+#endif
+
+int mlart_comm_poll_stream(mlart_comm *c, void *stream, int timeout_ms, int (*stop)(mlart_comm *c))
+{
+#ifdef MLART_WITH_CUDA
+    const int64_t start = mono_us(), deadline = start + (int64_t)timeout_ms * 1000;
+    int64_t next_stop = start + 1000;
+    for (;;) {
+        const cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
+        int64_t now;
+        if (e == cudaSuccess)
+            return 0;
+        if (e != cudaErrorNotReady) {
+            (void)cudaGetLastError(); /* a sticky error stays; a plain one is consumed */
+            return mlart_set_error(MLART_ECUDA, "%s communicator rank %d of %d: waiting for the "
+                                   "stream: %s", c->ops->kind, c->rank, c->size,
+                                   cudaGetErrorString(e));
+        }
+        now = mono_us();
+        if (stop && now >= next_stop) {
+            int rc = stop(c);
+            if (rc)
+                return rc;
+            next_stop = now + 1000;
+        }
+        if (now >= deadline)
+            return 1;
+        if (now - start < 5000) {
+            sched_yield();
+        } else {
+            struct timespec nap = {0, 100000};
+            nanosleep(&nap, NULL);
+        }
+    }
+#else
+    (void)stream, (void)timeout_ms, (void)stop;
+    return mlart_set_error(MLART_ENODEV, "%s communicator rank %d: this build has no CUDA",
+                           c->ops->kind, c->rank);
+#endif
 }
 
 /* ---- where a cached token lives ------------------------------------------ */
@@ -451,8 +519,13 @@ static void local_destroy(mlart_comm *c)
     free(c);
 }
 
-static const mlart_comm_ops local_ops = {"local", local_all_gather, local_all_to_all,
-                                         local_reduce_scatter, local_destroy};
+static const mlart_comm_ops local_ops = {
+    .kind = "local",
+    .all_gather = local_all_gather,
+    .all_to_all = local_all_to_all,
+    .reduce_scatter_f32 = local_reduce_scatter,
+    .destroy = local_destroy, /* no wait: its collectives end before they return */
+};
 
 int mlart_comm_local_create(mlart_comm_group *g, int rank, mlart_comm **out)
 {

@@ -16,6 +16,9 @@ typedef struct mlart_comm_ops {
     int (*reduce_scatter_f32)(mlart_comm *c, const float *send, float *recv, size_t n,
                               void *stream);
     void (*destroy)(mlart_comm *c); /* frees impl and c */
+    /* optional (NULL: poll the stream, as mlart_comm_poll_stream with no stop):
+     * mlart_comm_wait on a communicator of a CUDA device; timeout_ms > 0 */
+    int (*wait)(mlart_comm *c, void *stream, int timeout_ms);
 } mlart_comm_ops;
 
 struct mlart_comm {
@@ -23,5 +26,12 @@ struct mlart_comm {
     int rank, size, device, graph_safe;
     void *impl;
 };
+
+/* Poll `stream` until the work enqueued on it so far has ended (0), a CUDA
+ * error (MLART_ECUDA, recorded), `stop` (NULL, or called about once a
+ * millisecond) returns non-zero (that value), or timeout_ms has passed (1,
+ * nothing recorded).  Spins (yielding) for the first milliseconds, then
+ * sleeps 100 us between polls. */
+int mlart_comm_poll_stream(mlart_comm *c, void *stream, int timeout_ms, int (*stop)(mlart_comm *c));
 
 #endif

@@ -124,7 +124,8 @@ static int64_t now_ms(void)
 }
 
 typedef struct nccl_impl {
-    ncclComm_t comm;
+    ncclComm_t comm; /* NULL once aborted */
+    char aborted[256]; /* why it was aborted */
 } nccl_impl;
 
 static int nccl_error(const mlart_comm *c, ncclResult_t r, ncclComm_t comm, const char *what)
@@ -156,6 +157,16 @@ static int nccl_wait(const mlart_comm *c, ncclComm_t comm, int64_t timeout_ms, c
     }
 }
 
+/* A communicator that mlart_comm_wait aborted takes no more work. */
+static int nccl_live(const mlart_comm *c)
+{
+    const nccl_impl *m = c->impl;
+    if (m->comm)
+        return 0;
+    return mlart_set_error(MLART_ECOMM, "NCCL communicator rank %d of %d was aborted (%s); "
+                           "destroy it", c->rank, c->size, m->aborted);
+}
+
 /* What a call returned: done, an error, or in progress (then wait for it). */
 static int nccl_done(mlart_comm *c, ncclResult_t r, const char *what)
 {
@@ -171,6 +182,7 @@ static int nccl_all_gather(mlart_comm *c, const void *send, void *recv, size_t b
                            void *stream)
 {
     nccl_impl *m = c->impl;
+    MLART_CHECK(nccl_live(c));
     return nccl_done(c, api.AllGather(send, recv, bytes, ncclUint8, m->comm,
                                       (cudaStream_t)stream), "ncclAllGather");
 }
@@ -183,8 +195,10 @@ static int nccl_all_to_all(mlart_comm *c, int n, const void *const *send, void *
 {
 #define NCCL_ACCEPTED(r) ((r) == ncclSuccess || (r) == ncclInProgress)
     nccl_impl *m = c->impl;
-    ncclResult_t r = api.GroupStart(), end;
+    ncclResult_t r, end;
     const char *what = "ncclGroupStart";
+    MLART_CHECK(nccl_live(c));
+    r = api.GroupStart();
     if (r != ncclSuccess)
         return nccl_done(c, r, what);
     for (int p = 0; p < c->size && NCCL_ACCEPTED(r); p++)
@@ -212,8 +226,50 @@ static int nccl_reduce_scatter_f32(mlart_comm *c, const float *send, float *recv
                                    void *stream)
 {
     nccl_impl *m = c->impl;
+    MLART_CHECK(nccl_live(c));
     return nccl_done(c, api.ReduceScatter(send, recv, n, ncclFloat32, ncclSum, m->comm,
                                           (cudaStream_t)stream), "ncclReduceScatter");
+}
+
+/* mlart_comm_poll_stream's stop: an error NCCL met on its own (a peer that
+ * closed its connection, a network error), which leaves the kernels of the
+ * stream waiting for ever. */
+static int nccl_async_error(mlart_comm *c)
+{
+    nccl_impl *m = c->impl;
+    ncclResult_t state = ncclSuccess, r = api.CommGetAsyncError(m->comm, &state);
+    if (r != ncclSuccess)
+        return nccl_error(c, r, m->comm, "ncclCommGetAsyncError");
+    if (state != ncclSuccess && state != ncclInProgress)
+        return nccl_error(c, state, m->comm, "an NCCL operation on the stream");
+    return 0;
+}
+
+/* Wait for the stream against the deadline and NCCL's error state; past the
+ * one or on the other, abort the communicator: ncclCommAbort ends its
+ * kernels, so the stream can drain, and every later call is refused. */
+static int nccl_wait_stream(mlart_comm *c, void *stream, int timeout_ms)
+{
+    nccl_impl *m = c->impl;
+    char why[sizeof m->aborted];
+    ncclResult_t r;
+    int rc;
+    MLART_CHECK(nccl_live(c));
+    rc = mlart_comm_poll_stream(c, stream, timeout_ms, nccl_async_error);
+    if (rc == 0 || rc == MLART_ECUDA)
+        return rc;
+    if (rc == 1)
+        rc = mlart_set_error(MLART_ETIMEDOUT, "NCCL communicator rank %d of %d: the stream's "
+                             "work did not end within %d ms (is every rank running?)", c->rank,
+                             c->size, timeout_ms);
+    snprintf(why, sizeof why, "%s", mlart_last_error());
+    snprintf(m->aborted, sizeof m->aborted, "%s", why);
+    mlart_log(MLART_LOG_WARN, "%s; aborting the communicator", why);
+    if ((r = api.CommAbort(m->comm)) != ncclSuccess)
+        mlart_log(MLART_LOG_WARN, "nccl communicator rank %d of %d: ncclCommAbort: %s", c->rank,
+                  c->size, api.GetErrorString(r));
+    m->comm = NULL;
+    return mlart_set_error(rc, "%s; the communicator was aborted", why);
 }
 
 /* Finalize then destroy; abort when the communicator is in error or does not
@@ -222,7 +278,13 @@ static void nccl_destroy(mlart_comm *c)
 {
     nccl_impl *m = c->impl;
     ncclResult_t state = ncclSuccess;
-    int bad = api.CommGetAsyncError(m->comm, &state) != ncclSuccess || state != ncclSuccess;
+    int bad;
+    if (!m->comm) { /* aborted by mlart_comm_wait */
+        free(m);
+        free(c);
+        return;
+    }
+    bad = api.CommGetAsyncError(m->comm, &state) != ncclSuccess || state != ncclSuccess;
     if (!bad) {
         ncclResult_t r = api.CommFinalize(m->comm);
         bad = r == ncclInProgress ? nccl_wait(c, m->comm, NCCL_WAIT_MS, "ncclCommFinalize") < 0
@@ -248,6 +310,7 @@ static const mlart_comm_ops nccl_ops = {
     .all_gather = nccl_all_gather,
     .all_to_all = nccl_all_to_all,
     .reduce_scatter_f32 = nccl_reduce_scatter_f32,
+    .wait = nccl_wait_stream,
     .destroy = nccl_destroy,
 };
 

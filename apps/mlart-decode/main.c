@@ -784,6 +784,10 @@ static int run_decode(run *r)
         } else if ((rc = enqueue_step(r, &io, &new_lat, &new_slots, stream)) < 0) {
             return rc;
         }
+        /* a step with NCCL collectives: a dead or hung peer ends in an error
+         * (the communicator aborted), not in a synchronise that never returns */
+        if (r->comm && dev >= 0 && (rc = mlart_comm_wait(r->comm, stream, 0)) < 0)
+            return fail(rc, "waiting for the step");
         if ((rc = dev_sync(dev)) < 0)
             return rc;
         if (step == 0)

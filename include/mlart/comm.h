@@ -13,7 +13,10 @@
  * Every wait for a peer to arrive has a deadline: a dead or hung peer ends
  * in MLART_ETIMEDOUT (or MLART_ECOMM) on every surviving rank, never a hang.
  * (The local group then still waits, without one, for peers that have
- * arrived to finish reading this rank's buffers: see below.)
+ * arrived to finish reading this rank's buffers: see below.)  An NCCL
+ * collective returns once enqueued and its peers meet on the device, so wait
+ * for a stream that carries NCCL work with mlart_comm_wait, not with
+ * cudaStreamSynchronize, which a dead peer would block for ever.
  *
  * Collectives are called by every rank of the group, in the same order.
  * Buffers live where the communicator's device says (-1: host memory).
@@ -74,7 +77,8 @@ MLART_API int mlart_comm_local_create(mlart_comm_group *group, int rank, mlart_c
  * joined or timeout_ms (0: 60000) has passed (MLART_ETIMEDOUT; the half-made
  * communicator is aborted).  A later call that NCCL leaves in progress is
  * polled for at most 60 s (MLART_ETIMEDOUT; the communicator is then
- * aborted when it is destroyed).  The id may travel by any means; programs link
+ * aborted when it is destroyed); the collectives' work on the device is
+ * waited for by mlart_comm_wait.  The id may travel by any means; programs link
  * libmlart_rendezvous.a for mlart_comm_nccl_join (include/mlart/rendezvous.h),
  * which does all three steps over TCP.  MLART_ENOTSUP in a build without
  * CUDA; MLART_ECOMM when libnccl.so.2 cannot be opened or is older than 2.18
@@ -110,6 +114,24 @@ MLART_API int mlart_comm_all_to_all_n(mlart_comm *comm, int n, const void *const
  * ranks of their block `rank`. */
 MLART_API int mlart_comm_reduce_scatter_f32(mlart_comm *comm, const float *send, float *recv,
                                             size_t n, void *stream);
+
+/* Wait until the work enqueued on `stream` (of the communicator's device)
+ * so far has ended, at most timeout_ms (0: 60000); 0 when it has.  An NCCL
+ * communicator's kernels wait on the device for their peers, for ever if a
+ * peer died or hangs: this polls the stream and NCCL's own error state
+ * instead, and past the deadline (MLART_ETIMEDOUT) or on an error NCCL
+ * reports (MLART_ECOMM: a peer closed its connection, a network error) it
+ * aborts the communicator (ncclCommAbort, which ends its kernels so the
+ * stream drains, and returns once the device has: so a stream held by other
+ * work that never ends still holds this call); every later collective and
+ * wait on it then returns MLART_ECOMM at once, and it is only fit to be
+ * destroyed.  A local group's
+ * collectives have ended when they return: on a device this only waits for
+ * the stream against the deadline (MLART_ETIMEDOUT, the group untouched);
+ * on the host it returns 0.  MLART_ECUDA when the stream reports an error.
+ * Whatever else is on the stream is waited for too, and a timeout leaves it
+ * running. */
+MLART_API int mlart_comm_wait(mlart_comm *comm, void *stream, int timeout_ms);
 
 /* ---- where a cached token lives under DCP ------------------------------ */
 

@@ -2,19 +2,27 @@
  * reduce_scatter_f32 and a two-array all_to_all_n against results computed
  * on the host, first called
  * directly, then captured in a CUDA graph on a non-default stream and
- * replayed twice with new inputs.  Alone it is rank 0 of 1; under
- * `mpirun -np N` (or any launcher mlart_rank_from_env knows) it is one of N
- * ranks on device local_rank % devices, meeting at MLART_MASTER_ADDR
- * (127.0.0.1) : MLART_MASTER_PORT (29511).  One PASS/FAIL line a check;
+ * replayed twice with new inputs, each waited for by mlart_comm_wait; then
+ * a stream that does not drain: the wait ends at its deadline and aborts the
+ * communicator, which refuses every later call.  Alone it is rank 0 of 1;
+ * under `mpirun -np N` (or any launcher mlart_rank_from_env knows) it is one
+ * of N ranks on device local_rank % devices, meeting at MLART_MASTER_ADDR
+ * (127.0.0.1) : MLART_MASTER_PORT (29511).  With `--dead-peer` (N >= 2) the
+ * last rank leaves right after joining, and every other rank's all_gather
+ * must end in an error within 90 s, not hang.  One PASS/FAIL line a check;
  * exit 0, 1 on a failure, 77 without a device or without libnccl.so.2. */
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime_api.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "mlart/mlart.h"
 #include "nccl_rank.h"
@@ -191,7 +199,158 @@ static void local_copies_end(int dev)
     mlart_comm_group_destroy(g);
 }
 
-int main(void)
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void nap_ms(long ms)
+{
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+/* A host function that holds its stream until `held` is cleared, and the
+ * thread that clears it: ncclCommAbort may wait for the device, so the
+ * stream must be released by someone other than the waiting thread. */
+static atomic_int held;
+
+static void CUDART_CB hold_stream(void *arg)
+{
+    (void)arg;
+    while (atomic_load(&held))
+        nap_ms(1);
+}
+
+static void *release_later(void *arg)
+{
+    nap_ms(*(const long *)arg);
+    atomic_store(&held, 0);
+    return NULL;
+}
+
+/* A stream that does not drain within the wait's deadline: MLART_ETIMEDOUT,
+ * the communicator aborted (the message says so), and then every collective
+ * and wait refused at once with MLART_ECOMM.  ncclCommAbort returns once
+ * the device has drained, so the wait ends when the host function lets go
+ * (1.5 s on the H200 with NCCL 2.28), not at its deadline: held by work
+ * that is not NCCL's, only the release bounds it.  Leaves the communicator
+ * aborted: run it last. */
+static void stalled_stream(mlart_comm *comm, bufs *b, cudaStream_t stream)
+{
+    const int deadline_ms = 300;
+    const long release_ms = 1500;
+    pthread_t th;
+    double t0, waited, refused;
+    int rc, rc2, rc3;
+    atomic_store(&held, 1);
+    CUDA_OR_DIE(cudaLaunchHostFunc(stream, hold_stream, NULL));
+    if (pthread_create(&th, NULL, release_later, (void *)&release_ms) != 0) {
+        check(0, "pthread_create");
+        exit(1);
+    }
+    t0 = now_s();
+    rc = mlart_comm_wait(comm, stream, deadline_ms);
+    waited = now_s() - t0;
+    check(rc == MLART_ETIMEDOUT && waited >= 0.9 * deadline_ms / 1e3 &&
+              waited < release_ms / 1e3 + 8.0 &&
+              strstr(mlart_last_error(), "did not end within 300 ms") &&
+              strstr(mlart_last_error(), "aborted"),
+          "a stream held %ld ms, waited for at most %d ms: %s after %.3f s (%s)", release_ms,
+          deadline_ms, mlart_status_name(rc), waited, mlart_last_error());
+    t0 = now_s();
+    rc = mlart_comm_all_gather(comm, b->ag_send, b->ag_recv, BLOCK, stream);
+    rc2 = mlart_comm_reduce_scatter_f32(comm, b->rs_send, b->rs_recv, NF, stream);
+    rc3 = mlart_comm_wait(comm, stream, 0);
+    refused = now_s() - t0;
+    check(rc == MLART_ECOMM && rc2 == MLART_ECOMM && rc3 == MLART_ECOMM && refused < 0.1 &&
+              strstr(mlart_last_error(), "was aborted"),
+          "after the abort: all_gather %s, reduce_scatter %s, wait %s in %.4f s (%s)",
+          mlart_status_name(rc), mlart_status_name(rc2), mlart_status_name(rc3), refused,
+          mlart_last_error());
+    pthread_join(th, NULL);
+    CUDA_OR_DIE(cudaStreamSynchronize(stream));
+}
+
+/* A local group on this device: mlart_comm_wait waits for the stream
+ * against the deadline (MLART_ETIMEDOUT for a held one) and leaves the
+ * group as it was (the next collective works). */
+static void local_wait(int dev, cudaStream_t stream)
+{
+    const long release_ms = 800;
+    mlart_comm_group *g = NULL;
+    mlart_comm *lc = NULL;
+    uint8_t *buf = NULL, h[64];
+    pthread_t th;
+    double t0, waited;
+    int rc, rc2;
+    if (mlart_comm_group_create(1, dev, 10000, &g) < 0 || mlart_comm_local_create(g, 0, &lc) < 0) {
+        check(0, "local group on device %d: %s", dev, mlart_last_error());
+        return;
+    }
+    CUDA_OR_DIE(cudaMalloc((void **)&buf, 128));
+    CUDA_OR_DIE(cudaMemset(buf, 0x3c, 64));
+    rc = mlart_comm_wait(lc, stream, 0);
+    check(rc == 0, "local group, a stream with nothing held: mlart_comm_wait %s",
+          mlart_status_name(rc));
+    atomic_store(&held, 1);
+    CUDA_OR_DIE(cudaLaunchHostFunc(stream, hold_stream, NULL));
+    if (pthread_create(&th, NULL, release_later, (void *)&release_ms) != 0) {
+        check(0, "pthread_create");
+        exit(1);
+    }
+    t0 = now_s();
+    rc = mlart_comm_wait(lc, stream, 200);
+    waited = now_s() - t0;
+    check(rc == MLART_ETIMEDOUT && waited >= 0.18 && waited < 5.0 &&
+              strstr(mlart_last_error(), "local communicator rank 0 of 1"),
+          "local group, a stream held %ld ms, waited for at most 200 ms: %s after %.3f s (%s)",
+          release_ms, mlart_status_name(rc), waited, mlart_last_error());
+    pthread_join(th, NULL);
+    rc = mlart_comm_wait(lc, stream, 0);
+    rc2 = mlart_comm_all_gather(lc, buf, buf + 64, 64, stream);
+    CUDA_OR_DIE(cudaMemcpy(h, buf + 64, 64, cudaMemcpyDeviceToHost));
+    check(rc == 0 && rc2 == 0 && h[0] == 0x3c && h[63] == 0x3c,
+          "local group after the timeout: wait %s, all_gather %s, received 0x%02x..0x%02x",
+          mlart_status_name(rc), mlart_status_name(rc2), h[0], h[63]);
+    cudaFree(buf);
+    mlart_comm_destroy(lc);
+    mlart_comm_group_destroy(g);
+}
+
+/* --dead-peer: the last rank leaves without a word; the others' all_gather
+ * with it must end in MLART_ECOMM or MLART_ETIMEDOUT (from the call or from
+ * the wait), not hang. */
+static int dead_peer(mlart_comm *comm, bufs *b, cudaStream_t stream)
+{
+    double t0;
+    int rc;
+    if (me.size < 2) {
+        printf("SKIP: --dead-peer needs at least two ranks\n");
+        return 77;
+    }
+    if (me.rank == me.size - 1) {
+        printf("rank %d of %d: leaving without a word\n", me.rank, me.size);
+        fflush(stdout);
+        _exit(0);
+    }
+    nap_ms(500);
+    t0 = now_s();
+    rc = mlart_comm_all_gather(comm, b->ag_send, b->ag_recv, BLOCK, stream);
+    if (rc == 0)
+        rc = mlart_comm_wait(comm, stream, 20000);
+    check((rc == MLART_ECOMM || rc == MLART_ETIMEDOUT) && now_s() - t0 < 90.0,
+          "all_gather with a rank gone: %s after %.1f s (%s)", mlart_status_name(rc),
+          now_s() - t0, rc ? mlart_last_error() : "");
+    mlart_comm_destroy(comm);
+    printf("%s: rank %d of %d, %d failure%s\n", failures ? "FAIL" : "PASS", me.rank, me.size,
+           failures, failures == 1 ? "" : "s");
+    return failures ? 1 : 0;
+}
+
+int main(int argc, char **argv)
 {
     mlart_comm *comm = NULL;
     cudaStream_t stream;
@@ -227,7 +386,10 @@ int main(void)
         return 1;
     }
     CUDA_OR_DIE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    if (argc > 1 && !strcmp(argv[1], "--dead-peer"))
+        return dead_peer(comm, &b, stream);
     local_copies_end(device);
+    local_wait(device, stream);
 
     /* called directly, on the default stream then on our own */
     upload(&b, 0);
@@ -237,7 +399,8 @@ int main(void)
     }
     upload(&b, 1);
     if (collectives(comm, &b, stream) == 0) {
-        CUDA_OR_DIE(cudaStreamSynchronize(stream));
+        rc = mlart_comm_wait(comm, stream, 0);
+        check(rc == 0, "mlart_comm_wait after the collectives: %s", rc ? mlart_last_error() : "0");
         verify(&b, 1, "on a stream");
     }
 
@@ -255,11 +418,13 @@ int main(void)
     for (int round = 2; round < 4; round++) {
         upload(&b, round);
         CUDA_OR_DIE(cudaGraphLaunch(exec, stream));
-        CUDA_OR_DIE(cudaStreamSynchronize(stream));
+        rc = mlart_comm_wait(comm, stream, 0);
+        check(rc == 0, "mlart_comm_wait after a replay: %s", rc ? mlart_last_error() : "0");
         verify(&b, round, "in a graph replay");
     }
     CUDA_OR_DIE(cudaGraphExecDestroy(exec));
     CUDA_OR_DIE(cudaGraphDestroy(graph));
+    stalled_stream(comm, &b, stream);
 
     mlart_comm_destroy(comm);
     CUDA_OR_DIE(cudaStreamDestroy(stream));

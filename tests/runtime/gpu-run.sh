@@ -81,6 +81,9 @@ if command -v mpirun >/dev/null; then
     run decode_glm5_dcp_np$n "${mp[@]}" -np $n "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" \
       --device cuda --set heads=$((16 * n)) --set tp_size=$n --set dcp_size=$n --batch 8 \
       --context 4096 --steps 3 --verify
+    # a rank that leaves: the others' collective ends in an error within 90 s, not a hang
+    run comm_nccl_dead_peer_np2 timeout 150 "${mp[@]}" -np 2 "$build/tests/test_comm_nccl_gpu" \
+      --dead-peer
   else
     # one GPU: NCCL refuses a group of two ranks on one device; the run must say so and
     # exit non-zero, not hang (mpirun ends the other rank once one fails)

@@ -710,6 +710,26 @@ START_TEST(index_past_seq_len_refused)
 }
 END_TEST
 
+/* mlart_comm_wait: a host group's collectives have ended when they return,
+ * so it returns 0 at once; bad arguments are refused. */
+START_TEST(wait_on_host)
+{
+    mlart_comm_group *g = NULL;
+    mlart_comm *c = NULL;
+    ck_assert_int_eq(mlart_comm_group_create(1, -1, 5000, &g), 0);
+    ck_assert_int_eq(mlart_comm_local_create(g, 0, &c), 0);
+    ck_assert_int_eq(mlart_comm_wait(c, NULL, 0), 0);
+    ck_assert_int_eq(mlart_comm_wait(c, NULL, 1), 0);
+    ck_assert_int_eq(mlart_comm_wait(c, NULL, -1), MLART_EINVAL);
+    ck_assert_msg(strstr(mlart_last_error(), "timeout -1 ms") != NULL, "%s", mlart_last_error());
+    ck_assert_int_eq(mlart_comm_wait(NULL, NULL, 0), MLART_EINVAL);
+    ck_assert_msg(strstr(mlart_last_error(), "NULL communicator") != NULL, "%s",
+                  mlart_last_error());
+    mlart_comm_destroy(c);
+    mlart_comm_group_destroy(g);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("dcp");
@@ -725,6 +745,7 @@ int main(void)
     tcase_add_test(tc, leaving_rank_fails_the_others);
     tcase_add_test(tc, index_past_seq_len_refused);
     tcase_add_test(tc, slow_reader_holds_the_others);
+    tcase_add_test(tc, wait_on_host);
     suite_add_tcase(s, tc);
     return check_run(s, CK_FORK_GETENV);
 }
