@@ -153,9 +153,10 @@ static mlart_layer *make_layer(mlart_context *ctx, const mlart_geometry *g, cons
 }
 
 /* Run a step (eagerly, or as two replays of its captured graph) with
- * poisoned outputs, and bring o and lse to the host. */
-static void run_step(mlart_layer *ly, rank_io *r, cudaStream_t s, int graph, uint16_t *o,
-                     float *lse)
+ * poisoned outputs, wait for it (through the communicator when the step
+ * has one) and bring o and lse to the host. */
+static void run_step(mlart_layer *ly, mlart_comm *comm, rank_io *r, cudaStream_t s, int graph,
+                     uint16_t *o, float *lse)
 {
     const size_t ob = sizeof(uint16_t) * T_ * H_ * V_, lb = sizeof(float) * H_ * T_;
     CUDA_OR_DIE(cudaMemset(r->io.o.data, 0xff, ob));
@@ -176,7 +177,10 @@ static void run_step(mlart_layer *ly, rank_io *r, cudaStream_t s, int graph, uin
         CUDA_OR_DIE(cudaGraphExecDestroy(ex));
         CUDA_OR_DIE(cudaGraphDestroy(gr));
     }
-    CUDA_OR_DIE(cudaStreamSynchronize(s));
+    if (comm)
+        MLART_OR_DIE(mlart_comm_wait(comm, s, 0));
+    else
+        CUDA_OR_DIE(cudaStreamSynchronize(s));
     CUDA_OR_DIE(cudaMemcpy(o, r->io.o.data, ob, cudaMemcpyDeviceToHost));
     CUDA_OR_DIE(cudaMemcpy(lse, r->io.lse.data, lb, cudaMemcpyDeviceToHost));
 }
@@ -221,7 +225,7 @@ static void run_case(const dcp_case *c, mlart_comm *comm, mlart_context *ctx,
     /* one rank, its heads, the whole cache */
     one = rank_step(&f, G, whole, f.num_slots, bpt, f.bt, MB_);
     ly_one = make_layer(ctx, &g, &one, f.num_slots, MB_, NULL, c);
-    run_step(ly_one, &one, s, 0, o_one, l_one);
+    run_step(ly_one, NULL, &one, s, 0, o_one, l_one);
 
     /* this rank's shard, on blocks in reverse order */
     cap = mlart_dcp_local_len((int64_t)MB_ * PAGE_, 0, D, il); /* rank 0 holds the most */
@@ -242,8 +246,8 @@ static void run_case(const dcp_case *c, mlart_comm *comm, mlart_context *ctx,
         }
     mine = rank_step(&f, G, shard, slots_l, bpt, bt_l, mbl);
     ly = make_layer(ctx, &g, &mine, slots_l, mbl, comm, c);
-    run_step(ly, &mine, s, 0, o_eager, l_eager);
-    run_step(ly, &mine, s, 1, o_graph, l_graph);
+    run_step(ly, comm, &mine, s, 0, o_eager, l_eager);
+    run_step(ly, comm, &mine, s, 1, o_graph, l_graph);
 
     check(!memcmp(o_eager, o_graph, on * 2) && !memcmp(l_eager, l_graph, ln * 4),
           "%s %s interleave %d: graph replay gives the eager step's bytes", route,
@@ -287,7 +291,7 @@ int main(void)
     CUDA_OR_DIE(cudaMalloc((void **)&d_seed, sizeof(uint64_t) * (size_t)(me.size + 1)));
     CUDA_OR_DIE(cudaMemcpy(d_seed, &seed, sizeof seed, cudaMemcpyHostToDevice));
     MLART_OR_DIE(mlart_comm_all_gather(comm, d_seed, d_seed + 1, sizeof seed, s));
-    CUDA_OR_DIE(cudaStreamSynchronize(s));
+    MLART_OR_DIE(mlart_comm_wait(comm, s, 0));
     CUDA_OR_DIE(cudaMemcpy(seeds, d_seed + 1, sizeof(uint64_t) * (size_t)me.size,
                            cudaMemcpyDeviceToHost));
     seed = seeds[0];
