@@ -5,6 +5,7 @@
  * output / LSE / workspace preallocated for the largest step, and every view
  * of a step validated before the backend sees it. */
 #include "runtime/comm_impl.h"
+#include "runtime/layer_info.h"
 #include "runtime/registry.h"
 #include "runtime/status.h"
 
@@ -629,6 +630,17 @@ int mlart_layer_create(mlart_context *ctx, const mlart_layer_desc *desc, mlart_l
 fail:
     mlart_layer_destroy(ly);
     return rc;
+}
+
+void mlart_layer_info_get(const mlart_layer *ly, mlart_layer_info *out)
+{
+    out->device = ly->device;
+    out->geom = ly->geom;
+    out->max_tokens = ly->max_tokens;
+    out->max_requests = ly->max_requests;
+    out->max_blocks = ly->max_blocks;
+    out->graph_safe = ly->device >= 0 && ly->contract.graph_safe && !ly->validate_indices &&
+                      (!ly->dcp || mlart_comm_graph_safe(ly->dcp));
 }
 
 const char *mlart_layer_backend_name(const mlart_layer *ly)

@@ -49,7 +49,7 @@ endif()
 
 set(_runtime_defs MLART_TEST_PLUGIN_DIR="${MLART_TEST_PLUGIN_DIR}"
                   MLART_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
-foreach(n tensor config registry layer dcp rendezvous)
+foreach(n tensor config registry layer dcp rendezvous graphs)
   if(NOT EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/runtime/test_${n}.c)
     continue()
   endif()

@@ -5,7 +5,10 @@
  * reference backend on CUDA agrees with the host reference; a strided lse is
  * filled by the device copy; validate_indices refuses an index >= seq_len;
  * with early_weights a step after a kernel that writes q late still reads
- * the new q; how far a token's output moves with the size of its step.
+ * the new q; how far a token's output moves with the size of its step; the
+ * graph cache: every bucket captured, a replay equal to the step launched
+ * directly on the same (padded) inputs, bit for bit, padding rows zero
+ * whatever an earlier step left there, the rows near the reference backend.
  * Exits 77 without a usable device. */
 #define _POSIX_C_SOURCE 200809L
 #include <check.h>
@@ -18,6 +21,7 @@
 
 #include "check_run.h"
 #include "mlart/backend.h"
+#include "mlart/graphs.h"
 #include "pdl_probe.h"
 #include "plugins/testhost.h"
 #include "tests/runtime/fixture.h"
@@ -420,6 +424,169 @@ START_TEST(batch_drift)
 }
 END_TEST
 
+/* The graph cache on the b12x backend (16 heads, top-k 256, both formats):
+ * buckets 1, 2, 4, 8, 16, each step with fresh indices, lengths, queries and
+ * new cache rows.  A replay must give the bytes of the step launched
+ * directly on the same padded inputs (the cache's own buffers, read after
+ * the replay), its padding rows zeros with LSE -inf, and its rows within
+ * NMSE 1e-4 of the reference backend's plain step of the T tokens. */
+START_TEST(graph_cache_replays)
+{
+    enum { H = 16, P = 128, R = 64, L = 512, V = 128, K = 256, PAGE = 64, MB = 8, BM = 8, TM = 16 };
+    enum { W = L + R, SLOTS = BM * MB * PAGE };
+    static const int32_t sizes[] = {1, 2, 4, 8, 16};
+    static const int steps[] = {16, 3, 1, 9, 5, 2, 16};
+    const size_t row = (size_t)H * V;
+    fx big;
+    fx_init(&big, H, P, R, L, V, K, PAGE, TM, BM, MB, fx_seed() ^ 0x9a7cull);
+    for (int fmt = 0; fmt < 2; fmt++) {
+        mlart_layer_desc d = fx_desc(&big, "b12x_mla_sparse");
+        mlart_layer *ly = NULL, *ref = NULL;
+        mlart_graph_cache *gc = NULL;
+        const mlart_graph_bufs *b;
+        cudaStream_t st;
+        fx_rng r = {big.seed * 31u + (uint64_t)fmt};
+        int32_t *h_idx = malloc(sizeof(int32_t) * TM * K), h_req[TM], h_lens[BM], h_slots[TM];
+        int32_t *h_bt = malloc(sizeof(int32_t) * BM * MB);
+        uint16_t *h_q = malloc(sizeof(uint16_t) * TM * H * (P + R));
+        uint16_t *h_rows = malloc(sizeof(uint16_t) * TM * W);
+        uint16_t *g_o = malloc(sizeof(uint16_t) * TM * row), *e_o = malloc(sizeof(uint16_t) * TM * row);
+        uint16_t *r_o = malloc(sizeof(uint16_t) * TM * row);
+        float *g_lse = malloc(sizeof(float) * H * TM), *e_lse = malloc(sizeof(float) * H * TM);
+        void *d_eo = NULL, *d_el = NULL, *d_ro = NULL;
+        ck_assert(h_idx && h_bt && h_q && h_rows && g_o && e_o && r_o && g_lse && e_lse);
+        d.geom.kv_format = fmt ? MLART_KV_FP8_DS_MLA : MLART_KV_BF16;
+        d.num_slots = SLOTS;
+        d.kv_cache = fx_view(NULL, MLART_DTYPE_U8, 2, SLOTS,
+                             (int64_t)mlart_kv_bytes_per_token(&d.geom), 0);
+        ck_assert_int_eq(cudaMalloc((void **)&d.kv_cache.data, d.kv_cache.extent), cudaSuccess);
+        d.kv_cache.base = d.kv_cache.data, d.kv_cache.device = 0;
+        d.w_uk_t = up(&d.w_uk_t), d.w_uv = up(&d.w_uv);
+        ck_assert_msg(mlart_layer_create(ctx, &d, &ly) == 0, "%s", mlart_last_error());
+        d.backend = "reference";
+        ck_assert_msg(mlart_layer_create(ctx, &d, &ref) == 0, "%s", mlart_last_error());
+        ck_assert_int_eq(cudaMalloc(&d_eo, sizeof(uint16_t) * TM * row), cudaSuccess);
+        ck_assert_int_eq(cudaMalloc(&d_ro, sizeof(uint16_t) * TM * row), cudaSuccess);
+        ck_assert_int_eq(cudaMalloc(&d_el, sizeof(float) * H * TM), cudaSuccess);
+        ck_assert_int_eq(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+        { /* every slot a random row first */
+            uint16_t *all = malloc(sizeof(uint16_t) * SLOTS * W);
+            int32_t *sl = malloc(sizeof(int32_t) * SLOTS);
+            mlart_tensor lat, slv;
+            ck_assert(all && sl);
+            for (size_t i = 0; i < (size_t)SLOTS * W; i++)
+                all[i] = mlart_f32_to_bf16(fx_uniform(&r));
+            for (int i = 0; i < SLOTS; i++)
+                sl[i] = i;
+            lat = fx_view(all, MLART_DTYPE_BF16, 2, SLOTS, W, 0);
+            slv = fx_view(sl, MLART_DTYPE_I32, 1, SLOTS, 0, 0);
+            lat = up(&lat), slv = up(&slv);
+            ck_assert_msg(mlart_layer_write_kv(ly, &lat, &slv, NULL) == 0, "%s", mlart_last_error());
+            ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+            cudaFree((void *)lat.base), cudaFree((void *)slv.base);
+            free(all), free(sl);
+        }
+        ck_assert_msg(mlart_graph_cache_create(ly, sizes, 5, 1, st, &gc) == 0, "%s",
+                      mlart_last_error());
+        ck_assert_int_eq(mlart_graph_cache_graphs(gc), 5);
+        b = mlart_graph_cache_bufs(gc);
+        for (int bt = 0; bt < BM * MB; bt++) /* physical blocks in reverse */
+            h_bt[bt] = BM * MB - 1 - bt;
+        for (size_t si = 0; si < sizeof steps / sizeof steps[0]; si++) {
+            const int T = steps[si], Bq = T < BM ? T : BM, Tb = mlart_graph_cache_bucket(gc, T);
+            mlart_step_io e, rio;
+            double err = 0.0, den = 0.0;
+            int rc;
+            /* fresh inputs; junk past row T (indices past every length) */
+            for (int q = 0; q < Bq; q++)
+                h_lens[q] = K / 2 + (int32_t)(fx_next(&r) % (uint64_t)(MB * PAGE - K / 2));
+            for (int t = 0; t < TM; t++) {
+                const int q = t % Bq, pos = h_lens[q] - 1 - t / Bq;
+                h_req[t] = t < T ? q : 0;
+                h_slots[t] = t < T ? h_bt[q * MB + pos / PAGE] * PAGE + pos % PAGE : 0;
+                for (int k = 0; k < K; k++)
+                    h_idx[t * K + k] = t >= T ? 0x7f7f7f7f
+                                      : fx_next(&r) % 10 == 0 ? -1
+                                                              : (int32_t)(fx_next(&r) % (uint64_t)h_lens[q]);
+                for (int i = 0; i < H * (P + R); i++)
+                    h_q[(size_t)t * H * (P + R) + i] = mlart_f32_to_bf16(fx_uniform(&r));
+                for (int i = 0; i < W; i++)
+                    h_rows[(size_t)t * W + i] = mlart_f32_to_bf16(fx_uniform(&r));
+            }
+            ck_assert_int_eq(cudaMemcpy(b->io.q.data, h_q, sizeof(uint16_t) * TM * H * (P + R), cudaMemcpyHostToDevice), cudaSuccess);
+            ck_assert_int_eq(cudaMemcpy(b->io.idx.data, h_idx, sizeof(int32_t) * TM * K, cudaMemcpyHostToDevice), cudaSuccess);
+            ck_assert_int_eq(cudaMemcpy(b->io.req_of_token.data, h_req, sizeof h_req, cudaMemcpyHostToDevice), cudaSuccess);
+            ck_assert_int_eq(cudaMemcpy(b->io.seq_lens.data, h_lens, sizeof(int32_t) * (size_t)Bq, cudaMemcpyHostToDevice), cudaSuccess);
+            ck_assert_int_eq(cudaMemcpy(b->io.block_table.data, h_bt, sizeof(int32_t) * BM * MB, cudaMemcpyHostToDevice), cudaSuccess);
+            ck_assert_int_eq(cudaMemcpy(b->rows.data, h_rows, sizeof(uint16_t) * TM * W, cudaMemcpyHostToDevice), cudaSuccess);
+            ck_assert_int_eq(cudaMemcpy(b->slots.data, h_slots, sizeof h_slots, cudaMemcpyHostToDevice), cudaSuccess);
+            ck_assert_int_eq(cudaMemset(b->io.o.data, 0xff, b->io.o.extent), cudaSuccess);
+            ck_assert_int_eq(cudaMemset(b->io.lse.data, 0xff, b->io.lse.extent), cudaSuccess);
+            ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+
+            rc = mlart_graph_cache_run(gc, T, Bq, st);
+            ck_assert_msg(rc == Tb, "T = %d: %d (%s)", T, rc, mlart_last_error());
+            ck_assert_int_eq(cudaStreamSynchronize(st), cudaSuccess);
+            ck_assert_int_eq(cudaMemcpy(g_o, b->io.o.data, sizeof(uint16_t) * (size_t)Tb * row, cudaMemcpyDeviceToHost), cudaSuccess);
+            ck_assert_int_eq(cudaMemcpy(g_lse, b->io.lse.data, sizeof(float) * H * TM, cudaMemcpyDeviceToHost), cudaSuccess);
+
+            /* the same step launched directly on the padded buffers (the
+             * rows are in the cache already: writing them again changes
+             * nothing) */
+            e = b->io;
+            e.T = Tb;
+            e.q.shape[0] = e.idx.shape[0] = e.req_of_token.shape[0] = Tb;
+            e.o = mlart_tensor_dense(d_eo, MLART_DTYPE_BF16, 0, 2, (int64_t[]){Tb, (int64_t)row});
+            e.lse = mlart_tensor_dense(d_el, MLART_DTYPE_F32, 0, 2, (int64_t[]){H, Tb});
+            ck_assert_msg(mlart_layer_decode(ly, &e, st) == 0, "%s", mlart_last_error());
+            rio = e;
+            rio.T = T;
+            rio.q.shape[0] = rio.idx.shape[0] = rio.req_of_token.shape[0] = T;
+            rio.o = mlart_tensor_dense(d_ro, MLART_DTYPE_BF16, 0, 2, (int64_t[]){T, (int64_t)row});
+            memset(&rio.lse, 0, sizeof rio.lse);
+            ck_assert_msg(mlart_layer_decode(ref, &rio, st) == 0, "%s", mlart_last_error());
+            ck_assert_int_eq(cudaStreamSynchronize(st), cudaSuccess);
+            ck_assert_int_eq(cudaMemcpy(e_o, d_eo, sizeof(uint16_t) * (size_t)Tb * row, cudaMemcpyDeviceToHost), cudaSuccess);
+            ck_assert_int_eq(cudaMemcpy(e_lse, d_el, sizeof(float) * H * (size_t)Tb, cudaMemcpyDeviceToHost), cudaSuccess);
+            ck_assert_int_eq(cudaMemcpy(r_o, d_ro, sizeof(uint16_t) * (size_t)T * row, cudaMemcpyDeviceToHost), cudaSuccess);
+
+            ck_assert_msg(memcmp(g_o, e_o, sizeof(uint16_t) * (size_t)Tb * row) == 0,
+                          "%s T = %d: the replay of bucket %d differs from the direct step",
+                          fmt ? "fp8" : "bf16", T, Tb);
+            for (int h = 0; h < H; h++)
+                for (int t = 0; t < Tb; t++) {
+                    const float gv = g_lse[h * TM + t], ev = e_lse[h * Tb + t];
+                    ck_assert_msg(memcmp(&gv, &ev, 4) == 0, "%s T = %d: lse[%d][%d] %g, direct %g",
+                                  fmt ? "fp8" : "bf16", T, h, t, gv, ev);
+                    if (t >= T)
+                        ck_assert_msg(isinf(gv) && gv < 0, "T = %d: padding lse %g", T, gv);
+                }
+            for (size_t i = (size_t)T * row; i < (size_t)Tb * row; i++)
+                ck_assert_msg(g_o[i] == 0, "%s T = %d: padding output [%zu] = 0x%04x",
+                              fmt ? "fp8" : "bf16", T, i, g_o[i]);
+            for (size_t i = 0; i < (size_t)T * row; i++) {
+                const double a = mlart_bf16_to_f32(g_o[i]), c = mlart_bf16_to_f32(r_o[i]);
+                ck_assert_msg(a == a, "T = %d: NaN at %zu", T, i);
+                err += (a - c) * (a - c), den += c * c;
+            }
+            printf("graph cache %s: T = %2d in bucket %2d: replay = direct step, NMSE %.2e against "
+                   "the reference\n", fmt ? "fp8 " : "bf16", T, Tb, den > 0 ? err / den : 0.0);
+            ck_assert_msg(den > 0 && err / den <= 1e-4, "%s T = %d: NMSE %.3e against the reference",
+                          fmt ? "fp8" : "bf16", T, den > 0 ? err / den : 0.0);
+        }
+        mlart_graph_cache_destroy(gc);
+        mlart_layer_destroy(ly);
+        mlart_layer_destroy(ref);
+        cudaStreamDestroy(st);
+        cudaFree(d_eo), cudaFree(d_el), cudaFree(d_ro);
+        cudaFree((void *)d.kv_cache.base), cudaFree((void *)d.w_uk_t.base), cudaFree((void *)d.w_uv.base);
+        free(h_idx), free(h_bt), free(h_q), free(h_rows), free(g_o), free(e_o), free(r_o);
+        free(g_lse), free(e_lse);
+    }
+    fx_free(&big);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s;
@@ -437,6 +604,7 @@ int main(void)
     tcase_add_test(tc, early_weights_after_late_writer);
     tcase_add_test(tc, batch_drift);
     tcase_add_test(tc, fork_join_probe);
+    tcase_add_test(tc, graph_cache_replays);
     tcase_set_timeout(tc, 120);
     suite_add_tcase(s, tc);
     return check_run(s, CK_NOFORK); /* CUDA does not survive fork() */

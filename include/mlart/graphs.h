@@ -1,0 +1,84 @@
+/* mlart — a CUDA graph of a layer's step for each batch bucket (DESIGN 6).
+ *
+ * A serving loop whose steps carry a varying number of tokens T runs each
+ * step in the smallest bucket >= T: rows T..bucket-1 are padding (every
+ * index -1, request 0, query zeros, no cache write), and their output rows
+ * are zeros.  The cache owns every buffer a step reads and writes, sized for
+ * the largest bucket and the layer's max_requests, on the layer's device, at
+ * addresses that never change: before each run the caller fills rows 0..T-1
+ * of the token inputs and the first B requests' lengths and block-table
+ * rows, and the bucket's graph reads them there.  Graphs are captured once,
+ * at create, each after one warm-up step on empty inputs (on a stream of the
+ * cache's own), so a run only pads and replays.
+ *
+ * A layer that cannot be captured (on the host; a backend that is not
+ * graph-safe; validate_indices; a local DCP communicator) runs the same
+ * padded step with its kernels launched directly, so the two give the same
+ * bytes for the same inputs.  A token's output depends on its bucket, not on
+ * T (a backend may choose its kernels by the step's token count;
+ * mlart_layer_decode).  With an NCCL communicator the warm-up steps at
+ * create are collectives: every rank of the group creates its cache at the
+ * same point, with the same buckets.
+ */
+#ifndef MLART_GRAPHS_H
+#define MLART_GRAPHS_H
+
+#include "mlart/mlart.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mlart_graph_cache mlart_graph_cache;
+
+#define MLART_GRAPH_MAX_BUCKETS 64
+
+/* The cache's buffers, on the layer's device, shaped for the largest bucket
+ * (Tmax tokens) and max_requests (Bmax).  Fill rows 0..T-1 of q, idx,
+ * req_of_token (each in [0, B)), rows and slots, and entries 0..B-1 of
+ * seq_lens and block_table; read rows 0..T-1 of o (and columns 0..T-1 of
+ * lse) after a run.  Rows past T and requests past B are the cache's: a run
+ * overwrites them. */
+typedef struct mlart_graph_bufs {
+    mlart_step_io io;  /* T = Tmax, B = Bmax; q [Tmax,H,P+R] bf16, idx [Tmax,topk],
+                          req_of_token [Tmax], seq_lens [Bmax], block_table
+                          [Bmax,max_blocks_per_req] i32; o [Tmax,H*V] bf16;
+                          lse [H,Tmax] f32 */
+    mlart_tensor rows;  /* [Tmax,L+R] bf16: each token's new latent+rope row
+                           (write_kv only; else empty) */
+    mlart_tensor slots; /* [Tmax] i32: its cache slot, -1 = none (write_kv only) */
+} mlart_graph_bufs;
+
+/* A cache for `layer` (which must outlive it) with num_sizes buckets
+ * (1..MLART_GRAPH_MAX_BUCKETS, increasing, each in 1..the layer's
+ * max_tokens).  write_kv 1: a run first writes each token's row into its
+ * slot (mlart_layer_write_kv), then decodes; 0: it only decodes.  stream:
+ * where the buffers are cleared and the warm-up steps run (NULL: the legacy
+ * stream); create returns once they have ended.  MLART_EINVAL for bad
+ * sizes, MLART_ENOMEM, MLART_ECUDA naming the bucket whose capture failed,
+ * or what the warm-up step returned. */
+MLART_API int mlart_graph_cache_create(mlart_layer *layer, const int32_t *sizes, int num_sizes,
+                                       int write_kv, void *stream, mlart_graph_cache **out);
+/* Accepts NULL.  Waits for nothing: the caller's stream must have ended its
+ * runs. */
+MLART_API void mlart_graph_cache_destroy(mlart_graph_cache *gc);
+/* The buffers (owned by the cache, valid while it lives). */
+MLART_API const mlart_graph_bufs *mlart_graph_cache_bufs(const mlart_graph_cache *gc);
+/* The bucket a step of T tokens runs in (the smallest size >= T), or
+ * MLART_ERANGE naming the largest when T exceeds it (or T < 1). */
+MLART_API int mlart_graph_cache_bucket(const mlart_graph_cache *gc, int32_t T);
+/* Run a step of T tokens from B requests on `stream` (cudaStream_t, or
+ * NULL): pad rows T..bucket-1, set the lengths of requests B..Bmax-1 to 0,
+ * then replay the bucket's graph (or run the step directly, see above).
+ * Neither allocates nor synchronises on CUDA.  Returns the bucket, or
+ * MLART_ERANGE for T outside 1..the largest bucket or B outside
+ * 1..max_requests (nothing runs), or what a launch returned. */
+MLART_API int mlart_graph_cache_run(mlart_graph_cache *gc, int32_t T, int32_t B, void *stream);
+/* How many buckets run as captured graphs: all of them, or 0 when the
+ * layer cannot be captured. */
+MLART_API int mlart_graph_cache_graphs(const mlart_graph_cache *gc);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MLART_GRAPHS_H */
