@@ -223,17 +223,18 @@ static int capture_all(mlart_graph_cache *gc, void *stream)
 #endif
 
 int mlart_graph_cache_create(mlart_layer *layer, const int32_t *sizes, int num_sizes,
-                             int write_kv, void *stream, mlart_graph_cache **out)
+                             unsigned flags, void *stream, mlart_graph_cache **out)
 {
+    const int write_kv = (flags & MLART_GRAPH_WRITE_KV) != 0;
     mlart_graph_cache *gc;
     size_t off[B_COUNT];
     int rc = 0;
     if (!layer || !out)
         return mlart_set_error(MLART_EINVAL, "mlart_graph_cache_create: NULL %s",
                                layer ? "out" : "layer");
-    if (write_kv != 0 && write_kv != 1)
-        return mlart_set_error(MLART_EINVAL, "mlart_graph_cache_create: write_kv %d (want 0 or "
-                               "1)", write_kv);
+    if (flags & ~(MLART_GRAPH_WRITE_KV | MLART_GRAPH_NO_CAPTURE))
+        return mlart_set_error(MLART_EINVAL, "mlart_graph_cache_create: unknown flags 0x%x",
+                               flags & ~(MLART_GRAPH_WRITE_KV | MLART_GRAPH_NO_CAPTURE));
     gc = calloc(1, sizeof *gc);
     if (!gc)
         return mlart_set_error(MLART_ENOMEM, "mlart_graph_cache_create: out of memory");
@@ -302,7 +303,7 @@ int mlart_graph_cache_create(mlart_layer *layer, const int32_t *sizes, int num_s
         (rc = fill(gc, (size_t)((char *)gc->bufs.io.block_table.data - (char *)gc->mem),
                    (size_t)gc->info.max_requests * (size_t)gc->info.max_blocks * 4, 0,
                    stream)) == 0 &&
-        gc->info.graph_safe) {
+        gc->info.graph_safe && !(flags & MLART_GRAPH_NO_CAPTURE)) {
 #ifdef MLART_WITH_CUDA
         rc = capture_all(gc, stream);
 #endif

@@ -128,6 +128,8 @@ int mlart_bench_kvw(const mlart_bench_opts *o);
 int mlart_bench_lat(const mlart_bench_opts *o);
 /* One rank's layer step under DCP against the plain step (bench_dcp.cu): rows "dcp ...". */
 int mlart_bench_dcp(const mlart_bench_opts *o);
+/* A decode step through the graph cache against direct launches (bench_graphs.cu): rows "graphs ...". */
+int mlart_bench_graphs(const mlart_bench_opts *o);
 #ifdef MLART_BENCH_ATTN
 int mlart_bench_attn(const mlart_bench_opts *o);
 #endif

@@ -218,6 +218,10 @@ int main(int argc, char **argv)
     wrong += rc > 0 ? rc : 0;
     if (rc < 0)
         wrong++;
+    rc = mlart_bench_graphs(&o);
+    wrong += rc > 0 ? rc : 0;
+    if (rc < 0)
+        wrong++;
     if (o.json && json_close(o.json, json_path))
         json_bad = 1;
     printf("\n# wrong results: %d\n", wrong);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <mlart/graphs.h>
 #include <mlart/weights.h>
 
 #ifdef MLART_WITH_CUDA
@@ -19,15 +20,17 @@ struct serve_engine {
     int32_t context, blocks, max_t, max_b;
     int64_t num_slots;
     void *kv_cache, *w_uk_t, *w_uv, *kv_b_proj; /* on the device */
-    /* step inputs/outputs: host staging (page-locked on CUDA), and device
-     * copies on CUDA */
+    /* step inputs/outputs: host staging (page-locked on CUDA), copied into
+     * the graph cache's buffers, where the bucket's graph reads them */
     uint16_t *h_q, *h_o;
     int32_t *h_idx, *h_req, *h_lens, *h_bt;
-    void *d_q, *d_o, *d_idx, *d_req, *d_lens, *d_bt;
+    mlart_graph_cache *gc;
+    const mlart_graph_bufs *gb;
     uint16_t *q_table; /* [context, H*(P+R)]: each position's query, made once
                           (NULL when larger than Q_TABLE_MAX: made per step) */
     void *stream;      /* CUDA: the steps' stream (cudaStream_t) */
-    char describe[160];
+    char describe[400];
+    char bucket_list[200]; /* "1,2,4,..." */
 };
 
 #define Q_TABLE_MAX ((size_t)64 << 20)
@@ -143,19 +146,16 @@ void serve_engine_destroy(serve_engine *e)
 {
     if (!e)
         return;
+    mlart_graph_cache_destroy(e->gc);
     mlart_layer_destroy(e->layer);
     dev_free(e, e->kv_cache);
     dev_free(e, e->w_uk_t);
     dev_free(e, e->w_uv);
     dev_free(e, e->kv_b_proj);
     {
-        void *d[] = {e->d_q, e->d_o, e->d_idx, e->d_req, e->d_lens, e->d_bt};
         void *h[] = {e->h_q, e->h_o, e->h_idx, e->h_req, e->h_lens, e->h_bt};
-        for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) {
-            if (e->device >= 0) /* on the CPU the step runs in the host buffers */
-                dev_free(e, d[i]);
+        for (size_t i = 0; i < sizeof h / sizeof h[0]; i++)
             host_free(e, h[i]);
-        }
     }
     free(e->q_table);
 #ifdef MLART_WITH_CUDA
@@ -286,6 +286,23 @@ static void note_error(int rc, char *err, size_t cap)
         snprintf(err, cap, "%s", m);
 }
 
+/* The steps' buckets: the given sizes (or the powers of two) below max_t,
+ * then max_t. */
+static int buckets(const serve_engine_opts *o, int32_t max_t, int32_t *out)
+{
+    int n = 0;
+    if (o->graph_sizes) {
+        for (int i = 0; i < o->num_graph_sizes && n < MLART_GRAPH_MAX_BUCKETS - 1; i++)
+            if (o->graph_sizes[i] < max_t && (!n || o->graph_sizes[i] > out[n - 1]))
+                out[n++] = o->graph_sizes[i];
+    } else {
+        for (int32_t s = 1; s < max_t && n < MLART_GRAPH_MAX_BUCKETS - 1; s *= 2)
+            out[n++] = s;
+    }
+    out[n++] = max_t;
+    return n;
+}
+
 int serve_engine_create(const serve_engine_opts *o, serve_engine **out, char *err,
                         size_t err_cap)
 {
@@ -378,17 +395,18 @@ int serve_engine_create(const serve_engine_opts *o, serve_engine **out, char *er
             goto fail;
         }
 #endif
-        if (e->device < 0) {
-            e->d_q = e->h_q, e->d_o = e->h_o, e->d_idx = e->h_idx;
-            e->d_req = e->h_req, e->d_lens = e->h_lens, e->d_bt = e->h_bt;
-        } else if ((rc = dev_alloc(e, T * H * (size_t)(g->qk_nope + g->rope) * 2, &e->d_q)) ||
-                   (rc = dev_alloc(e, T * H * (size_t)g->v_head * 2, &e->d_o)) ||
-                   (rc = dev_alloc(e, T * (size_t)g->topk * 4, &e->d_idx)) ||
-                   (rc = dev_alloc(e, T * 4, &e->d_req)) ||
-                   (rc = dev_alloc(e, B * 4, &e->d_lens)) ||
-                   (rc = dev_alloc(e, B * (size_t)e->blocks * 4, &e->d_bt))) {
+    }
+    {
+        int32_t sizes[MLART_GRAPH_MAX_BUCKETS];
+        const int n = buckets(o, e->max_t, sizes);
+        if ((rc = mlart_graph_cache_create(e->layer, sizes, n,
+                                           o->no_graph ? MLART_GRAPH_NO_CAPTURE : 0, e->stream,
+                                           &e->gc)))
             goto fail;
-        }
+        e->gb = mlart_graph_cache_bufs(e->gc);
+        for (int i = 0, at = 0; i < n && at < (int)sizeof e->bucket_list; i++)
+            at += snprintf(e->bucket_list + at, sizeof e->bucket_list - (size_t)at, "%s%d",
+                           i ? "," : "", sizes[i]);
     }
     {
         char dev[24];
@@ -397,10 +415,13 @@ int serve_engine_create(const serve_engine_opts *o, serve_engine **out, char *er
         else
             snprintf(dev, sizeof dev, "cuda:%d", e->device);
         snprintf(e->describe, sizeof e->describe,
-             "backend %s on %s, H=%d P=%d R=%d L=%d V=%d topk=%d kv=%s, %s weights",
+             "backend %s on %s, H=%d P=%d R=%d L=%d V=%d topk=%d kv=%s, %s weights, steps in "
+             "buckets of %s tokens %s",
              mlart_layer_backend_name(e->layer), dev,
              g->heads, g->qk_nope, g->rope, g->kv_lora, g->v_head, g->topk,
-             mlart_kv_format_name(g->kv_format), o->weights ? "checkpoint" : "random");
+             mlart_kv_format_name(g->kv_format), o->weights ? "checkpoint" : "random",
+             e->bucket_list,
+             mlart_graph_cache_graphs(e->gc) ? "replayed as CUDA graphs" : "launched directly");
     }
     *out = e;
     return 0;
@@ -414,8 +435,8 @@ static int step(serve_engine *e, const serve_request *const *reqs, int n, uint64
 {
     const mlart_geometry *g = &e->g;
     int64_t H = g->heads, PR = g->qk_nope + g->rope, V = g->v_head, K = g->topk;
+    const mlart_step_io *io = &e->gb->io;
     int32_t T = 0;
-    mlart_step_io io;
     int rc;
     for (int r = 0; r < n; r++)
         T += reqs[r]->tokens;
@@ -449,28 +470,17 @@ static int step(serve_engine *e, const serve_request *const *reqs, int n, uint64
             e->h_bt[(size_t)r * (size_t)e->blocks + (size_t)b] = b; /* one shared cache */
     }
     /* on CUDA everything below is queued on the engine's stream, from
-     * page-locked staging, and waited for once after the copy back */
-    if ((rc = copy(e, e->d_q, e->h_q, (size_t)(T * H * PR) * 2, 1, e->stream)) ||
-        (rc = copy(e, e->d_idx, e->h_idx, (size_t)(T * K) * 4, 1, e->stream)) ||
-        (rc = copy(e, e->d_req, e->h_req, (size_t)T * 4, 1, e->stream)) ||
-        (rc = copy(e, e->d_lens, e->h_lens, (size_t)n * 4, 1, e->stream)) ||
-        (rc = copy(e, e->d_bt, e->h_bt, (size_t)n * (size_t)e->blocks * 4, 1, e->stream)))
+     * page-locked staging, and waited for once after the copy back; the
+     * step runs in the smallest bucket of at least T tokens */
+    if ((rc = copy(e, io->q.data, e->h_q, (size_t)(T * H * PR) * 2, 1, e->stream)) ||
+        (rc = copy(e, io->idx.data, e->h_idx, (size_t)(T * K) * 4, 1, e->stream)) ||
+        (rc = copy(e, io->req_of_token.data, e->h_req, (size_t)T * 4, 1, e->stream)) ||
+        (rc = copy(e, io->seq_lens.data, e->h_lens, (size_t)n * 4, 1, e->stream)) ||
+        (rc = copy(e, io->block_table.data, e->h_bt, (size_t)n * (size_t)e->blocks * 4, 1,
+                   e->stream)))
         return rc;
-    memset(&io, 0, sizeof io);
-    io.T = T;
-    io.B = n;
-    {
-        int64_t qs[3] = {T, H, PR}, is[2] = {T, K}, ts[1] = {T}, bs[1] = {n},
-                bts[2] = {n, e->blocks}, os[2] = {T, H * V};
-        io.q = mlart_tensor_dense(e->d_q, MLART_DTYPE_BF16, e->device, 3, qs);
-        io.idx = mlart_tensor_dense(e->d_idx, MLART_DTYPE_I32, e->device, 2, is);
-        io.req_of_token = mlart_tensor_dense(e->d_req, MLART_DTYPE_I32, e->device, 1, ts);
-        io.seq_lens = mlart_tensor_dense(e->d_lens, MLART_DTYPE_I32, e->device, 1, bs);
-        io.block_table = mlart_tensor_dense(e->d_bt, MLART_DTYPE_I32, e->device, 2, bts);
-        io.o = mlart_tensor_dense(e->d_o, MLART_DTYPE_BF16, e->device, 2, os);
-    }
-    if ((rc = mlart_layer_decode(e->layer, &io, e->stream)) ||
-        (rc = copy(e, e->h_o, e->d_o, (size_t)(T * H * V) * 2, 0, e->stream)))
+    if ((rc = mlart_graph_cache_run(e->gc, T, n, e->stream)) < 0 ||
+        (rc = copy(e, e->h_o, io->o.data, (size_t)(T * H * V) * 2, 0, e->stream)))
         return rc;
 #ifdef MLART_WITH_CUDA
     if (e->stream && cudaStreamSynchronize((cudaStream_t)e->stream) != cudaSuccess)

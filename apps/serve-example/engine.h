@@ -19,6 +19,11 @@ typedef struct serve_engine_opts {
     const char *weights;     /* .safetensors with kv_b_proj, or NULL for random weights */
     int layer;               /* which layer's kv_b_proj */
     uint64_t seed;
+    /* steps run in CUDA graphs of these token counts (mlart/graphs.h): the
+     * sizes below max_batch_tokens, then max_batch_tokens; NULL: powers of two */
+    const int32_t *graph_sizes;
+    int num_graph_sizes;
+    int no_graph;            /* 1: the same padded steps, kernels launched directly */
 } serve_engine_opts;
 
 typedef struct serve_engine serve_engine;

@@ -543,6 +543,8 @@ static void usage(FILE *f)
             "  --max-queue N          queued requests before 'busy' replies (default 4096)\n"
             "  --drain-timeout S      after SIGINT/SIGTERM, close what is left after S seconds\n"
             "                         and exit 1 (default 30; 0: no limit)\n"
+            "  --no-graph             launch each step's kernels directly instead of\n"
+            "                         replaying its bucket's CUDA graph\n"
             "  --weights FILE --layer N  W_UK_T/W_UV from a .safetensors kv_b_proj\n"
             "  --seed N               synthetic weights and cache (default 1)\n");
 }
@@ -569,6 +571,7 @@ int main(int argc, char **argv)
     long heads = -1, topk = -1;
     const char *kvfmt = NULL;
     char err[512], backend_buf[64];
+    int32_t graph_sizes[MLART_CONFIG_MAX_GRAPH_SIZES];
 
     memset(&s, 0, sizeof s);
     memset(&eo, 0, sizeof eo);
@@ -594,6 +597,10 @@ int main(int argc, char **argv)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--no-graph")) {
+            eo.no_graph = 1;
+            continue;
         }
         if (!val) {
             fprintf(stderr, "mlart-serve-example: %s needs a value\n", a);
@@ -655,6 +662,9 @@ int main(int argc, char **argv)
             return 1;
         }
         eo.geom = cfg.geom;
+        memcpy(graph_sizes, cfg.graph_sizes, sizeof graph_sizes);
+        eo.graph_sizes = graph_sizes;
+        eo.num_graph_sizes = cfg.num_graph_sizes;
         if (!eo.backend && cfg.backend[0]) {
             snprintf(backend_buf, sizeof backend_buf, "%s", cfg.backend);
             eo.backend = backend_buf;

@@ -45,20 +45,24 @@ typedef struct mlart_graph_bufs {
                           [Bmax,max_blocks_per_req] i32; o [Tmax,H*V] bf16;
                           lse [H,Tmax] f32 */
     mlart_tensor rows;  /* [Tmax,L+R] bf16: each token's new latent+rope row
-                           (write_kv only; else empty) */
-    mlart_tensor slots; /* [Tmax] i32: its cache slot, -1 = none (write_kv only) */
+                           (MLART_GRAPH_WRITE_KV only; else empty) */
+    mlart_tensor slots; /* [Tmax] i32: its cache slot, -1 = none (MLART_GRAPH_WRITE_KV) */
 } mlart_graph_bufs;
+
+/* create's flags */
+#define MLART_GRAPH_WRITE_KV 1u   /* a run first writes each token's row into its slot
+                                     (mlart_layer_write_kv), then decodes; else it only decodes */
+#define MLART_GRAPH_NO_CAPTURE 2u /* capture nothing: every run launches the padded step
+                                     directly (for comparisons) */
 
 /* A cache for `layer` (which must outlive it) with num_sizes buckets
  * (1..MLART_GRAPH_MAX_BUCKETS, increasing, each in 1..the layer's
- * max_tokens).  write_kv 1: a run first writes each token's row into its
- * slot (mlart_layer_write_kv), then decodes; 0: it only decodes.  stream:
- * where the buffers are cleared and the warm-up steps run (NULL: the legacy
- * stream); create returns once they have ended.  MLART_EINVAL for bad
- * sizes, MLART_ENOMEM, MLART_ECUDA naming the bucket whose capture failed,
- * or what the warm-up step returned. */
+ * max_tokens).  stream: where the buffers are cleared and the warm-up steps
+ * run (NULL: the legacy stream); create returns once they have ended.
+ * MLART_EINVAL for bad sizes or unknown flags, MLART_ENOMEM, MLART_ECUDA
+ * naming the bucket whose capture failed, or what a warm-up step returned. */
 MLART_API int mlart_graph_cache_create(mlart_layer *layer, const int32_t *sizes, int num_sizes,
-                                       int write_kv, void *stream, mlart_graph_cache **out);
+                                       unsigned flags, void *stream, mlart_graph_cache **out);
 /* Accepts NULL.  Waits for nothing: the caller's stream must have ended its
  * runs. */
 MLART_API void mlart_graph_cache_destroy(mlart_graph_cache *gc);
@@ -75,7 +79,7 @@ MLART_API int mlart_graph_cache_bucket(const mlart_graph_cache *gc, int32_t T);
  * 1..max_requests (nothing runs), or what a launch returned. */
 MLART_API int mlart_graph_cache_run(mlart_graph_cache *gc, int32_t T, int32_t B, void *stream);
 /* How many buckets run as captured graphs: all of them, or 0 when the
- * layer cannot be captured. */
+ * layer cannot be captured or MLART_GRAPH_NO_CAPTURE was given. */
 MLART_API int mlart_graph_cache_graphs(const mlart_graph_cache *gc);
 
 #ifdef __cplusplus

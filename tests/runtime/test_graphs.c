@@ -143,7 +143,7 @@ START_TEST(cache_write_only_from_real_rows)
     const mlart_graph_bufs *b;
     fx_rng r = {f.seed ^ 0x5eedull};
     ck_assert_ptr_nonnull(before);
-    ck_assert_msg(mlart_graph_cache_create(ly, sizes, 4, 1, NULL, &gc) == 0, "%s",
+    ck_assert_msg(mlart_graph_cache_create(ly, sizes, 4, MLART_GRAPH_WRITE_KV, NULL, &gc) == 0, "%s",
                   mlart_last_error());
     b = mlart_graph_cache_bufs(gc);
     ck_assert_int_eq(b->rows.shape[0], 8);
@@ -196,7 +196,8 @@ START_TEST(bad_input_refused)
     ck_assert_int_eq(mlart_graph_cache_create(ly, big, 2, 0, NULL, &gc), MLART_EINVAL);
     ck_assert_msg(strstr(mlart_last_error(), "bucket 1 is 9 tokens (want 1..8"), "%s",
                   mlart_last_error());
-    ck_assert_int_eq(mlart_graph_cache_create(ly, sizes, 4, 2, NULL, &gc), MLART_EINVAL);
+    ck_assert_int_eq(mlart_graph_cache_create(ly, sizes, 4, 4, NULL, &gc), MLART_EINVAL);
+    ck_assert_msg(strstr(mlart_last_error(), "unknown flags 0x4"), "%s", mlart_last_error());
     ck_assert_ptr_eq(gc, sentinel);
 
     ck_assert_int_eq(mlart_graph_cache_create(ly, one, 1, 0, NULL, &gc), 0);

@@ -486,7 +486,7 @@ START_TEST(graph_cache_replays)
             cudaFree((void *)lat.base), cudaFree((void *)slv.base);
             free(all), free(sl);
         }
-        ck_assert_msg(mlart_graph_cache_create(ly, sizes, 5, 1, st, &gc) == 0, "%s",
+        ck_assert_msg(mlart_graph_cache_create(ly, sizes, 5, MLART_GRAPH_WRITE_KV, st, &gc) == 0, "%s",
                       mlart_last_error());
         ck_assert_int_eq(mlart_graph_cache_graphs(gc), 5);
         b = mlart_graph_cache_bufs(gc);
