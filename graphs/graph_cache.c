@@ -13,6 +13,8 @@
 
 #ifdef MLART_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "graphs/graph_pad.h"
 #endif
 
 struct mlart_graph_cache {
@@ -39,7 +41,8 @@ static size_t align_up(size_t x)
 }
 
 /* Byte sizes of the buffers; 0 on overflow of size_t (then the caller refuses). */
-static size_t layout(const mlart_layer_info *in, int64_t Tm, int write_kv, size_t off[B_COUNT])
+static size_t layout(const mlart_layer_info *in, int64_t Tm, int write_kv, int lse,
+                     size_t off[B_COUNT])
 {
     const mlart_geometry *g = &in->geom;
     const int64_t H = g->heads, Bm = in->max_requests;
@@ -56,7 +59,7 @@ static size_t layout(const mlart_layer_info *in, int64_t Tm, int write_kv, size_
     bytes[B_LENS] = (size_t)(Bm * 4);
     bytes[B_BT] = (size_t)(Bm * in->max_blocks * 4);
     bytes[B_O] = (size_t)(Tm * H * g->v_head * 2);
-    bytes[B_LSE] = (size_t)(H * Tm * 4);
+    bytes[B_LSE] = lse ? (size_t)(H * Tm * 4) : 0;
     bytes[B_ROWS] = write_kv ? (size_t)(Tm * (g->kv_lora + g->rope) * 2) : 0;
     bytes[B_SLOTS] = write_kv ? (size_t)(Tm * 4) : 0;
     for (int i = 0; i < B_COUNT; i++) {
@@ -73,9 +76,10 @@ static mlart_tensor view(void *data, mlart_dtype dt, int dev, int ndim, int64_t 
     return mlart_tensor_dense(data, dt, dev, ndim, shape);
 }
 
-/* The views of a step of T tokens over the buffers (rows 0..T-1 of each
- * token buffer; lse rows Tmax apart). */
-static void step_views(const mlart_graph_cache *gc, int32_t T, mlart_step_io *io,
+/* The views of a step of T tokens and B requests over the buffers (rows
+ * 0..T-1 of each token buffer, entries 0..B-1 of the requests'; lse rows
+ * Tmax apart). */
+static void step_views(const mlart_graph_cache *gc, int32_t T, int32_t B, mlart_step_io *io,
                        mlart_tensor *rows, mlart_tensor *slots)
 {
     const mlart_graph_bufs *b = &gc->bufs;
@@ -84,22 +88,27 @@ static void step_views(const mlart_graph_cache *gc, int32_t T, mlart_step_io *io
     const int64_t H = g->heads;
     *io = b->io;
     io->T = T;
+    io->B = B;
+    io->seq_lens = view(b->io.seq_lens.data, MLART_DTYPE_I32, dev, 1, B, 0, 0);
+    io->block_table = view(b->io.block_table.data, MLART_DTYPE_I32, dev, 2, B,
+                           gc->info.max_blocks, 0);
     io->q = view(b->io.q.data, MLART_DTYPE_BF16, dev, 3, T, H, g->qk_nope + g->rope);
     io->idx = view(b->io.idx.data, MLART_DTYPE_I32, dev, 2, T, g->topk, 0);
     io->req_of_token = view(b->io.req_of_token.data, MLART_DTYPE_I32, dev, 1, T, 0, 0);
     io->o = view(b->io.o.data, MLART_DTYPE_BF16, dev, 2, T, H * g->v_head, 0);
-    io->lse.shape[1] = T; /* rows stay Tmax apart */
+    if (io->lse.data)
+        io->lse.shape[1] = T; /* rows stay Tmax apart */
     *rows = view(b->rows.data, MLART_DTYPE_BF16, dev, 2, T, g->kv_lora + g->rope, 0);
     *slots = view(b->slots.data, MLART_DTYPE_I32, dev, 1, T, 0, 0);
 }
 
-/* The step of bucket `T` on `stream`: the cache write (write_kv), then the
- * decode. */
-static int enqueue(mlart_graph_cache *gc, int32_t T, void *stream)
+/* The step of bucket `T` and B requests on `stream`: the cache write
+ * (write_kv), then the decode. */
+static int enqueue(mlart_graph_cache *gc, int32_t T, int32_t B, void *stream)
 {
     mlart_step_io io;
     mlart_tensor rows, slots;
-    step_views(gc, T, &io, &rows, &slots);
+    step_views(gc, T, B, &io, &rows, &slots);
     if (gc->write_kv)
         MLART_CHECK(mlart_layer_write_kv(gc->layer, &rows, &slots, stream));
     return mlart_layer_decode(gc->layer, &io, stream);
@@ -129,24 +138,39 @@ static int fill(mlart_graph_cache *gc, size_t off, size_t n, int byte, void *str
 #endif
 }
 
-/* Rows T..Tp-1 become padding, requests B..Bmax-1 empty. */
-static int pad(mlart_graph_cache *gc, int32_t T, int32_t Tp, int32_t B, void *stream)
+/* Rows T..Tp-1 become padding: one kernel on a device, memsets on the host. */
+static int pad(mlart_graph_cache *gc, int32_t T, int32_t Tp, void *stream)
 {
     const mlart_graph_bufs *b = &gc->bufs;
     const mlart_geometry *g = &gc->info.geom;
     const size_t n = (size_t)(Tp - T);
     const size_t qrow = (size_t)g->heads * (size_t)(g->qk_nope + g->rope) * 2;
     const size_t irow = (size_t)g->topk * 4;
-#define OFF(ptr) ((size_t)((char *)(ptr) - (char *)gc->mem))
-    if (n) {
-        MLART_CHECK(fill(gc, OFF(b->io.q.data) + (size_t)T * qrow, n * qrow, 0, stream));
-        MLART_CHECK(fill(gc, OFF(b->io.idx.data) + (size_t)T * irow, n * irow, 0xff, stream));
-        MLART_CHECK(fill(gc, OFF(b->io.req_of_token.data) + (size_t)T * 4, n * 4, 0, stream));
-        if (gc->write_kv)
-            MLART_CHECK(fill(gc, OFF(b->slots.data) + (size_t)T * 4, n * 4, 0xff, stream));
+    if (!n)
+        return 0;
+#ifdef MLART_WITH_CUDA
+    if (gc->info.device >= 0) {
+        mlart_graph_pad_args a;
+        int e;
+        a.q = b->io.q.data;
+        a.q_row = (int64_t)g->heads * (g->qk_nope + g->rope);
+        a.idx = b->io.idx.data;
+        a.idx_row = g->topk;
+        a.req = b->io.req_of_token.data;
+        a.slots = gc->write_kv ? b->slots.data : NULL;
+        a.T = T, a.Tp = Tp;
+        if ((e = mlart_graph_pad_launch(&a, stream)) != 0)
+            return mlart_set_error(MLART_ECUDA, "graph cache: the padding kernel: %s",
+                                   cudaGetErrorString((cudaError_t)e));
+        return 0;
     }
-    MLART_CHECK(fill(gc, OFF(b->io.seq_lens.data) + (size_t)B * 4,
-                     (size_t)(gc->info.max_requests - B) * 4, 0, stream));
+#endif
+#define OFF(ptr) ((size_t)((char *)(ptr) - (char *)gc->mem))
+    MLART_CHECK(fill(gc, OFF(b->io.q.data) + (size_t)T * qrow, n * qrow, 0, stream));
+    MLART_CHECK(fill(gc, OFF(b->io.idx.data) + (size_t)T * irow, n * irow, 0xff, stream));
+    MLART_CHECK(fill(gc, OFF(b->io.req_of_token.data) + (size_t)T * 4, n * 4, 0, stream));
+    if (gc->write_kv)
+        MLART_CHECK(fill(gc, OFF(b->slots.data) + (size_t)T * 4, n * 4, 0xff, stream));
 #undef OFF
     return 0;
 }
@@ -189,7 +213,7 @@ static int capture_all(mlart_graph_cache *gc, void *stream)
         const int32_t T = gc->sizes[i];
         /* the warm-up: each kernel's first launch (module load, attributes)
          * happens outside the capture */
-        if ((rc = enqueue(gc, T, cs)) < 0)
+        if ((rc = enqueue(gc, T, gc->info.max_requests, cs)) < 0)
             break;
         if ((e = cudaStreamSynchronize(cs)) != cudaSuccess) {
             rc = mlart_set_error(MLART_ECUDA, "graph cache: warm-up step of bucket %d: %s", T,
@@ -201,7 +225,7 @@ static int capture_all(mlart_graph_cache *gc, void *stream)
                                  cudaGetErrorString(e));
             break;
         }
-        rc = enqueue(gc, T, cs);
+        rc = enqueue(gc, T, gc->info.max_requests, cs); /* every request: B varies by run */
         e = cudaStreamEndCapture(cs, &graph); /* always: it ends the capture */
         if (rc == 0 && e == cudaSuccess)
             e = cudaGraphInstantiate(&gc->exec[i], graph, 0);
@@ -225,16 +249,17 @@ static int capture_all(mlart_graph_cache *gc, void *stream)
 int mlart_graph_cache_create(mlart_layer *layer, const int32_t *sizes, int num_sizes,
                              unsigned flags, void *stream, mlart_graph_cache **out)
 {
-    const int write_kv = (flags & MLART_GRAPH_WRITE_KV) != 0;
+    const int write_kv = (flags & MLART_GRAPH_WRITE_KV) != 0, lse = (flags & MLART_GRAPH_LSE) != 0;
+    const unsigned known = MLART_GRAPH_WRITE_KV | MLART_GRAPH_NO_CAPTURE | MLART_GRAPH_LSE;
     mlart_graph_cache *gc;
     size_t off[B_COUNT];
     int rc = 0;
     if (!layer || !out)
         return mlart_set_error(MLART_EINVAL, "mlart_graph_cache_create: NULL %s",
                                layer ? "out" : "layer");
-    if (flags & ~(MLART_GRAPH_WRITE_KV | MLART_GRAPH_NO_CAPTURE))
+    if (flags & ~known)
         return mlart_set_error(MLART_EINVAL, "mlart_graph_cache_create: unknown flags 0x%x",
-                               flags & ~(MLART_GRAPH_WRITE_KV | MLART_GRAPH_NO_CAPTURE));
+                               flags & ~known);
     gc = calloc(1, sizeof *gc);
     if (!gc)
         return mlart_set_error(MLART_ENOMEM, "mlart_graph_cache_create: out of memory");
@@ -253,7 +278,7 @@ int mlart_graph_cache_create(mlart_layer *layer, const int32_t *sizes, int num_s
         const int64_t Tm = sizes[num_sizes - 1], H = g->heads, Bm = in->max_requests;
         const int dev = in->device;
         char *m;
-        gc->mem_bytes = layout(in, Tm, write_kv, off);
+        gc->mem_bytes = layout(in, Tm, write_kv, lse, off);
         if (!gc->mem_bytes) {
             free(gc);
             return mlart_set_error(MLART_ERANGE, "mlart_graph_cache_create: the buffers of %lld "
@@ -291,7 +316,8 @@ int mlart_graph_cache_create(mlart_layer *layer, const int32_t *sizes, int num_s
         gc->bufs.io.block_table = view(m + off[B_BT], MLART_DTYPE_I32, dev, 2, Bm,
                                        in->max_blocks, 0);
         gc->bufs.io.o = view(m + off[B_O], MLART_DTYPE_BF16, dev, 2, Tm, H * g->v_head, 0);
-        gc->bufs.io.lse = view(m + off[B_LSE], MLART_DTYPE_F32, dev, 2, H, Tm, 0);
+        if (lse)
+            gc->bufs.io.lse = view(m + off[B_LSE], MLART_DTYPE_F32, dev, 2, H, Tm, 0);
         if (write_kv) {
             gc->bufs.rows = view(m + off[B_ROWS], MLART_DTYPE_BF16, dev, 2, Tm,
                                  g->kv_lora + g->rope, 0);
@@ -299,7 +325,9 @@ int mlart_graph_cache_create(mlart_layer *layer, const int32_t *sizes, int num_s
         }
     }
     /* every row padding, every request empty: a valid step of any bucket */
-    if ((rc = pad(gc, 0, gc->sizes[gc->nb - 1], 0, stream)) == 0 &&
+    if ((rc = pad(gc, 0, gc->sizes[gc->nb - 1], stream)) == 0 &&
+        (rc = fill(gc, (size_t)((char *)gc->bufs.io.seq_lens.data - (char *)gc->mem),
+                   (size_t)gc->info.max_requests * 4, 0, stream)) == 0 &&
         (rc = fill(gc, (size_t)((char *)gc->bufs.io.block_table.data - (char *)gc->mem),
                    (size_t)gc->info.max_requests * (size_t)gc->info.max_blocks * 4, 0,
                    stream)) == 0 &&
@@ -366,7 +394,7 @@ int mlart_graph_cache_run(mlart_graph_cache *gc, int32_t T, int32_t B, void *str
         return mlart_set_error(MLART_ERANGE, "graph cache: a step of %d requests (want 1..%d, "
                                "the layer's max_requests)", B, gc->info.max_requests);
     Tp = gc->sizes[i];
-    MLART_CHECK(pad(gc, T, Tp, B, stream));
+    MLART_CHECK(pad(gc, T, Tp, stream));
 #ifdef MLART_WITH_CUDA
     if (gc->graphs) {
         const cudaError_t e = cudaGraphLaunch(gc->exec[i], (cudaStream_t)stream);
@@ -376,7 +404,7 @@ int mlart_graph_cache_run(mlart_graph_cache *gc, int32_t T, int32_t B, void *str
         return Tp;
     }
 #endif
-    MLART_CHECK(enqueue(gc, Tp, stream));
+    MLART_CHECK(enqueue(gc, Tp, B, stream));
     return Tp;
 }
 

@@ -7,9 +7,10 @@
  * of 64 index sets into the step's index rows (device to device, as a
  * serving loop uploads its inputs; the same copy in every column), so the
  * cache rows read rotate over more than 3x L2.  Columns, us a step:
- *   graph   the bucket's graph replayed by mlart_graph_cache_run (the pad
- *           memsets, then one graph launch), 200 steps back to back between
- *           two events (host launch included), median of 5 rounds
+ *   graph   the bucket's graph replayed by mlart_graph_cache_run (a padding
+ *           kernel when T is not a bucket, then one graph launch), 200 steps
+ *           back to back between two events (host launch included), median
+ *           of 5 rounds
  *   padded  the same padded step with its kernels launched directly
  *           (MLART_GRAPH_NO_CAPTURE), timed the same way
  *   exact   mlart_layer_decode of the T tokens alone, launched directly

@@ -9,7 +9,8 @@
  * of the token inputs and the first B requests' lengths and block-table
  * rows, and the bucket's graph reads them there.  Graphs are captured once,
  * at create, each after one warm-up step on empty inputs (on a stream of the
- * cache's own), so a run only pads and replays.
+ * cache's own), so a run is one graph launch, after one small padding
+ * kernel when T is not a bucket.
  *
  * A layer that cannot be captured (on the host; a backend that is not
  * graph-safe; validate_indices; a local DCP communicator) runs the same
@@ -36,14 +37,15 @@ typedef struct mlart_graph_cache mlart_graph_cache;
 /* The cache's buffers, on the layer's device, shaped for the largest bucket
  * (Tmax tokens) and max_requests (Bmax).  Fill rows 0..T-1 of q, idx,
  * req_of_token (each in [0, B)), rows and slots, and entries 0..B-1 of
- * seq_lens and block_table; read rows 0..T-1 of o (and columns 0..T-1 of
- * lse) after a run.  Rows past T and requests past B are the cache's: a run
- * overwrites them. */
+ * seq_lens and block_table; read rows 0..T-1 of o (and with MLART_GRAPH_LSE
+ * columns 0..T-1 of lse) after a run.  Rows past T are the cache's (a run
+ * overwrites them); entries past B are not read (a graph takes every
+ * request, and only the tokens' requests matter). */
 typedef struct mlart_graph_bufs {
     mlart_step_io io;  /* T = Tmax, B = Bmax; q [Tmax,H,P+R] bf16, idx [Tmax,topk],
                           req_of_token [Tmax], seq_lens [Bmax], block_table
                           [Bmax,max_blocks_per_req] i32; o [Tmax,H*V] bf16;
-                          lse [H,Tmax] f32 */
+                          lse [H,Tmax] f32 (MLART_GRAPH_LSE; else data NULL) */
     mlart_tensor rows;  /* [Tmax,L+R] bf16: each token's new latent+rope row
                            (MLART_GRAPH_WRITE_KV only; else empty) */
     mlart_tensor slots; /* [Tmax] i32: its cache slot, -1 = none (MLART_GRAPH_WRITE_KV) */
@@ -54,6 +56,8 @@ typedef struct mlart_graph_bufs {
                                      (mlart_layer_write_kv), then decodes; else it only decodes */
 #define MLART_GRAPH_NO_CAPTURE 2u /* capture nothing: every run launches the padded step
                                      directly (for comparisons) */
+#define MLART_GRAPH_LSE 4u        /* keep each row's LSE in bufs.io.lse (a copy node in each
+                                     graph but the largest); else io.lse is empty */
 
 /* A cache for `layer` (which must outlive it) with num_sizes buckets
  * (1..MLART_GRAPH_MAX_BUCKETS, increasing, each in 1..the layer's
@@ -72,10 +76,10 @@ MLART_API const mlart_graph_bufs *mlart_graph_cache_bufs(const mlart_graph_cache
  * MLART_ERANGE naming the largest when T exceeds it (or T < 1). */
 MLART_API int mlart_graph_cache_bucket(const mlart_graph_cache *gc, int32_t T);
 /* Run a step of T tokens from B requests on `stream` (cudaStream_t, or
- * NULL): pad rows T..bucket-1, set the lengths of requests B..Bmax-1 to 0,
- * then replay the bucket's graph (or run the step directly, see above).
- * Neither allocates nor synchronises on CUDA.  Returns the bucket, or
- * MLART_ERANGE for T outside 1..the largest bucket or B outside
+ * NULL): pad rows T..bucket-1 (a kernel on a device, none when T is a
+ * bucket), then replay the bucket's graph (or run the step directly, see
+ * above).  Neither allocates nor synchronises on CUDA.  Returns the bucket,
+ * or MLART_ERANGE for T outside 1..the largest bucket or B outside
  * 1..max_requests (nothing runs), or what a launch returned. */
 MLART_API int mlart_graph_cache_run(mlart_graph_cache *gc, int32_t T, int32_t B, void *stream);
 /* How many buckets run as captured graphs: all of them, or 0 when the

@@ -486,7 +486,7 @@ START_TEST(graph_cache_replays)
             cudaFree((void *)lat.base), cudaFree((void *)slv.base);
             free(all), free(sl);
         }
-        ck_assert_msg(mlart_graph_cache_create(ly, sizes, 5, MLART_GRAPH_WRITE_KV, st, &gc) == 0, "%s",
+        ck_assert_msg(mlart_graph_cache_create(ly, sizes, 5, MLART_GRAPH_WRITE_KV | MLART_GRAPH_LSE, st, &gc) == 0, "%s",
                       mlart_last_error());
         ck_assert_int_eq(mlart_graph_cache_graphs(gc), 5);
         b = mlart_graph_cache_bufs(gc);
@@ -497,7 +497,8 @@ START_TEST(graph_cache_replays)
             mlart_step_io e, rio;
             double err = 0.0, den = 0.0;
             int rc;
-            /* fresh inputs; junk past row T (indices past every length) */
+            /* fresh inputs; past row T rows that would give output if the
+             * padding left them (valid indices of request 0, slot 0) */
             for (int q = 0; q < Bq; q++)
                 h_lens[q] = K / 2 + (int32_t)(fx_next(&r) % (uint64_t)(MB * PAGE - K / 2));
             for (int t = 0; t < TM; t++) {
@@ -505,7 +506,7 @@ START_TEST(graph_cache_replays)
                 h_req[t] = t < T ? q : 0;
                 h_slots[t] = t < T ? h_bt[q * MB + pos / PAGE] * PAGE + pos % PAGE : 0;
                 for (int k = 0; k < K; k++)
-                    h_idx[t * K + k] = t >= T ? 0x7f7f7f7f
+                    h_idx[t * K + k] = t >= T ? k % h_lens[0]
                                       : fx_next(&r) % 10 == 0 ? -1
                                                               : (int32_t)(fx_next(&r) % (uint64_t)h_lens[q]);
                 for (int i = 0; i < H * (P + R); i++)
@@ -529,6 +530,28 @@ START_TEST(graph_cache_replays)
             ck_assert_int_eq(cudaStreamSynchronize(st), cudaSuccess);
             ck_assert_int_eq(cudaMemcpy(g_o, b->io.o.data, sizeof(uint16_t) * (size_t)Tb * row, cudaMemcpyDeviceToHost), cudaSuccess);
             ck_assert_int_eq(cudaMemcpy(g_lse, b->io.lse.data, sizeof(float) * H * TM, cudaMemcpyDeviceToHost), cudaSuccess);
+            { /* the padding the run wrote */
+                int32_t pi[TM * K], pr[TM], ps[TM], pl[BM];
+                uint16_t *pq = malloc(sizeof(uint16_t) * TM * H * (P + R));
+                ck_assert_ptr_nonnull(pq);
+                ck_assert_int_eq(cudaMemcpy(pi, b->io.idx.data, sizeof pi, cudaMemcpyDeviceToHost), cudaSuccess);
+                ck_assert_int_eq(cudaMemcpy(pr, b->io.req_of_token.data, sizeof pr, cudaMemcpyDeviceToHost), cudaSuccess);
+                ck_assert_int_eq(cudaMemcpy(ps, b->slots.data, sizeof ps, cudaMemcpyDeviceToHost), cudaSuccess);
+                ck_assert_int_eq(cudaMemcpy(pl, b->io.seq_lens.data, sizeof pl, cudaMemcpyDeviceToHost), cudaSuccess);
+                ck_assert_int_eq(cudaMemcpy(pq, b->io.q.data, sizeof(uint16_t) * TM * H * (P + R), cudaMemcpyDeviceToHost), cudaSuccess);
+                for (int t = 0; t < TM; t++) {
+                    const int padded = t >= T && t < Tb;
+                    ck_assert_msg(!padded || (pr[t] == 0 && ps[t] == -1 && pi[t * K] == -1 &&
+                                              pi[t * K + K - 1] == -1 && pq[(size_t)t * H * (P + R)] == 0 &&
+                                              pq[(size_t)(t + 1) * H * (P + R) - 1] == 0),
+                                  "T = %d: row %d not padded (req %d, slot %d, idx %d)", T, t, pr[t], ps[t], pi[t * K]);
+                    ck_assert_msg(t < Tb || ps[t] == 0, "T = %d: row %d past bucket %d changed", T, t, Tb);
+                    ck_assert_msg(t >= T || ps[t] == h_slots[t], "T = %d: row %d's slot changed", T, t);
+                }
+                for (int q = 0; q < Bq; q++)
+                    ck_assert_msg(pl[q] == h_lens[q], "T = %d: seq_lens[%d] = %d", T, q, pl[q]);
+                free(pq);
+            }
 
             /* the same step launched directly on the padded buffers (the
              * rows are in the cache already: writing them again changes
@@ -541,6 +564,8 @@ START_TEST(graph_cache_replays)
             ck_assert_msg(mlart_layer_decode(ly, &e, st) == 0, "%s", mlart_last_error());
             rio = e;
             rio.T = T;
+            rio.B = Bq;
+            rio.seq_lens.shape[0] = rio.block_table.shape[0] = Bq;
             rio.q.shape[0] = rio.idx.shape[0] = rio.req_of_token.shape[0] = T;
             rio.o = mlart_tensor_dense(d_ro, MLART_DTYPE_BF16, 0, 2, (int64_t[]){T, (int64_t)row});
             memset(&rio.lse, 0, sizeof rio.lse);
