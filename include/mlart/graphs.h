@@ -78,7 +78,9 @@ MLART_API int mlart_graph_cache_bucket(const mlart_graph_cache *gc, int32_t T);
 /* Run a step of T tokens from B requests on `stream` (cudaStream_t, or
  * NULL): pad rows T..bucket-1 (a kernel on a device, none when T is a
  * bucket), then replay the bucket's graph (or run the step directly, see
- * above).  Neither allocates nor synchronises on CUDA.  Returns the bucket,
+ * above).  Neither allocates nor synchronises on CUDA.  One run at a time
+ * per cache: its buffers are the step's, so the caller orders its copies
+ * into them after the previous run's reads (one stream does).  Returns the bucket,
  * or MLART_ERANGE for T outside 1..the largest bucket or B outside
  * 1..max_requests (nothing runs), or what a launch returned. */
 MLART_API int mlart_graph_cache_run(mlart_graph_cache *gc, int32_t T, int32_t B, void *stream);

@@ -231,6 +231,26 @@ static void *release_later(void *arg)
     return NULL;
 }
 
+/* Hold `stream` for *release_ms (a host function, released by thread *th,
+ * which the caller joins) and call mlart_comm_wait with deadline_ms;
+ * *waited gets its seconds. */
+static int wait_on_held(mlart_comm *c, cudaStream_t stream, const long *release_ms,
+                        int deadline_ms, pthread_t *th, double *waited)
+{
+    double t0;
+    int rc;
+    atomic_store(&held, 1);
+    CUDA_OR_DIE(cudaLaunchHostFunc(stream, hold_stream, NULL));
+    if (pthread_create(th, NULL, release_later, (void *)release_ms) != 0) {
+        check(0, "pthread_create");
+        exit(1);
+    }
+    t0 = now_s();
+    rc = mlart_comm_wait(c, stream, deadline_ms);
+    *waited = now_s() - t0;
+    return rc;
+}
+
 /* A stream that does not drain within the wait's deadline: MLART_ETIMEDOUT,
  * the communicator aborted (the message says so), and then every collective
  * and wait refused at once with MLART_ECOMM.  ncclCommAbort returns once
@@ -245,15 +265,7 @@ static void stalled_stream(mlart_comm *comm, bufs *b, cudaStream_t stream)
     pthread_t th;
     double t0, waited, refused;
     int rc, rc2, rc3;
-    atomic_store(&held, 1);
-    CUDA_OR_DIE(cudaLaunchHostFunc(stream, hold_stream, NULL));
-    if (pthread_create(&th, NULL, release_later, (void *)&release_ms) != 0) {
-        check(0, "pthread_create");
-        exit(1);
-    }
-    t0 = now_s();
-    rc = mlart_comm_wait(comm, stream, deadline_ms);
-    waited = now_s() - t0;
+    rc = wait_on_held(comm, stream, &release_ms, deadline_ms, &th, &waited);
     check(rc == MLART_ETIMEDOUT && waited >= 0.9 * deadline_ms / 1e3 &&
               waited < release_ms / 1e3 + 8.0 &&
               strstr(mlart_last_error(), "did not end within 300 ms") &&
@@ -284,7 +296,7 @@ static void local_wait(int dev, cudaStream_t stream)
     mlart_comm *lc = NULL;
     uint8_t *buf = NULL, h[64];
     pthread_t th;
-    double t0, waited;
+    double waited;
     int rc, rc2;
     if (mlart_comm_group_create(1, dev, 10000, &g) < 0 || mlart_comm_local_create(g, 0, &lc) < 0) {
         check(0, "local group on device %d: %s", dev, mlart_last_error());
@@ -295,15 +307,7 @@ static void local_wait(int dev, cudaStream_t stream)
     rc = mlart_comm_wait(lc, stream, 0);
     check(rc == 0, "local group, a stream with nothing held: mlart_comm_wait %s",
           mlart_status_name(rc));
-    atomic_store(&held, 1);
-    CUDA_OR_DIE(cudaLaunchHostFunc(stream, hold_stream, NULL));
-    if (pthread_create(&th, NULL, release_later, (void *)&release_ms) != 0) {
-        check(0, "pthread_create");
-        exit(1);
-    }
-    t0 = now_s();
-    rc = mlart_comm_wait(lc, stream, 200);
-    waited = now_s() - t0;
+    rc = wait_on_held(lc, stream, &release_ms, 200, &th, &waited);
     check(rc == MLART_ETIMEDOUT && waited >= 0.18 && waited < 5.0 &&
               strstr(mlart_last_error(), "local communicator rank 0 of 1"),
           "local group, a stream held %ld ms, waited for at most 200 ms: %s after %.3f s (%s)",
