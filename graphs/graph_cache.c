@@ -4,6 +4,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "mlart/graphs.h"
 
+#include "runtime/comm_impl.h"
 #include "runtime/layer_info.h"
 #include "runtime/status.h"
 
@@ -27,6 +28,9 @@ struct mlart_graph_cache {
     void *mem;             /* every buffer, one allocation */
     size_t mem_bytes;
     int graphs; /* buckets captured (all or none) */
+    /* graphs take every request: lengths [0, lens_top) may hold a caller's
+     * values, the rest are 0 (a run of B requests zeroes [B, lens_top)) */
+    int32_t lens_top;
 #ifdef MLART_WITH_CUDA
     cudaGraphExec_t exec[MLART_GRAPH_MAX_BUCKETS];
 #endif
@@ -40,17 +44,19 @@ static size_t align_up(size_t x)
     return (x + 255) & ~(size_t)255;
 }
 
-/* Byte sizes of the buffers; 0 on overflow of size_t (then the caller refuses). */
+/* Offsets and byte sizes of the buffers (each with the backend's tail_pad
+ * of readable bytes past it), the total; 0 on overflow of size_t. */
 static size_t layout(const mlart_layer_info *in, int64_t Tm, int write_kv, int lse,
-                     size_t off[B_COUNT])
+                     size_t off[B_COUNT], size_t bytes[B_COUNT])
 {
     const mlart_geometry *g = &in->geom;
     const int64_t H = g->heads, Bm = in->max_requests;
     const double est = (double)Tm * H * (g->qk_nope + g->rope) * 2 + (double)Tm * g->topk * 4 +
                        (double)Bm * in->max_blocks * 4 + (double)Tm * H * g->v_head * 2 +
                        (double)H * Tm * 4 + (double)Tm * (g->kv_lora + g->rope) * 2 +
-                       (double)Tm * 8 + (double)Bm * 4 + 16.0 * 256;
-    size_t bytes[B_COUNT], total = 0;
+                       (double)Tm * 8 + (double)Bm * 4 + 16.0 * 256 +
+                       (double)B_COUNT * (double)in->tail_pad;
+    size_t total = 0;
     if (est >= (double)SIZE_MAX / 2)
         return 0;
     bytes[B_Q] = (size_t)(Tm * H * (g->qk_nope + g->rope) * 2);
@@ -63,6 +69,8 @@ static size_t layout(const mlart_layer_info *in, int64_t Tm, int write_kv, int l
     bytes[B_ROWS] = write_kv ? (size_t)(Tm * (g->kv_lora + g->rope) * 2) : 0;
     bytes[B_SLOTS] = write_kv ? (size_t)(Tm * 4) : 0;
     for (int i = 0; i < B_COUNT; i++) {
+        if (bytes[i])
+            bytes[i] += in->tail_pad;
         off[i] = total;
         total += align_up(bytes[i]);
     }
@@ -74,6 +82,14 @@ static mlart_tensor view(void *data, mlart_dtype dt, int dev, int ndim, int64_t 
 {
     const int64_t shape[3] = {d0, d1, d2};
     return mlart_tensor_dense(data, dt, dev, ndim, shape);
+}
+
+/* A view of the first rows of a buffer: readable to the buffer's end. */
+static mlart_tensor within(mlart_tensor v, const mlart_tensor *whole)
+{
+    v.base = whole->base;
+    v.extent = whole->extent;
+    return v;
 }
 
 /* The views of a step of T tokens and B requests over the buffers (rows
@@ -89,17 +105,21 @@ static void step_views(const mlart_graph_cache *gc, int32_t T, int32_t B, mlart_
     *io = b->io;
     io->T = T;
     io->B = B;
-    io->seq_lens = view(b->io.seq_lens.data, MLART_DTYPE_I32, dev, 1, B, 0, 0);
-    io->block_table = view(b->io.block_table.data, MLART_DTYPE_I32, dev, 2, B,
-                           gc->info.max_blocks, 0);
-    io->q = view(b->io.q.data, MLART_DTYPE_BF16, dev, 3, T, H, g->qk_nope + g->rope);
-    io->idx = view(b->io.idx.data, MLART_DTYPE_I32, dev, 2, T, g->topk, 0);
-    io->req_of_token = view(b->io.req_of_token.data, MLART_DTYPE_I32, dev, 1, T, 0, 0);
-    io->o = view(b->io.o.data, MLART_DTYPE_BF16, dev, 2, T, H * g->v_head, 0);
+    io->seq_lens = within(view(b->io.seq_lens.data, MLART_DTYPE_I32, dev, 1, B, 0, 0),
+                          &b->io.seq_lens);
+    io->block_table = within(view(b->io.block_table.data, MLART_DTYPE_I32, dev, 2, B,
+                                  gc->info.max_blocks, 0), &b->io.block_table);
+    io->q = within(view(b->io.q.data, MLART_DTYPE_BF16, dev, 3, T, H, g->qk_nope + g->rope),
+                   &b->io.q);
+    io->idx = within(view(b->io.idx.data, MLART_DTYPE_I32, dev, 2, T, g->topk, 0), &b->io.idx);
+    io->req_of_token = within(view(b->io.req_of_token.data, MLART_DTYPE_I32, dev, 1, T, 0, 0),
+                              &b->io.req_of_token);
+    io->o = within(view(b->io.o.data, MLART_DTYPE_BF16, dev, 2, T, H * g->v_head, 0), &b->io.o);
     if (io->lse.data)
         io->lse.shape[1] = T; /* rows stay Tmax apart */
-    *rows = view(b->rows.data, MLART_DTYPE_BF16, dev, 2, T, g->kv_lora + g->rope, 0);
-    *slots = view(b->slots.data, MLART_DTYPE_I32, dev, 1, T, 0, 0);
+    *rows = within(view(b->rows.data, MLART_DTYPE_BF16, dev, 2, T, g->kv_lora + g->rope, 0),
+                   &b->rows);
+    *slots = within(view(b->slots.data, MLART_DTYPE_I32, dev, 1, T, 0, 0), &b->slots);
 }
 
 /* The step of bucket `T` and B requests on `stream`: the cache write
@@ -138,15 +158,19 @@ static int fill(mlart_graph_cache *gc, size_t off, size_t n, int byte, void *str
 #endif
 }
 
-/* Rows T..Tp-1 become padding: one kernel on a device, memsets on the host. */
-static int pad(mlart_graph_cache *gc, int32_t T, int32_t Tp, void *stream)
+/* Rows T..Tp-1 become padding and lengths B0..B1-1 zero: one kernel on a
+ * device, memsets on the host. */
+static int pad(mlart_graph_cache *gc, int32_t T, int32_t Tp, int32_t B0, int32_t B1,
+               void *stream)
 {
     const mlart_graph_bufs *b = &gc->bufs;
     const mlart_geometry *g = &gc->info.geom;
     const size_t n = (size_t)(Tp - T);
     const size_t qrow = (size_t)g->heads * (size_t)(g->qk_nope + g->rope) * 2;
     const size_t irow = (size_t)g->topk * 4;
-    if (!n)
+    if (B1 < B0)
+        B1 = B0;
+    if (!n && B1 == B0)
         return 0;
 #ifdef MLART_WITH_CUDA
     if (gc->info.device >= 0) {
@@ -158,7 +182,8 @@ static int pad(mlart_graph_cache *gc, int32_t T, int32_t Tp, void *stream)
         a.idx_row = g->topk;
         a.req = b->io.req_of_token.data;
         a.slots = gc->write_kv ? b->slots.data : NULL;
-        a.T = T, a.Tp = Tp;
+        a.lens = b->io.seq_lens.data;
+        a.T = T, a.Tp = Tp, a.B0 = B0, a.B1 = B1;
         if ((e = mlart_graph_pad_launch(&a, stream)) != 0)
             return mlart_set_error(MLART_ECUDA, "graph cache: the padding kernel: %s",
                                    cudaGetErrorString((cudaError_t)e));
@@ -171,6 +196,8 @@ static int pad(mlart_graph_cache *gc, int32_t T, int32_t Tp, void *stream)
     MLART_CHECK(fill(gc, OFF(b->io.req_of_token.data) + (size_t)T * 4, n * 4, 0, stream));
     if (gc->write_kv)
         MLART_CHECK(fill(gc, OFF(b->slots.data) + (size_t)T * 4, n * 4, 0xff, stream));
+    MLART_CHECK(fill(gc, OFF(b->io.seq_lens.data) + (size_t)B0 * 4, (size_t)(B1 - B0) * 4, 0,
+                     stream));
 #undef OFF
     return 0;
 }
@@ -215,7 +242,10 @@ static int capture_all(mlart_graph_cache *gc, void *stream)
          * happens outside the capture */
         if ((rc = enqueue(gc, T, gc->info.max_requests, cs)) < 0)
             break;
-        if ((e = cudaStreamSynchronize(cs)) != cudaSuccess) {
+        if (gc->info.dcp) { /* NCCL collectives: a dead peer ends in an error */
+            if ((rc = mlart_comm_wait(gc->info.dcp, cs, 0)) < 0)
+                break;
+        } else if ((e = cudaStreamSynchronize(cs)) != cudaSuccess) {
             rc = mlart_set_error(MLART_ECUDA, "graph cache: warm-up step of bucket %d: %s", T,
                                  cudaGetErrorString(e));
             break;
@@ -278,7 +308,8 @@ int mlart_graph_cache_create(mlart_layer *layer, const int32_t *sizes, int num_s
         const int64_t Tm = sizes[num_sizes - 1], H = g->heads, Bm = in->max_requests;
         const int dev = in->device;
         char *m;
-        gc->mem_bytes = layout(in, Tm, write_kv, lse, off);
+        size_t bytes[B_COUNT];
+        gc->mem_bytes = layout(in, Tm, write_kv, lse, off, bytes);
         if (!gc->mem_bytes) {
             free(gc);
             return mlart_set_error(MLART_ERANGE, "mlart_graph_cache_create: the buffers of %lld "
@@ -291,7 +322,9 @@ int mlart_graph_cache_create(mlart_layer *layer, const int32_t *sizes, int num_s
                                      "memory", gc->mem_bytes);
         } else {
 #ifdef MLART_WITH_CUDA
-            cudaError_t e = cudaMalloc(&gc->mem, gc->mem_bytes);
+            cudaError_t e = cudaSetDevice(dev); /* the layer's, whatever is current */
+            if (e == cudaSuccess)
+                e = cudaMalloc(&gc->mem, gc->mem_bytes);
             if (e != cudaSuccess) {
                 gc->mem = NULL;
                 rc = mlart_set_error(MLART_ENOMEM, "mlart_graph_cache_create: cudaMalloc of %zu "
@@ -323,11 +356,18 @@ int mlart_graph_cache_create(mlart_layer *layer, const int32_t *sizes, int num_s
                                  g->kv_lora + g->rope, 0);
             gc->bufs.slots = view(m + off[B_SLOTS], MLART_DTYPE_I32, dev, 1, Tm, 0, 0);
         }
+        { /* each view readable to its buffer's end: the backend's tail_pad */
+            mlart_tensor *v[B_COUNT] = {&gc->bufs.io.q, &gc->bufs.io.idx,
+                                        &gc->bufs.io.req_of_token, &gc->bufs.io.seq_lens,
+                                        &gc->bufs.io.block_table, &gc->bufs.io.o,
+                                        &gc->bufs.io.lse, &gc->bufs.rows, &gc->bufs.slots};
+            for (int k = 0; k < B_COUNT; k++)
+                if (v[k]->data)
+                    v[k]->extent = bytes[k];
+        }
     }
     /* every row padding, every request empty: a valid step of any bucket */
-    if ((rc = pad(gc, 0, gc->sizes[gc->nb - 1], stream)) == 0 &&
-        (rc = fill(gc, (size_t)((char *)gc->bufs.io.seq_lens.data - (char *)gc->mem),
-                   (size_t)gc->info.max_requests * 4, 0, stream)) == 0 &&
+    if ((rc = pad(gc, 0, gc->sizes[gc->nb - 1], 0, gc->info.max_requests, stream)) == 0 &&
         (rc = fill(gc, (size_t)((char *)gc->bufs.io.block_table.data - (char *)gc->mem),
                    (size_t)gc->info.max_requests * (size_t)gc->info.max_blocks * 4, 0,
                    stream)) == 0 &&
@@ -336,6 +376,14 @@ int mlart_graph_cache_create(mlart_layer *layer, const int32_t *sizes, int num_s
         rc = capture_all(gc, stream);
 #endif
     }
+#ifdef MLART_WITH_CUDA
+    if (rc == 0 && gc->info.device >= 0) { /* what create enqueued has ended */
+        const cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
+        if (e != cudaSuccess)
+            rc = mlart_set_error(MLART_ECUDA, "graph cache: clearing the buffers: %s",
+                                 cudaGetErrorString(e));
+    }
+#endif
     if (rc < 0) {
         mlart_graph_cache_destroy(gc);
         return rc;
@@ -393,17 +441,26 @@ int mlart_graph_cache_run(mlart_graph_cache *gc, int32_t T, int32_t B, void *str
     if (B < 1 || B > gc->info.max_requests)
         return mlart_set_error(MLART_ERANGE, "graph cache: a step of %d requests (want 1..%d, "
                                "the layer's max_requests)", B, gc->info.max_requests);
+    if (gc->info.dcp && gc->info.dcp->aborted)
+        return mlart_set_error(MLART_ECOMM, "graph cache: the layer's communicator was aborted "
+                               "(mlart_comm_wait); its graphs would run its freed kernels");
     Tp = gc->sizes[i];
-    MLART_CHECK(pad(gc, T, Tp, stream));
 #ifdef MLART_WITH_CUDA
     if (gc->graphs) {
-        const cudaError_t e = cudaGraphLaunch(gc->exec[i], (cudaStream_t)stream);
+        /* a graph takes every request: zero the lengths a caller may have
+         * left past B, so a token naming such a request reads none (as in a
+         * step of B requests) */
+        cudaError_t e;
+        MLART_CHECK(pad(gc, T, Tp, B, gc->lens_top, stream));
+        gc->lens_top = B;
+        e = cudaGraphLaunch(gc->exec[i], (cudaStream_t)stream);
         if (e != cudaSuccess)
             return mlart_set_error(MLART_ECUDA, "graph cache: replaying bucket %d: %s", Tp,
                                    cudaGetErrorString(e));
         return Tp;
     }
 #endif
+    MLART_CHECK(pad(gc, T, Tp, 0, 0, stream));
     MLART_CHECK(enqueue(gc, Tp, B, stream));
     return Tp;
 }

@@ -1,5 +1,6 @@
 /* The graph cache's padding kernel: one launch writes every padding row of
- * a step (graph_cache.c), before the bucket's graph or step. */
+ * a step and empties the requests a graph must not see (graph_cache.c),
+ * before the bucket's graph or step. */
 #include "graphs/graph_pad.h"
 
 #include <cuda_runtime.h>
@@ -22,6 +23,8 @@ __global__ void __launch_bounds__(PAD_THREADS) graph_pad_kernel(mlart_graph_pad_
         if (a.slots)
             a.slots[a.T + i] = -1;
     }
+    for (int64_t i = first; i < (int64_t)a.B1 - a.B0; i += stride)
+        a.lens[a.B0 + i] = 0;
 }
 
 } // namespace

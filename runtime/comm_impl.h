@@ -24,6 +24,7 @@ typedef struct mlart_comm_ops {
 struct mlart_comm {
     const mlart_comm_ops *ops;
     int rank, size, device, graph_safe;
+    int aborted; /* set when mlart_comm_wait aborted it: takes no more work */
     void *impl;
 };
 

@@ -269,6 +269,7 @@ static int nccl_wait_stream(mlart_comm *c, void *stream, int timeout_ms)
         mlart_log(MLART_LOG_WARN, "nccl communicator rank %d of %d: ncclCommAbort: %s", c->rank,
                   c->size, api.GetErrorString(r));
     m->comm = NULL;
+    c->aborted = 1;
     return mlart_set_error(rc, "%s; the communicator was aborted", why);
 }
 

@@ -639,6 +639,8 @@ void mlart_layer_info_get(const mlart_layer *ly, mlart_layer_info *out)
     out->max_tokens = ly->max_tokens;
     out->max_requests = ly->max_requests;
     out->max_blocks = ly->max_blocks;
+    out->tail_pad = ly->contract.tail_pad;
+    out->dcp = ly->dcp;
     out->graph_safe = ly->device >= 0 && ly->contract.graph_safe && !ly->validate_indices &&
                       (!ly->dcp || mlart_comm_graph_safe(ly->dcp));
 }

@@ -286,19 +286,21 @@ static void note_error(int rc, char *err, size_t cap)
         snprintf(err, cap, "%s", m);
 }
 
-/* The steps' buckets: the given sizes (or the powers of two) below max_t,
- * then max_t. */
+/* The steps' buckets: the given sizes below max_t, then the powers of two
+ * past the last of them (all of them without sizes) below max_t, then
+ * max_t. */
 static int buckets(const serve_engine_opts *o, int32_t max_t, int32_t *out)
 {
     int n = 0;
-    if (o->graph_sizes) {
-        for (int i = 0; i < o->num_graph_sizes && n < MLART_GRAPH_MAX_BUCKETS - 1; i++)
-            if (o->graph_sizes[i] < max_t && (!n || o->graph_sizes[i] > out[n - 1]))
-                out[n++] = o->graph_sizes[i];
-    } else {
-        for (int32_t s = 1; s < max_t && n < MLART_GRAPH_MAX_BUCKETS - 1; s *= 2)
-            out[n++] = s;
-    }
+    int64_t s = 1;
+    for (int i = 0; o->graph_sizes && i < o->num_graph_sizes; i++)
+        if (o->graph_sizes[i] >= 1 && o->graph_sizes[i] < max_t &&
+            (!n || o->graph_sizes[i] > out[n - 1]) && n < MLART_GRAPH_MAX_BUCKETS - 1)
+            out[n++] = o->graph_sizes[i];
+    while (n && s <= out[n - 1])
+        s *= 2;
+    for (; s < max_t && n < MLART_GRAPH_MAX_BUCKETS - 1; s *= 2)
+        out[n++] = (int32_t)s;
     out[n++] = max_t;
     return n;
 }

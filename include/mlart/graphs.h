@@ -38,9 +38,11 @@ typedef struct mlart_graph_cache mlart_graph_cache;
  * (Tmax tokens) and max_requests (Bmax).  Fill rows 0..T-1 of q, idx,
  * req_of_token (each in [0, B)), rows and slots, and entries 0..B-1 of
  * seq_lens and block_table; read rows 0..T-1 of o (and with MLART_GRAPH_LSE
- * columns 0..T-1 of lse) after a run.  Rows past T are the cache's (a run
- * overwrites them); entries past B are not read (a graph takes every
- * request, and only the tokens' requests matter). */
+ * columns 0..T-1 of lse) after a run.  Rows past T and entries past B are
+ * the cache's: a run overwrites the rows, and a graph (which takes every
+ * request) zeroes the lengths a run of more requests left, so a token that
+ * names a request >= B reads nothing, as in a step of B requests on a
+ * device (the host refuses it; req_of_token must stay below B). */
 typedef struct mlart_graph_bufs {
     mlart_step_io io;  /* T = Tmax, B = Bmax; q [Tmax,H,P+R] bf16, idx [Tmax,topk],
                           req_of_token [Tmax], seq_lens [Bmax], block_table
@@ -62,7 +64,10 @@ typedef struct mlart_graph_bufs {
 /* A cache for `layer` (which must outlive it) with num_sizes buckets
  * (1..MLART_GRAPH_MAX_BUCKETS, increasing, each in 1..the layer's
  * max_tokens).  stream: where the buffers are cleared and the warm-up steps
- * run (NULL: the legacy stream); create returns once they have ended.
+ * run (NULL: the legacy stream); create returns once they have ended (with
+ * an NCCL communicator the warm-ups are waited for by mlart_comm_wait).
+ * Every buffer is made on the layer's device, with the backend's tail_pad
+ * of readable bytes after it.
  * MLART_EINVAL for bad sizes or unknown flags, MLART_ENOMEM, MLART_ECUDA
  * naming the bucket whose capture failed, or what a warm-up step returned. */
 MLART_API int mlart_graph_cache_create(mlart_layer *layer, const int32_t *sizes, int num_sizes,
@@ -78,7 +83,10 @@ MLART_API int mlart_graph_cache_bucket(const mlart_graph_cache *gc, int32_t T);
 /* Run a step of T tokens from B requests on `stream` (cudaStream_t, or
  * NULL): pad rows T..bucket-1 (a kernel on a device, none when T is a
  * bucket), then replay the bucket's graph (or run the step directly, see
- * above).  Neither allocates nor synchronises on CUDA.  One run at a time
+ * above).  Neither allocates nor synchronises on CUDA (but a layer with
+ * validate_indices, never captured, synchronises to check its indices, as
+ * its steps do).  MLART_ECOMM once the layer's DCP communicator was aborted
+ * (mlart_comm_wait): its graphs hold that communicator's kernels.  One run at a time
  * per cache: its buffers are the step's, so the caller orders its copies
  * into them after the previous run's reads (one stream does).  Returns the bucket,
  * or MLART_ERANGE for T outside 1..the largest bucket or B outside

@@ -29,6 +29,7 @@ static void setup(void)
 {
     uint64_t seed = fx_seed();
     mlart_layer_desc d;
+    setenv("MLART_BACKEND_PATH", MLART_TEST_PLUGIN_DIR, 1);
     fx_init(&f, H_, P_, R_, L_, V_, K_, PAGE_, T_, B_, MB_, seed);
     printf("seed %llu\n", (unsigned long long)seed);
     ck_assert_int_eq(mlart_context_create(-1, &host), 0);
@@ -218,6 +219,11 @@ START_TEST(bad_input_refused)
     ck_assert_msg(strstr(mlart_last_error(), "a step of 5 requests (want 1..4"), "%s",
                   mlart_last_error());
     ck_assert_int_eq(mlart_graph_cache_run(NULL, 1, 1, NULL), MLART_EINVAL);
+    /* a token naming a request >= B: refused on the host */
+    ((int32_t *)mlart_graph_cache_bufs(gc)->io.req_of_token.data)[1] = B_;
+    ck_assert_int_eq(mlart_graph_cache_run(gc, 4, B_, NULL), MLART_ERANGE);
+    ck_assert_msg(strstr(mlart_last_error(), "req_of_token[1] = 3"), "%s", mlart_last_error());
+    ((int32_t *)mlart_graph_cache_bufs(gc)->io.req_of_token.data)[1] = f.req[1];
     /* nothing ran: the outputs keep load()'s poison */
     ck_assert_int_eq(((uint16_t *)mlart_graph_cache_bufs(gc)->io.o.data)[0], 0xffff);
     ck_assert_int_eq(mlart_graph_cache_run(gc, 4, B_, NULL), 4);
@@ -225,6 +231,42 @@ START_TEST(bad_input_refused)
     ck_assert_int_eq(mlart_graph_cache_graphs(NULL), 0);
     mlart_graph_cache_destroy(gc);
     mlart_graph_cache_destroy(NULL);
+}
+END_TEST
+
+/* A backend whose contract asks for readable bytes past every input
+ * (the testpad plugin: 256): the cache's buffers carry them, and its
+ * steps run (they were refused, the views ending at their rows). */
+START_TEST(backend_tail_pad)
+{
+    const size_t pad = 256, cb = (size_t)f.num_slots * (L_ + R_) * 2;
+    mlart_layer_desc d = fx_desc(&f, "testpad");
+    mlart_layer *lp = NULL;
+    mlart_graph_cache *gc = NULL;
+    const mlart_graph_bufs *b;
+    void *cache = calloc(1, cb + pad);
+    ck_assert_ptr_nonnull(cache);
+    memcpy(cache, f.cache, cb);
+    d.kv_cache.data = cache;
+    d.kv_cache.base = cache;
+    d.kv_cache.extent = cb + pad;
+    ck_assert_msg(mlart_layer_create(host, &d, &lp) == 0, "%s", mlart_last_error());
+    ck_assert_msg(mlart_graph_cache_create(lp, sizes, 4, MLART_GRAPH_WRITE_KV | MLART_GRAPH_LSE,
+                                           NULL, &gc) == 0, "%s", mlart_last_error());
+    b = mlart_graph_cache_bufs(gc);
+    ck_assert_uint_ge(b->io.q.extent, (size_t)8 * H_ * (P_ + R_) * 2 + pad);
+    ck_assert_uint_ge(b->io.block_table.extent, (size_t)B_ * MB_ * 4 + pad);
+    ck_assert_uint_ge(b->slots.extent, 8 * 4 + pad);
+    load(b, 3);
+    for (int t = 0; t < 8; t++)
+        ((int32_t *)b->slots.data)[t] = -1;
+    memset(b->rows.data, 0, b->rows.extent);
+    ck_assert_msg(mlart_graph_cache_run(gc, 3, B_, NULL) == 4, "%s", mlart_last_error());
+    load(b, 8);
+    ck_assert_msg(mlart_graph_cache_run(gc, 8, B_, NULL) == 8, "%s", mlart_last_error());
+    mlart_graph_cache_destroy(gc);
+    mlart_layer_destroy(lp);
+    free(cache);
 }
 END_TEST
 
@@ -236,6 +278,7 @@ int main(void)
     tcase_add_test(tc, buckets_pad_and_match_a_plain_step);
     tcase_add_test(tc, cache_write_only_from_real_rows);
     tcase_add_test(tc, bad_input_refused);
+    tcase_add_test(tc, backend_tail_pad);
     suite_add_tcase(s, tc);
     return check_run(s, CK_FORK_GETENV);
 }
