@@ -222,8 +222,10 @@ static int check_sizes(const mlart_layer_info *in, const int32_t *sizes, int n)
 }
 
 #ifdef MLART_WITH_CUDA
-/* Warm up then capture every bucket on the cache's own stream. */
-static int capture_all(mlart_graph_cache *gc, void *stream)
+/* Warm up every bucket on the cache's own stream (each kernel's first
+ * launch loads its module and sets its attributes: not in a step), then
+ * capture it when `capture`. */
+static int warm_and_capture(mlart_graph_cache *gc, void *stream, int capture)
 {
     cudaStream_t cs;
     cudaError_t e;
@@ -250,6 +252,8 @@ static int capture_all(mlart_graph_cache *gc, void *stream)
                                  cudaGetErrorString(e));
             break;
         }
+        if (!capture)
+            continue;
         if ((e = cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal)) != cudaSuccess) {
             rc = mlart_set_error(MLART_ECUDA, "graph cache: cudaStreamBeginCapture: %s",
                                  cudaGetErrorString(e));
@@ -270,7 +274,7 @@ static int capture_all(mlart_graph_cache *gc, void *stream)
     }
     cudaStreamDestroy(cs);
     (void)cudaGetLastError();
-    if (rc == 0)
+    if (rc == 0 && capture)
         gc->graphs = gc->nb;
     return rc;
 }
@@ -371,9 +375,10 @@ int mlart_graph_cache_create(mlart_layer *layer, const int32_t *sizes, int num_s
         (rc = fill(gc, (size_t)((char *)gc->bufs.io.block_table.data - (char *)gc->mem),
                    (size_t)gc->info.max_requests * (size_t)gc->info.max_blocks * 4, 0,
                    stream)) == 0 &&
-        gc->info.graph_safe && !(flags & MLART_GRAPH_NO_CAPTURE)) {
+        gc->info.device >= 0) {
 #ifdef MLART_WITH_CUDA
-        rc = capture_all(gc, stream);
+        rc = warm_and_capture(gc, stream,
+                              gc->info.graph_safe && !(flags & MLART_GRAPH_NO_CAPTURE));
 #endif
     }
 #ifdef MLART_WITH_CUDA

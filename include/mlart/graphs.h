@@ -15,11 +15,12 @@
  * A layer that cannot be captured (on the host; a backend that is not
  * graph-safe; validate_indices; a local DCP communicator) runs the same
  * padded step with its kernels launched directly, so the two give the same
- * bytes for the same inputs.  A token's output depends on its bucket, not on
- * T (a backend may choose its kernels by the step's token count;
- * mlart_layer_decode).  With an NCCL communicator the warm-up steps at
- * create are collectives: every rank of the group creates its cache at the
- * same point, with the same buckets.
+ * bytes for the same inputs (on a device it too runs one warm-up step a
+ * bucket at create).  A token's output depends on its bucket, not on T (a
+ * backend may choose its kernels by the step's token count;
+ * mlart_layer_decode).  With a DCP communicator the warm-up steps at create
+ * are collectives: every rank of the group creates its cache at the same
+ * point, with the same buckets.
  */
 #ifndef MLART_GRAPHS_H
 #define MLART_GRAPHS_H
