@@ -3,7 +3,8 @@
  * heads, and its output must match one rank's plain step over the whole
  * cache (the same bytes in a group of one, NMSE <= 1e-4 otherwise, as in
  * tests/runtime/test_dcp.c); the step captured in a CUDA graph and replayed
- * gives the eager step's bytes.  Both routings, both cache formats.  Alone
+ * gives the eager step's bytes, and so does the step through the graph
+ * cache (include/mlart/graphs.h).  Both routings, both cache formats.  Alone
  * it is a group of one on one device (the DCP path with its NCCL
  * collectives, the mpirun -np 1 check); under `mpirun -np N` each process is
  * one rank on device local_rank % devices (tests/gpu/nccl_rank.h; port
@@ -19,6 +20,7 @@
 #include <string.h>
 
 #include "mlart/comm.h"
+#include "mlart/graphs.h"
 #include "mlart/mlart.h"
 #include "nccl_rank.h"
 #include "tests/runtime/fixture.h"
@@ -252,6 +254,37 @@ static void run_case(const dcp_case *c, mlart_comm *comm, mlart_context *ctx,
     check(!memcmp(o_eager, o_graph, on * 2) && !memcmp(l_eager, l_graph, ln * 4),
           "%s %s interleave %d: graph replay gives the eager step's bytes", route,
           mlart_kv_format_name(c->fmt), il);
+    { /* the same step through the graph cache (its warm-ups and replays are
+       * collectives: every rank creates it here) */
+        static const int32_t sizes[] = {4, T_};
+        const int64_t qrow = (int64_t)H_ * (P_ + R_);
+        mlart_graph_cache *gc = NULL;
+        const mlart_graph_bufs *b;
+        int rc;
+        MLART_OR_DIE(mlart_graph_cache_create(ly, sizes, 2, 0, s, &gc));
+        b = mlart_graph_cache_bufs(gc);
+        CUDA_OR_DIE(cudaMemcpy2D(b->io.q.data, (size_t)qrow * 2, mine.io.q.data,
+                                 (size_t)mine.io.q.stride[0] * 2, (size_t)qrow * 2, T_,
+                                 cudaMemcpyDeviceToDevice));
+        CUDA_OR_DIE(cudaMemcpy(b->io.idx.data, mine.io.idx.data, (size_t)T_ * K_ * 4,
+                               cudaMemcpyDeviceToDevice));
+        CUDA_OR_DIE(cudaMemcpy(b->io.req_of_token.data, mine.io.req_of_token.data, T_ * 4,
+                               cudaMemcpyDeviceToDevice));
+        CUDA_OR_DIE(cudaMemcpy(b->io.seq_lens.data, mine.io.seq_lens.data, B_ * 4,
+                               cudaMemcpyDeviceToDevice));
+        CUDA_OR_DIE(cudaMemcpy(b->io.block_table.data, mine.io.block_table.data,
+                               (size_t)B_ * mbl * 4, cudaMemcpyDeviceToDevice));
+        CUDA_OR_DIE(cudaMemset(b->io.o.data, 0xff, on * 2));
+        rc = mlart_graph_cache_run(gc, T_, B_, s);
+        if (rc == T_)
+            rc = mlart_comm_wait(comm, s, 0);
+        CUDA_OR_DIE(cudaMemcpy(o_graph, b->io.o.data, on * 2, cudaMemcpyDeviceToHost));
+        check(rc == 0 && mlart_graph_cache_graphs(gc) == 2 && !memcmp(o_eager, o_graph, on * 2),
+              "%s %s interleave %d: the graph cache (%d graphs) gives the eager step's bytes "
+              "(%s)", route, mlart_kv_format_name(c->fmt), il, mlart_graph_cache_graphs(gc),
+              rc ? mlart_last_error() : "ok");
+        mlart_graph_cache_destroy(gc);
+    }
     e = nmse(o_eager, o_one, on, &nan);
     for (size_t i = 0; i < ln; i++)
         lse_ok &= isinf(l_one[i]) ? isinf(l_eager[i]) && l_eager[i] < 0
