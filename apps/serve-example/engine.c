@@ -12,6 +12,9 @@
 #include <cuda_runtime_api.h>
 #endif
 
+/* up to MLART_GRAPH_MAX_BUCKETS sizes of 6 digits and a comma */
+#define BUCKET_LIST (MLART_GRAPH_MAX_BUCKETS * 7)
+
 struct serve_engine {
     mlart_context *ctx;
     mlart_layer *layer;
@@ -29,8 +32,8 @@ struct serve_engine {
     uint16_t *q_table; /* [context, H*(P+R)]: each position's query, made once
                           (NULL when larger than Q_TABLE_MAX: made per step) */
     void *stream;      /* CUDA: the steps' stream (cudaStream_t) */
-    char describe[400];
-    char bucket_list[200]; /* "1,2,4,..." */
+    char bucket_list[BUCKET_LIST]; /* "1,2,4,..." */
+    char describe[BUCKET_LIST + 256];
 };
 
 #define Q_TABLE_MAX ((size_t)64 << 20)
