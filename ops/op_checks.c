@@ -68,49 +68,13 @@ static int check_no_overlap(const char *op, const char *oname, const mlart_tenso
                            op, oname, olo, ohi, iname, ilo, ihi);
 }
 
-/* Sufficient test that no two elements of a view share an address: taking
- * the dims of size > 1 by increasing stride, each stride must step past
- * everything the smaller dims cover.  0 when it holds; else 1, with the dim
- * whose stride falls short in *dim and the elements covered below it in
- * *covered, or -1 there when that cover is past INT64_MAX (a stride near
- * 2^63 within a claimed extent to match), which no stride steps past. */
-static int self_alias_at(const mlart_tensor *t, int *dim, int64_t *covered)
-{
-    int order[MLART_MAX_DIMS], n = 0;
-    int64_t cov = 1; /* elements spanned by the dims taken so far */
-    for (int d = 0; d < t->ndim; d++)
-        if (t->shape[d] > 1)
-            order[n++] = d;
-    for (int i = 1; i < n; i++) /* insertion sort by stride */
-        for (int j = i; j > 0 && t->stride[order[j]] < t->stride[order[j - 1]]; j--) {
-            int x = order[j];
-            order[j] = order[j - 1];
-            order[j - 1] = x;
-        }
-    for (int i = 0; i < n; i++) {
-        int d = order[i];
-        int64_t term;
-        if (t->stride[d] < cov) {
-            *dim = d, *covered = cov;
-            return 1;
-        }
-        if (i == n - 1)
-            break; /* no larger dim needs the cover */
-        if (__builtin_mul_overflow(t->stride[d], t->shape[d] - 1, &term) ||
-            __builtin_add_overflow(term, cov, &cov)) {
-            *dim = order[i + 1], *covered = -1;
-            return 1;
-        }
-    }
-    return 0;
-}
-
 static int check_no_self_alias(const char *op, const char *name, const mlart_tensor *t)
 {
     int d;
     int64_t covered;
-    if (!self_alias_at(t, &d, &covered))
-        return 0;
+    const int rc = mlart_tensor_self_overlap(t, &d, &covered);
+    if (rc <= 0)
+        return rc;
     if (covered < 0)
         return mlart_set_error(MLART_ELAYOUT,
                                "%s: output %s has overlapping elements (dim %d: the smaller dims "
@@ -145,7 +109,7 @@ static int outer_dims(const mlart_tensor *t, int64_t out[][2])
  * itself.  The second: the same dtype, inner stride 1, the same outer dims
  * (size and stride, in any order), b's first element k elements from a's
  * with columns [0, la) and [k, k + lb) apart, and the view of those outer
- * dims over columns min(0, k)..max(la, k + lb) passing self_alias_at.  So
+ * dims over columns min(0, k)..max(la, k + lb) passing mlart_tensor_self_overlap.  So
  * out = q_mqa[.., 0:L) as [H,T,L] and pe_out = q_mqa[.., L:L+R) as
  * [T,H,R], whose spans interleave, are apart for any q_mqa [T,H,L+R] whose
  * elements are. */
@@ -182,7 +146,7 @@ static int views_disjoint(const mlart_tensor *a, const mlart_tensor *b)
     parent = *a;
     if (__builtin_sub_overflow(c1, c0, &parent.shape[in]))
         return 0;
-    return !self_alias_at(&parent, &d, &covered);
+    return mlart_tensor_self_overlap(&parent, &d, &covered) == 0;
 }
 
 /* Two outputs of one op must not share an element: the CUDA kernels write

@@ -196,6 +196,49 @@ int mlart_tensor_overlap(const mlart_tensor *a, const mlart_tensor *b)
     return 1;
 }
 
+int mlart_tensor_self_overlap(const mlart_tensor *t, int *dim, int64_t *covered)
+{
+    int order[MLART_MAX_DIMS], n = 0, d_out = 0;
+    int64_t cov = 1, cov_out = 0; /* elements spanned by the dims taken so far */
+    if (!t)
+        return mlart_set_error(MLART_EINVAL, "mlart_tensor_self_overlap: NULL view");
+    if (t->ndim < 1 || t->ndim > MLART_MAX_DIMS)
+        return mlart_set_error(MLART_EINVAL, "mlart_tensor_self_overlap: ndim %d (want 1..%d)",
+                               t->ndim, MLART_MAX_DIMS);
+    for (int d = 0; d < t->ndim; d++)
+        if (t->shape[d] > 1)
+            order[n++] = d;
+    for (int i = 1; i < n; i++) /* insertion sort by stride */
+        for (int j = i; j > 0 && t->stride[order[j]] < t->stride[order[j - 1]]; j--) {
+            int x = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = x;
+        }
+    for (int i = 0; i < n; i++) {
+        const int d = order[i];
+        int64_t term;
+        if (t->stride[d] < cov) {
+            d_out = d, cov_out = cov;
+            goto overlap;
+        }
+        if (i == n - 1)
+            break; /* no larger dim needs the cover */
+        if (__builtin_mul_overflow(t->stride[d], t->shape[d] - 1, &term) ||
+            __builtin_add_overflow(term, cov, &cov)) {
+            /* a stride near 2^63 within a claimed extent: nothing steps past */
+            d_out = order[i + 1], cov_out = -1;
+            goto overlap;
+        }
+    }
+    return 0;
+overlap:
+    if (dim)
+        *dim = d_out;
+    if (covered)
+        *covered = cov_out;
+    return 1;
+}
+
 int mlart_tensor_check(const mlart_tensor *t, const char *name)
 {
     size_t lo, hi;

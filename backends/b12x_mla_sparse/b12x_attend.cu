@@ -2351,7 +2351,9 @@ extern "C" int b12x_attend_launch_tuned(const mlart_step *s, const b12x_dev *dev
     b12x_split sp = split_for(T, H, g->topk, fp8, num_sms, tile);
     if (tune && tune->splits > 0) {
         const int nblk = (g->topk + BN - 1) / BN;
-        sp.blocks_per_split = (nblk + tune->splits - 1) / tune->splits;
+        /* more splits than blocks is one block each (and no overflow) */
+        const int want = tune->splits < nblk ? tune->splits : nblk;
+        sp.blocks_per_split = (nblk + want - 1) / want;
         sp.splits = (nblk + sp.blocks_per_split - 1) / sp.blocks_per_split;
         if (sp.splits > MAX_SPLITS)
             return err(MLART_EINVAL, "b12x_mla_sparse: at most %d splits", MAX_SPLITS);

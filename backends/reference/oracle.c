@@ -83,6 +83,10 @@ static int check_views(const mlart_oracle_problem *p, mlart_tensor *wk, mlart_te
                                            MLART_DTYPE_I32, sh, 0));
     sh[0] = p->B;
     MLART_CHECK(mlart_reference_check_view(who, "seq_lens [B]", &p->seq_lens, 1, MLART_DTYPE_I32, sh, 0));
+    for (int64_t b = 0; b < p->B; b++)
+        if (i32_at(&p->seq_lens, b, 0) < 0)
+            return mlart_set_error(MLART_ERANGE, "%s: seq_lens[%" PRId64 "] = %d is negative", who, b,
+                                   (int)i32_at(&p->seq_lens, b, 0));
     sh[0] = p->B, sh[1] = -1;
     MLART_CHECK(mlart_reference_check_view(who, "block_table [B,max_blocks]", &p->block_table, 2,
                                            MLART_DTYPE_I32, sh, 0));

@@ -86,6 +86,20 @@ static int check_apart(const char *who, const char *oname, const mlart_tensor *o
     return 0;
 }
 
+/* An output none of whose elements share an address: attend writes each
+ * once, and a view that folds two onto one byte would keep only the last. */
+static int check_own_elements(const char *who, const char *name, const mlart_tensor *o)
+{
+    int dim;
+    int64_t covered;
+    int rc = mlart_tensor_self_overlap(o, &dim, &covered);
+    if (rc <= 0)
+        return rc;
+    return mlart_set_error(MLART_ELAYOUT,
+                           "%s: output %s has overlapping elements (dim %d, stride %" PRId64 ")",
+                           who, name, dim, o->stride[dim]);
+}
+
 static inline int32_t i32_at(const mlart_tensor *t, int64_t i, int64_t j)
 {
     const int32_t *p = (const int32_t *)t->data;
@@ -196,6 +210,9 @@ int mlart_reference_attend_check(const mlart_step *s)
                 return mlart_set_error(MLART_EINVAL, "%s: %s is on device %d, the step on device %d",
                                        who, names[i], ts[i]->device, s->device);
         /* the first six are the inputs, the last two the outputs */
+        MLART_CHECK(check_own_elements(who, names[6], &s->attn_out));
+        if (s->lse.data)
+            MLART_CHECK(check_own_elements(who, names[7], &s->lse));
         if (s->lse.data) {
             int rc = mlart_tensor_overlap(&s->attn_out, &s->lse);
             if (rc < 0)

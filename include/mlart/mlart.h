@@ -124,6 +124,14 @@ MLART_API int mlart_tensor_span(const mlart_tensor *t, size_t *lo, size_t *hi);
  * without sharing a byte; MLART_EINVAL for a view that mlart_tensor_span
  * refuses. */
 MLART_API int mlart_tensor_overlap(const mlart_tensor *a, const mlart_tensor *b);
+/* Whether two elements of one view may share an address (an output such a
+ * view would be written twice over).  A sufficient test: taking the dims of
+ * more than one index by increasing stride, each stride must step past all
+ * that the smaller dims cover.  0 when it holds; 1 when it does not, with
+ * the dim whose stride falls short in *dim and the elements the smaller
+ * dims cover in *covered (-1 when that count is past INT64_MAX), either
+ * pointer may be NULL; MLART_EINVAL for a NULL view or a bad ndim. */
+MLART_API int mlart_tensor_self_overlap(const mlart_tensor *t, int *dim, int64_t *covered);
 /* Validate a view: ndim, dtype, non-negative shape and strides, and the span
  * inside [base, base + extent).  On failure the message names `name`, the
  * span and the extent.  Returns 0, MLART_EINVAL or MLART_ELAYOUT. */

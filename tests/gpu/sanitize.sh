@@ -15,7 +15,7 @@
 # lists mostly -1, so the chunks compact their slots), and on
 # the test cases of the column halves (racecheck), the wgmma kernel
 # (memcheck; racecheck on that case takes over 300 s) and the random steps
-# (memcheck).  One log per run in
+# (memcheck), and the layer test (memcheck).  One log per run in
 # OUT_DIR; prints a line per run (errors or hazards counted from the
 # tool's summary, and whether the backend's launch log named the kernel
 # the run is for) and exits non-zero when any run failed, reported an
@@ -96,5 +96,10 @@ CK_RUN_CASE=half run racecheck_case_half racecheck 120 - "$build/tests/attn_back
 CK_RUN_CASE=wgmma run memcheck_case_wgmma memcheck 180 - "$build/tests/attn_backend_gpu"
 # 48 steps drawn afresh over heads, T, top-k, list shapes and kernel modes
 CK_RUN_CASE=random run memcheck_case_random memcheck 120 - "$build/tests/attn_backend_gpu"
+# the layer step's cases (absorption, attention, V up-projection, the KV
+# write, the graph cache); its early_weights case needs a dependent kernel
+# to start early to test its order, which it does not under the sanitizer,
+# so there it checks that step's accesses only
+MLART_TEST_UNDER_SANITIZER=1 run memcheck_layer memcheck 180 - "$build/tests/test_runtime_layer_gpu"
 echo "== $((failed)) failed, $(($(date +%s) - start)) s"
 exit "$failed"

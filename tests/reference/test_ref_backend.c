@@ -282,6 +282,17 @@ START_TEST(bad_steps_refused)
     ref_problem_oracle(&p, &op);
     EXPECT_STEP_FAIL(mlart_oracle_decode_f64(&op, o_ref, NULL), MLART_ERANGE, "idx[1][2]");
     EXPECT_STEP_FAIL(ref_run_reference(&p, &s), MLART_ERANGE, "seq_lens[");
+    idx[1 * 6 + 2] = save;
+    /* a negative length: both refuse it, even where every index is -1 */
+    {
+        int32_t keep = lens[0];
+        lens[0] = -1;
+        EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&s), MLART_ERANGE, "seq_lens[0] = -1 is negative");
+        ref_problem_oracle(&p, &op);
+        EXPECT_STEP_FAIL(mlart_oracle_decode_f64(&op, o_ref, NULL), MLART_ERANGE,
+                         "seq_lens[0] = -1 is negative");
+        lens[0] = keep;
+    }
     idx[1 * 6 + 2] = -2;
     EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&s), MLART_ERANGE, "= -2");
     idx[1 * 6 + 2] = save;
@@ -323,6 +334,13 @@ START_TEST(bad_steps_refused)
         EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&b), MLART_ELAYOUT, "attn_out and lse overlap");
         b = s, b.lse.base = b.lse.data = s.idx.data, b.lse.extent = s.idx.extent;
         EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&b), MLART_ELAYOUT, "lse overlaps input idx");
+        /* an output whose elements fold onto each other */
+        ref_problem_poison(&p);
+        b = s, b.attn_out.stride[1] = 0;
+        EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&b), MLART_ELAYOUT, "attn_out has overlapping elements");
+        b = s, b.lse.stride[0] = 1; /* [H,T]: head h + 1 starts at token 1 of head h */
+        EXPECT_STEP_FAIL(mlart_reference_attend_cpu(&b), MLART_ELAYOUT, "lse has overlapping elements");
+        ck_assert_msg(all_poisoned(&p.attn) && all_poisoned(&p.lse), "refused attend wrote its outputs");
         b = s, b.lse.data = NULL, b.lse.base = NULL, b.lse.extent = 0; /* no lse: nothing to overlap */
         ck_assert_msg(mlart_reference_attend_cpu(&b) == 0, "%s", mlart_last_error());
         b = s, b.attn_out.device = 0, b.device = 0;

@@ -234,6 +234,7 @@ START_TEST(early_weights_after_late_writer)
     mlart_layer *ly0 = NULL, *ly1 = NULL;
     cudaStream_t st;
     void *q_new = NULL;
+    int early;
     fx_init(&big, 16, 128, 64, 512, 128, TOPK, PAGE, T, B, MB, fx_seed() ^ 0xea51ull);
     mlart_layer_desc d = fx_desc(&big, "b12x_mla_sparse");
     d.w_uk_t = up(&d.w_uk_t), d.w_uv = up(&d.w_uv), d.kv_cache = up(&d.kv_cache);
@@ -247,8 +248,13 @@ START_TEST(early_weights_after_late_writer)
     ck_assert_int_eq(cudaMalloc(&q_new, qb), cudaSuccess);
     ck_assert_int_eq(cudaMemcpy(q_new, io.q.base, qb, cudaMemcpyDeviceToDevice), cudaSuccess);
     ck_assert_int_eq(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
-    ck_assert_msg(pdl_control(st, 1) == 1, "control: a dependent that does not wait saw only the new bytes; "
-                                           "this device did not start it early, so the test could not fail");
+    early = pdl_control(st, 1);
+    ck_assert_int_ge(early, 0);
+    /* compute-sanitizer runs kernels one after the other: there the test
+     * checks the step's accesses, not its order (tests/gpu/sanitize.sh) */
+    ck_assert_msg(early == 1 || getenv("MLART_TEST_UNDER_SANITIZER"),
+                  "control: a dependent that does not wait saw only the new bytes; "
+                  "this device did not start it early, so the test could not fail");
     /* expected: without the option, q in place before the step */
     ck_assert_msg(mlart_layer_create(ctx, &d, &ly0) == 0, "%s", mlart_last_error());
     ck_assert_msg(mlart_layer_decode(ly0, &io, st) == 0, "%s", mlart_last_error());
@@ -278,8 +284,12 @@ START_TEST(early_weights_after_late_writer)
         ck_assert_msg(memcmp(want, got, ob) == 0, "early_weights (%s): the output differs from the step on q "
                       "written beforehand", graph ? "graph" : "eager");
     }
-    printf("early_weights: b12x step after a writer of q 200 us late gives the bytes of the plain step "
-           "(eager and graph)\n");
+    if (early)
+        printf("early_weights: b12x step after a writer of q 200 us late gives the bytes of the plain step "
+               "(eager and graph)\n");
+    else
+        printf("early_weights: no dependent started early (MLART_TEST_UNDER_SANITIZER): the step ran after "
+               "the late writer, eager and graph, and gave the plain step's bytes; its order is not shown\n");
     mlart_layer_destroy(ly0);
     mlart_layer_destroy(ly1);
     cudaStreamDestroy(st);

@@ -136,6 +136,50 @@ START_TEST(overlap)
 }
 END_TEST
 
+/* mlart_tensor_self_overlap: elements of one view on one address */
+START_TEST(self_overlap)
+{
+    uint16_t buf[64];
+    int64_t s34[2] = {3, 4}, s234[3] = {2, 3, 4}, covered = 7;
+    int dim = 7;
+    mlart_tensor m = mlart_tensor_dense(buf, MLART_DTYPE_BF16, -1, 2, s34), t;
+    ck_assert_int_eq(mlart_tensor_self_overlap(&m, &dim, &covered), 0);
+    ck_assert_int_eq(dim, 7); /* untouched when apart */
+    ck_assert_int_eq(covered, 7);
+    t = m, t.stride[0] = 5; /* rows with a gap */
+    ck_assert_int_eq(mlart_tensor_self_overlap(&t, NULL, NULL), 0);
+    t = m, t.stride[0] = 3; /* row 1 starts on row 0's last element */
+    ck_assert_int_eq(mlart_tensor_self_overlap(&t, &dim, &covered), 1);
+    ck_assert_int_eq(dim, 0);
+    ck_assert_int_eq(covered, 4);
+    t = m, t.stride[0] = 0; /* every row on the first */
+    ck_assert_int_eq(mlart_tensor_self_overlap(&t, NULL, NULL), 1);
+    t = m, t.shape[0] = 1, t.stride[0] = 0; /* a dim of one index steps nowhere */
+    ck_assert_int_eq(mlart_tensor_self_overlap(&t, NULL, NULL), 0);
+    /* transposed: column-major [4,3] over the same bytes is apart */
+    t = m, t.shape[0] = 4, t.shape[1] = 3, t.stride[0] = 1, t.stride[1] = 4;
+    ck_assert_int_eq(mlart_tensor_self_overlap(&t, NULL, NULL), 0);
+    t.stride[1] = 2, t.stride[0] = 1; /* columns two apart, four long */
+    ck_assert_int_eq(mlart_tensor_self_overlap(&t, &dim, &covered), 1);
+    ck_assert_int_eq(dim, 1);
+    /* the middle dim of three short of what the inner one covers */
+    t = mlart_tensor_dense(buf, MLART_DTYPE_BF16, -1, 3, s234);
+    ck_assert_int_eq(mlart_tensor_self_overlap(&t, NULL, NULL), 0);
+    t.stride[1] = 2;
+    ck_assert_int_eq(mlart_tensor_self_overlap(&t, &dim, &covered), 1);
+    ck_assert_int_eq(dim, 1);
+    ck_assert_int_eq(covered, 4);
+    /* a cover past INT64_MAX: no stride steps past it */
+    t = m, t.stride[1] = INT64_MAX / 2, t.stride[0] = INT64_MAX; /* 3 x INT64_MAX / 2 */
+    ck_assert_int_eq(mlart_tensor_self_overlap(&t, &dim, &covered), 1);
+    ck_assert_int_eq(covered, -1);
+    ck_assert_int_eq(dim, 0);
+    t = m, t.ndim = 0;
+    ck_assert_int_eq(mlart_tensor_self_overlap(&t, NULL, NULL), MLART_EINVAL);
+    ck_assert_int_eq(mlart_tensor_self_overlap(NULL, NULL, NULL), MLART_EINVAL);
+}
+END_TEST
+
 START_TEST(bad_views)
 {
     uint16_t buf[16];
@@ -328,6 +372,7 @@ int main(void)
     tcase_add_test(tc, dtypes);
     tcase_add_test(tc, dense_and_span);
     tcase_add_test(tc, overlap);
+    tcase_add_test(tc, self_overlap);
     tcase_add_test(tc, bad_views);
     tcase_add_test(tc, huge_shapes);
     tcase_add_test(tc, geometry);
