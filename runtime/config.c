@@ -176,7 +176,22 @@ static int parse_seed(const char *s, uint64_t *out)
 static int set_value(mlart_config *cfg, int k, const char *value, const char *origin)
 {
     const key_def *d = &keys[k];
-    char want[96];
+    char want[96], trimmed[256];
+    {
+        /* blanks around a value are not part of it, from whichever origin
+         * (an INI line's are already gone; --set and the environment keep
+         * them); a value too long for the copy is refused as it is */
+        const char *b = value, *e = value + strlen(value);
+        while (isspace((unsigned char)*b))
+            b++;
+        while (e > b && isspace((unsigned char)e[-1]))
+            e--;
+        if ((b != value || *e) && (size_t)(e - b) < sizeof trimmed) {
+            memcpy(trimmed, b, (size_t)(e - b));
+            trimmed[e - b] = 0;
+            value = trimmed;
+        }
+    }
     switch (d->kind) {
     case V_INT: {
         int64_t v;

@@ -225,6 +225,32 @@ if(TARGET mlart-decode)
                        PASS_REGULAR_EXPRESSION "writing the output failed")
   add_test(NAME decode_bad_flag COMMAND ${_dec} --steps zero)
   set_tests_properties(decode_bad_flag PROPERTIES WILL_FAIL TRUE)
+  # exit status 2 for what was asked (an option, a config value from any origin, a launch),
+  # with the status name; `[exit N]` is printed after the run by the shell
+  function(mlart_decode_exit name env pass)
+    add_test(NAME ${name} COMMAND sh -c "\"$0\" \"$@\"; echo \"[exit $?]\"" ${_dec} --config ${_tiny}
+                                  --device cpu --steps 1 --context 64 ${ARGN})
+    set_tests_properties(${name} PROPERTIES ENVIRONMENT "${env}" PASS_REGULAR_EXPRESSION "${pass}"
+                         LABELS cpu TIMEOUT 120)
+  endfunction()
+  mlart_decode_exit(decode_exit_env_value "MLART_BATCH=0"
+                    "MLART_ECONFIG: environment MLART_BATCH: bad value '0'.*\\[exit 2\\]")
+  mlart_decode_exit(decode_exit_flag_value "" "MLART_ECONFIG: --batch: bad value '0'.*\\[exit 2\\]"
+                    --batch 0)
+  mlart_decode_exit(decode_exit_cross_key "" "MLART_ECONFIG: .*tp_size.*\\[exit 2\\]" --set tp_size=8)
+  mlart_decode_exit(decode_exit_ranks "OMPI_COMM_WORLD_RANK=0;OMPI_COMM_WORLD_SIZE=4"
+                    "4 ranks \\(OMPI\\) for tp_size 1.*\\[exit 2\\]")
+  # --dcp-local runs the group in this process: under a launcher it is refused
+  mlart_decode_exit(decode_exit_dcp_local_launched "RANK=0;WORLD_SIZE=2"
+                    "--dcp-local runs a DCP group as threads of one process, but this process is rank 0 of 2.*\\[exit 2\\]"
+                    --set heads=8 --set tp_size=2 --set dcp_size=2 --dcp-local)
+  # without DCP no rendezvous reads MLART_MASTER_PORT, whatever it holds
+  mlart_decode_exit(decode_exit_port_unused "MLART_RANK=1;MLART_WORLD_SIZE=2;MLART_MASTER_PORT=abc"
+                    "rank 1: result: backend=reference.*\\[exit 0\\]" --set heads=8 --set tp_size=2)
+  # blanks around a value, and around a --set key, are not part of it
+  mlart_decode_exit(decode_blank_values "MLART_DEVICE=cpu "
+                    "bf16.*result: backend=reference device=cpu kv=bf16.*\\[exit 0\\]"
+                    --kv-format " bf16 " --set " batch = 2 ")
   # more requests than the 4096 rows of a cache-fill chunk: a step's new rows
   # and slots need buffers of B rows (AddressSanitizer, tests/host-sanitizers.sh,
   # saw them overrun before)

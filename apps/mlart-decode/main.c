@@ -3,6 +3,7 @@
  * a fixed-width summary and an output checksum, and optionally verify the
  * output against a float64 oracle and the reference backend. */
 #define _POSIX_C_SOURCE 200809L
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -1094,15 +1095,15 @@ static int run_world(run *r, const mlart_rank_info *ri, int n_dev)
     if (ri->size != r->cfg.tp_size) {
         fprintf(stderr, "mlart-decode: %d ranks (%s) for tp_size %d: launch one process per TP "
                         "rank\n", ri->size, ri->source, r->cfg.tp_size);
-        return 1;
+        return 2;
     }
-    if (port_s && *port_s) {
+    if (D > 1 && port_s && *port_s) { /* without DCP no rendezvous reads it */
         char *end;
         port = strtol(port_s, &end, 10);
         if (*end || port < 1 || port > 65535 - last) {
             fprintf(stderr, "mlart-decode: MLART_MASTER_PORT '%s' is not a port of 1..%d (the "
                             "DCP groups take ports PORT..PORT+%d)\n", port_s, 65535 - last, last);
-            return 1;
+            return 2;
         }
     }
     r->rank = ri->rank;
@@ -1113,7 +1114,8 @@ static int run_world(run *r, const mlart_rank_info *ri, int n_dev)
     if (D > 1) {
         if (r->dev < 0) {
             fprintf(stderr, "mlart-decode: rank %d: a DCP group across processes needs CUDA "
-                            "devices (NCCL); on the CPU run the group with --dcp-local\n",
+                            "devices (NCCL); on the CPU run the group in one process, without a launcher, "
+                            "with --dcp-local\n",
                     ri->rank);
             return 1;
         }
@@ -1194,8 +1196,8 @@ static int decode_main(int argc, char **argv)
     r.config_path = config;
     if ((rc = mlart_config_read_file(&r.cfg, config)) < 0 ||
         (rc = mlart_config_read_env(&r.cfg)) < 0) {
-        fprintf(stderr, "mlart-decode: %s\n", mlart_last_error());
-        return 1;
+        fprintf(stderr, "mlart-decode: %s: %s\n", mlart_status_name(rc), mlart_last_error());
+        return 2;
     }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -1240,19 +1242,25 @@ static int decode_main(int argc, char **argv)
                 layer_given = 1;
             } else if (!strcmp(a, "--set")) {
                 char key[64];
-                const char *eq = strchr(v, '=');
-                if (!eq || (size_t)(eq - v) >= sizeof key) {
+                const char *eq = strchr(v, '='), *kb = v, *ke = eq;
+                if (eq) { /* "key = value", spelled as in a config file */
+                    while (kb < ke && isspace((unsigned char)*kb))
+                        kb++;
+                    while (ke > kb && isspace((unsigned char)ke[-1]))
+                        ke--;
+                }
+                if (!eq || (size_t)(ke - kb) >= sizeof key) {
                     fprintf(stderr, "mlart-decode: --set wants KEY=VALUE, got '%s'\n", v);
                     return 2;
                 }
-                memcpy(key, v, (size_t)(eq - v));
-                key[eq - v] = 0;
+                memcpy(key, kb, (size_t)(ke - kb));
+                key[ke - kb] = 0;
                 rc = mlart_config_set(&r.cfg, key, eq + 1, "--set");
             } else {
                 rc = mlart_config_set(&r.cfg, keyed[k].key, v, a);
             }
             if (rc < 0) {
-                fprintf(stderr, "mlart-decode: %s\n", mlart_last_error());
+                fprintf(stderr, "mlart-decode: %s: %s\n", mlart_status_name(rc), mlart_last_error());
                 return 2;
             }
             continue;
@@ -1266,8 +1274,8 @@ static int decode_main(int argc, char **argv)
         return 2;
     }
     if ((rc = mlart_config_finish(&r.cfg)) < 0) {
-        fprintf(stderr, "mlart-decode: %s\n", mlart_last_error());
-        return 1;
+        fprintf(stderr, "mlart-decode: %s: %s\n", mlart_status_name(rc), mlart_last_error());
+        return 2;
     }
     if ((rc = mlart_cuda_device_count(&n_dev)) < 0)
     {
@@ -1296,8 +1304,15 @@ static int decode_main(int argc, char **argv)
         break;
     }
     if ((rc = mlart_rank_from_env(&ri)) < 0) {
-        fprintf(stderr, "mlart-decode: %s\n", mlart_last_error());
-        return 1;
+        fprintf(stderr, "mlart-decode: %s: %s\n", mlart_status_name(rc), mlart_last_error());
+        return 2;
+    }
+    if (ri.size > 1 && dcp_local) {
+        fprintf(stderr, "mlart-decode: --dcp-local runs a DCP group as threads of one process, but "
+                        "this process is rank %d of %d (%s): drop --dcp-local, or start one "
+                        "process without a launcher\n",
+                ri.rank, ri.size, ri.source);
+        return 2;
     }
     if (ri.size > 1)
         return run_world(&r, &ri, n_dev);

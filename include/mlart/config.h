@@ -78,13 +78,15 @@ typedef struct mlart_config {
 MLART_API void mlart_config_init(mlart_config *cfg);
 /* Read an INI file over cfg.  MLART_EIO if it cannot be opened, is not a
  * regular file or FIFO (e.g. a directory) or a read fails, naming the file;
- * MLART_ECONFIG (naming key and file:line) on anything wrong inside.  On
+ * MLART_ECONFIG (naming key and file:line) on anything wrong inside, a line
+ * of more than 198 characters (comments too: inih's buffer) among it.  On
  * error cfg is left untouched. */
 MLART_API int mlart_config_read_file(mlart_config *cfg, const char *path);
 /* Apply every set MLART_<KEY> environment variable. */
 MLART_API int mlart_config_read_env(mlart_config *cfg);
 /* Set one key (name as in the file, e.g. "backend") from `origin`
- * (e.g. "--backend"); same value rules as the file. */
+ * (e.g. "--backend"); same value rules as the file, blanks around the
+ * value ignored. */
 MLART_API int mlart_config_set(mlart_config *cfg, const char *key, const char *value,
                                const char *origin);
 /* Check required keys and the relations between keys (heads % tp_size,

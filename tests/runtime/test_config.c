@@ -480,6 +480,20 @@ START_TEST(precedence)
     ck_assert_ptr_nonnull(strstr(mlart_last_error(), "--steps"));
     ck_assert_int_eq(mlart_config_set(&c, "stpes", "3", "--set"), MLART_ECONFIG);
     ck_assert_ptr_nonnull(strstr(mlart_last_error(), "'stpes'"));
+    /* blanks around a value are not part of it, for names as for numbers */
+    ck_assert_int_eq(mlart_config_set(&c, "device", " cpu\t", "--device"), 0);
+    ck_assert_int_eq(c.device, MLART_DEVICE_CPU);
+    ck_assert_int_eq(mlart_config_set(&c, "kv_format", "fp8_ds_mla ", "--kv-format"), 0);
+    ck_assert_int_eq(c.geom.kv_format, MLART_KV_FP8_DS_MLA);
+    ck_assert_int_eq(mlart_config_set(&c, "backend", "  ref ", "--backend"), 0);
+    ck_assert_str_eq(c.backend, "ref");
+    ck_assert_int_eq(mlart_config_set(&c, "dcp_routing", " a2a", "--set"), 0);
+    ck_assert_int_eq(c.dcp_routing, MLART_DCP_A2A);
+    ck_assert_int_eq(mlart_config_set(&c, "graph_sizes", " 1,2 ", "--set"), 0);
+    ck_assert_int_eq(mlart_config_set(&c, "device", "c pu", "--device"), MLART_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), "'c pu'"));
+    ck_assert_int_eq(mlart_config_set(&c, "backend", " ", "--backend"), 0); /* empty: the default */
+    ck_assert_str_eq(c.backend, "");
     /* environment can supply a required key the file lacks */
     unsetenv("MLART_DEVICE");
     setenv("MLART_TOPK", "16", 1);
