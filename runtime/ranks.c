@@ -42,6 +42,19 @@ static int env_int(const char *name, int32_t min, int32_t *out)
     return 0;
 }
 
+/* 1 with the value of `name` when it is set and a whole number, else 0;
+ * records no error (for a variable that is only compared). */
+static int quiet_long(const char *name, long *out)
+{
+    const char *s = getenv(name);
+    char *end;
+    if (!s)
+        return 0;
+    errno = 0;
+    *out = strtol(s, &end, 10);
+    return end != s && !*end && errno != ERANGE;
+}
+
 int mlart_rank_from_env(mlart_rank_info *out)
 {
     mlart_rank_info r = {0, 1, 0, ""};
@@ -64,6 +77,20 @@ int mlart_rank_from_env(mlart_rank_info *out)
             return mlart_set_error(MLART_ECONFIG, "%s=%d is not below %s=%d", f->local,
                                    (int)r.local_rank, f->size, (int)r.size);
         snprintf(r.source, sizeof r.source, "%s", f->source);
+        /* a later family that says otherwise is most likely left over from
+         * another launch (an exported MLART_RANK under mpirun, say): the
+         * order decides, but say so */
+        for (size_t j = i + 1; j < sizeof families / sizeof families[0]; j++) {
+            const rank_family *o = &families[j];
+            long orank, osize;
+            if (!quiet_long(o->rank, &orank) || !quiet_long(o->size, &osize))
+                continue;
+            if (orank != r.rank || osize != r.size)
+                mlart_log(MLART_LOG_WARN, "rank %d of %d from %s/%s, which come first; %s/%s say "
+                          "%ld of %ld (unset the variables of the launch that is not this one)",
+                          (int)r.rank, (int)r.size, f->rank, f->size, o->rank, o->size,
+                          orank, osize);
+        }
         break;
     }
     *out = r;

@@ -44,7 +44,9 @@ typedef struct mlart_rank_info {
  * MLART_WORLD_SIZE (MLART_LOCAL_RANK), OMPI_COMM_WORLD_RANK / _SIZE /
  * _LOCAL_RANK, PMI_RANK / PMI_SIZE (MPI_LOCALRANKID), RANK / WORLD_SIZE
  * (LOCAL_RANK).  Nothing set: rank 0 of 1.  MLART_ECONFIG naming the
- * variable when a value is not a number or rank >= size. */
+ * variable when a value is not a number or rank >= size.  A later family
+ * set to another rank or size (left over from another launch) is named in
+ * a warning on the library's log. */
 MLART_API int mlart_rank_from_env(mlart_rank_info *out);
 
 /* ---- communicators ----------------------------------------------------- */

@@ -12,11 +12,16 @@
 extern "C" {
 #endif
 
+/* The largest group mlart_rendezvous takes. */
+#define MLART_RENDEZVOUS_MAX_RANKS 65536
+
 /* Hand `bytes` of `blob` from rank 0 to ranks 1..size-1 over TCP (libuv).
  * Rank 0 listens on addr:port (addr a numeric IPv4 address; "0.0.0.0" for
  * every interface) and serves each of the size-1 peers once; the others
  * connect to addr:port, retrying every 50 ms until rank 0 listens, and
- * receive the blob into `blob`.  Each peer first says its rank and the group
+ * receive the blob into `blob` (a connect that meets itself, as one to a
+ * free port of the local ephemeral range can, counts as not answered).
+ * Each peer first says its rank and the group
  * size; rank 0 refuses a peer whose size differs or whose rank was served
  * already, and keeps waiting for valid ones.  A peer that has the whole blob
  * acknowledges it and returns 0 once that is sent; rank 0 counts a rank
@@ -30,7 +35,8 @@ extern "C" {
  * whole exchange: MLART_ETIMEDOUT when it passes (rank 0 names the ranks not
  * served and which of them await an acknowledgement), MLART_ECOMM on a
  * refused or broken connection or an acknowledgement that could not be
- * sent.  size 1: nothing to do. */
+ * sent.  size 1: nothing to do; size past MLART_RENDEZVOUS_MAX_RANKS:
+ * MLART_EINVAL. */
 MLART_API int mlart_rendezvous(const char *addr, int port, int rank, int size, void *blob,
                                size_t bytes, int timeout_ms);
 

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <uv.h>
 
@@ -38,7 +39,7 @@ static const char *refusal(uint32_t status)
     case RDV_SIZE_MISMATCH:
         return "its group size differs from rank 0's";
     case RDV_DUPLICATE:
-        return "another peer already joined with that rank";
+        return "another peer already joined with that rank (or it is rank 0, the server's own)";
     case RDV_BAD_RANK:
         return "the rank is outside the group";
     case RDV_BUSY:
@@ -101,7 +102,7 @@ struct rdv {
     /* ranks 1.. */
     unsigned char hello[16], head[16], ack[8];
     size_t got;
-    int connected, attempts, busy, last_err;
+    int connected, attempts, busy, last_err, self_connects;
 };
 
 static void on_close(uv_handle_t *h)
@@ -166,17 +167,23 @@ static void on_deadline(uv_timer_t *t)
                              r->addr, r->port, r->timeout_ms, r->served, r->size - 1, missing,
                              list_ranks(r, 1, pending, sizeof pending) ?
                              "; admitted, blob not acknowledged: " : "", pending);
-    } else if (!r->connected && r->busy) {
+    } else if (!r->connected && r->busy && !r->last_err) {
         rc = mlart_set_error(MLART_ETIMEDOUT,
                              "rendezvous: rank 0 at %s:%d answered rank %d busy %d times within "
                              "%d ms: %s", r->addr, r->port, r->rank, r->busy, r->timeout_ms,
                              refusal(RDV_BUSY));
     } else if (!r->connected) {
+        char also[96] = "";
+        if (r->busy)
+            snprintf(also, sizeof also, "; rank 0 answered busy %d times before", r->busy);
+        if (r->self_connects)
+            snprintf(also + strlen(also), sizeof also - strlen(also),
+                     "; %d connects met themselves", r->self_connects);
         rc = mlart_set_error(MLART_ETIMEDOUT,
                              "rendezvous: rank %d could not reach rank 0 at %s:%d within %d ms "
-                             "(%d attempts, last: %s)",
+                             "(%d attempts, last: %s%s)",
                              r->rank, r->addr, r->port, r->timeout_ms, r->attempts,
-                             r->last_err ? uv_strerror(r->last_err) : "no answer");
+                             r->last_err ? uv_strerror(r->last_err) : "no answer", also);
     } else if (r->got == sizeof r->head + r->bytes) {
         rc = mlart_set_error(MLART_ETIMEDOUT,
                              "rendezvous: rank %d got the blob from rank 0 at %s:%d but could "
@@ -329,10 +336,16 @@ static void on_peer_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     uv_read_stop(s);
     magic = get_u32(p->in);
     version = get_u32(p->in + 4);
-    if (magic != RDV_MAGIC || version != RDV_VERSION) {
-        mlart_log(MLART_LOG_WARN, "rendezvous on %s:%d: %s is not an mlart rank (magic 0x%08x, "
-                  "version %u; want 0x%08x, %u)", r->addr, r->port, p->name, magic, version,
-                  RDV_MAGIC, RDV_VERSION);
+    if (magic != RDV_MAGIC) {
+        mlart_log(MLART_LOG_WARN, "rendezvous on %s:%d: %s is not an mlart rank (magic 0x%08x; "
+                  "want 0x%08x)", r->addr, r->port, p->name, magic, RDV_MAGIC);
+        peer_close(p);
+        return;
+    }
+    if (version != RDV_VERSION) {
+        mlart_log(MLART_LOG_WARN, "rendezvous on %s:%d: %s speaks rendezvous version %u, this "
+                  "rank 0 version %u: run one build of mlart on every rank", r->addr, r->port,
+                  p->name, version, RDV_VERSION);
         peer_close(p);
         return;
     }
@@ -426,6 +439,7 @@ static void on_conn_closed(uv_handle_t *h)
 static void retry_busy(rdv *r)
 {
     r->busy++;
+    r->last_err = 0; /* the last answer was rank 0's, not a failed connect */
     r->connected = 0;
     r->got = 0;
     mlart_log(MLART_LOG_DEBUG, "rendezvous: rank 0 at %s:%d has rank %d pending on another "
@@ -521,6 +535,21 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         acknowledge(r);
 }
 
+/* Whether the connection's two ends are one address: while nothing listens
+ * on a port of the local ephemeral range, a connect to it from the same
+ * host may be given that port as its own and meet itself (TCP's
+ * simultaneous open); it would then read its own hello as rank 0's answer. */
+static int connected_to_self(uv_tcp_t *t)
+{
+    struct sockaddr_in me, them;
+    int ml = (int)sizeof me, tl = (int)sizeof them;
+    if (uv_tcp_getsockname(t, (struct sockaddr *)&me, &ml) < 0 ||
+        uv_tcp_getpeername(t, (struct sockaddr *)&them, &tl) < 0)
+        return 0;
+    return me.sin_family == AF_INET && them.sin_family == AF_INET &&
+           me.sin_port == them.sin_port && me.sin_addr.s_addr == them.sin_addr.s_addr;
+}
+
 static void on_connect(uv_connect_t *c, int status)
 {
     rdv *r = c->handle->loop->data;
@@ -528,6 +557,11 @@ static void on_connect(uv_connect_t *c, int status)
     int rc;
     if (status == UV_ECANCELED || r->done)
         return;
+    if (status == 0 && connected_to_self(&r->tcp)) {
+        /* not rank 0: count it as refused, and try again */
+        r->self_connects++;
+        status = UV_ECONNREFUSED;
+    }
     if (status < 0) {
         r->last_err = status;
         uv_close((uv_handle_t *)&r->tcp, on_conn_closed);
@@ -544,8 +578,22 @@ static void on_connect(uv_connect_t *c, int status)
 static void try_connect(rdv *r)
 {
     int rc;
+    uv_os_fd_t fd;
     r->attempts++;
-    uv_tcp_init(&r->loop, &r->tcp);
+    /* SO_REUSEADDR on the connecting socket too: a connect that met itself
+     * leaves its port (rank 0's) in TIME_WAIT, which would keep rank 0 from
+     * listening there for a minute unless both sockets allow the reuse */
+    rc = uv_tcp_init_ex(&r->loop, &r->tcp, AF_INET);
+    if (rc < 0) {
+        r->last_err = rc;
+        uv_tcp_init(&r->loop, &r->tcp);
+        uv_close((uv_handle_t *)&r->tcp, on_conn_closed);
+        return;
+    }
+    if (uv_fileno((uv_handle_t *)&r->tcp, &fd) == 0) {
+        int on = 1;
+        (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+    }
     rc = uv_tcp_connect(&r->conn, &r->tcp, (const struct sockaddr *)&r->sa, on_connect);
     if (rc < 0) {
         r->last_err = rc;
@@ -587,9 +635,9 @@ int mlart_rendezvous(const char *addr, int port, int rank, int size, void *blob,
         return mlart_set_error(MLART_EINVAL, "mlart_rendezvous: NULL address");
     if (port < 1 || port > 65535)
         return mlart_set_error(MLART_EINVAL, "mlart_rendezvous: port %d (want 1..65535)", port);
-    if (size < 1 || rank < 0 || rank >= size)
+    if (size < 1 || size > MLART_RENDEZVOUS_MAX_RANKS || rank < 0 || rank >= size)
         return mlart_set_error(MLART_EINVAL, "mlart_rendezvous: rank %d of %d (want 0 <= rank "
-                               "< size)", rank, size);
+                               "< size <= %d)", rank, size, MLART_RENDEZVOUS_MAX_RANKS);
     if (bytes > RDV_MAX_BYTES || (!blob && bytes))
         return mlart_set_error(MLART_EINVAL, "mlart_rendezvous: %zu bytes at %p (want a blob of "
                                "at most %zu bytes)", bytes, blob, RDV_MAX_BYTES);

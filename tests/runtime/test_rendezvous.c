@@ -6,11 +6,18 @@
  * leaving (after reading nothing, only the head, or the blob and then
  * sending a malformed acknowledgement) frees the rank for the real one,
  * staying makes the real one retry until it leaves, and rank 0's timeout
- * names such a rank as pending. */
-#define _POSIX_C_SOURCE 200809L
+ * names such a rank as pending; a peer whose connects meet themselves
+ * (in a network namespace of its own, where that can be made to happen);
+ * a warning when two launchers' rank variables disagree. */
+#define _GNU_SOURCE /* unshare, CLONE_NEWNET */
 #include <arpa/inet.h>
 #include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <net/if.h>
 #include <netinet/in.h>
+#include <sched.h>
+#include <sys/ioctl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -92,6 +99,59 @@ START_TEST(rank_env_families)
         ck_assert_int_eq(r.rank, 1);
         ck_assert_int_eq(r.size, 2);
     }
+}
+END_TEST
+
+/* mlart_rank_from_env, and what it logged on stderr into buf. */
+static int rank_env_logged(mlart_rank_info *r, char *buf, size_t cap)
+{
+    FILE *tmp = tmpfile();
+    int saved, rc;
+    size_t n;
+    ck_assert_ptr_nonnull(tmp);
+    fflush(stderr);
+    saved = dup(2);
+    ck_assert_int_ge(saved, 0);
+    ck_assert_int_ge(dup2(fileno(tmp), 2), 0);
+    rc = mlart_rank_from_env(r);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    rewind(tmp);
+    n = fread(buf, 1, cap - 1, tmp);
+    buf[n] = 0;
+    fclose(tmp);
+    return rc;
+}
+
+/* Another launcher's variables that disagree with the ones taken are
+ * named in a warning; ones that agree (or are not numbers) are not. */
+START_TEST(rank_env_stale_family_named)
+{
+    mlart_rank_info r;
+    char log[1024];
+    clear_rank_env();
+    unsetenv("MLART_LOG");
+    setenv("MLART_RANK", "0", 1);
+    setenv("MLART_WORLD_SIZE", "1", 1);
+    setenv("OMPI_COMM_WORLD_RANK", "2", 1);
+    setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+    ck_assert_int_eq(rank_env_logged(&r, log, sizeof log), 0);
+    ck_assert_str_eq(r.source, "MLART");
+    ck_assert_int_eq(r.size, 1);
+    ck_assert_msg(strstr(log, "rank 0 of 1 from MLART_RANK/MLART_WORLD_SIZE") &&
+                      strstr(log, "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE say 2 of 4"),
+                  "log: '%s'", log);
+    printf("stale family: %s", log);
+    setenv("MLART_RANK", "2", 1);
+    setenv("MLART_WORLD_SIZE", "4", 1);
+    ck_assert_int_eq(rank_env_logged(&r, log, sizeof log), 0);
+    ck_assert_msg(!log[0], "agreeing families logged '%s'", log);
+    setenv("RANK", "x", 1);
+    setenv("WORLD_SIZE", "4", 1);
+    ck_assert_int_eq(rank_env_logged(&r, log, sizeof log), 0);
+    ck_assert_msg(!log[0], "a family that is not read logged '%s'", log);
+    clear_rank_env();
 }
 END_TEST
 
@@ -265,6 +325,14 @@ START_TEST(rendezvous_args)
     ck_assert_int_eq(mlart_rendezvous("127.0.0.1", 29999, 2, 2, b, sizeof b, 100), MLART_EINVAL);
     ck_assert_ptr_nonnull(strstr(mlart_last_error(), "rank 2 of 2"));
     ck_assert_int_eq(mlart_rendezvous("127.0.0.1", 29999, 0, 0, b, sizeof b, 100), MLART_EINVAL);
+    /* a group past the bound is refused at once, not sized */
+    t0 = now();
+    ck_assert_int_eq(mlart_rendezvous("127.0.0.1", 29999, 0, MLART_RENDEZVOUS_MAX_RANKS + 1, b,
+                                      sizeof b, 100), MLART_EINVAL);
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), "size <= 65536"));
+    ck_assert_int_eq(mlart_rendezvous("127.0.0.1", 29999, 1, INT32_MAX, b, sizeof b, 100),
+                     MLART_EINVAL);
+    ck_assert(now() - t0 < 0.05);
     ck_assert_int_eq(mlart_rendezvous("127.0.0.1", 29999, 1, 2, NULL, 16, 100), MLART_EINVAL);
     ck_assert_int_eq(mlart_rendezvous("127.0.0.1", 29999, 1, 2, b, (1u << 20) + 1, 100),
                      MLART_EINVAL);
@@ -340,6 +408,68 @@ START_TEST(rendezvous_peer_without_server)
     ck_assert_int_eq(j.rc, MLART_ETIMEDOUT);
     ck_assert_ptr_nonnull(strstr(j.err, "rank 1 could not reach rank 0 at 127.0.0.1"));
     ck_assert(j.secs >= 0.29 && j.secs < 0.9);
+}
+END_TEST
+
+/* Bring the loopback interface of this network namespace up. */
+static int loopback_up(void)
+{
+    struct ifreq ifr;
+    int fd = socket(AF_INET, SOCK_DGRAM, 0), rc = -1;
+    if (fd < 0)
+        return -1;
+    memset(&ifr, 0, sizeof ifr);
+    snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
+    if (ioctl(fd, SIOCGIFFLAGS, &ifr) == 0) {
+        ifr.ifr_flags |= IFF_UP;
+        rc = ioctl(fd, SIOCSIFFLAGS, &ifr);
+    }
+    close(fd);
+    return rc;
+}
+
+/* A connect to a free port of the local ephemeral range may be given that
+ * very port as its source and meet itself: with the range narrowed to
+ * rank 0's port and the next, about every other attempt of the peer does,
+ * until rank 0 listens a second later.  The peer must take that for "no
+ * answer yet" (not read its own hello back as a refusal), and rank 0 must
+ * then listen and serve it.  Needs a network namespace of its own (the
+ * test's child process; as root), else it says so and checks nothing. */
+START_TEST(rendezvous_peer_meets_itself)
+{
+    static const char range[] = "40000 40001\n";
+    unsigned char b0[128], b1[128];
+    job j0, j1;
+    struct timespec pause = {1, 0};
+    int fd;
+    if (unshare(CLONE_NEWNET) != 0) {
+        printf("self-connect: no network namespace here (%s): not checked\n", strerror(errno));
+        return;
+    }
+    fd = open("/proc/sys/net/ipv4/ip_local_port_range", O_WRONLY);
+    if (loopback_up() != 0 || fd < 0 || write(fd, range, sizeof range - 1) != (ssize_t)(sizeof range - 1)) {
+        /* a container may give the namespace but not these */
+        printf("self-connect: cannot bring lo up or narrow the port range here (%s): not checked\n",
+               strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    close(fd);
+    memset(b0, 0x5a, sizeof b0);
+    memset(b1, 0, sizeof b1);
+    start(&j1, 40000, 1, 2, b1, sizeof b1, 5000);
+    nanosleep(&pause, NULL);
+    start(&j0, 40000, 0, 2, b0, sizeof b0, 5000);
+    join(&j1);
+    join(&j0);
+    printf("self-connect: peer %s after %.3f s, rank 0 %s after %.3f s\n", mlart_status_name(j1.rc),
+           j1.secs, mlart_status_name(j0.rc), j0.secs);
+    ck_assert_msg(j1.rc == 0, "peer: %s", j1.err);
+    ck_assert_msg(j0.rc == 0, "rank 0: %s", j0.err);
+    ck_assert_mem_eq(b0, b1, sizeof b0);
+    printf("self-connect: the peer retried past its own connects and got the blob after %.3f s\n",
+           j1.secs);
 }
 END_TEST
 
@@ -566,11 +696,13 @@ int main(void)
     tcase_add_test(env, rank_env_none);
     tcase_add_test(env, rank_env_families);
     tcase_add_test(env, rank_env_refused);
+    tcase_add_test(env, rank_env_stale_family_named);
     tcase_add_test(tc, rendezvous_args);
     tcase_add_test(tc, rendezvous_four_ranks);
     tcase_add_test(tc, rendezvous_big_and_empty);
     tcase_add_test(tc, rendezvous_refuses_other_size);
     tcase_add_test(tc, rendezvous_peer_without_server);
+    tcase_add_test(tc, rendezvous_peer_meets_itself);
     tcase_add_test(tc, rendezvous_rank0_missing_peer);
     tcase_add_test(tc, rendezvous_peer_leaves_before_ack);
     tcase_add_test(tc, rendezvous_pending_rank_retries);
