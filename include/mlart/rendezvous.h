@@ -43,7 +43,9 @@ MLART_API int mlart_rendezvous(const char *addr, int port, int rank, int size, v
 /* An NCCL communicator for `rank` of `size` on CUDA `device`: rank 0 makes
  * the unique id, mlart_rendezvous(addr, port, ...) hands it out, every rank
  * then calls mlart_comm_nccl_create with the time left of timeout_ms
- * (0: 60000; at least 1 s). */
+ * (0: 60000; at least 1 s).  A rank 0 that cannot make the id (no NCCL)
+ * hands out its reason instead and returns its error; the other ranks then
+ * return MLART_ECOMM quoting it, at once rather than at the deadline. */
 MLART_API int mlart_comm_nccl_join(int rank, int size, int device, const char *addr, int port,
                                    int timeout_ms, mlart_comm **out);
 

@@ -676,20 +676,46 @@ int mlart_rendezvous(const char *addr, int port, int rank, int size, void *blob,
     return rc;
 }
 
+/* What rank 0 hands out in mlart_comm_nccl_join: the NCCL id, or why it has
+ * none, so that the other ranks fail at once with rank 0's reason rather
+ * than wait out the deadline for a rank 0 that never serves. */
+typedef struct join_blob {
+    unsigned char ok; /* 1: id holds the NCCL id; 0: why holds rank 0's error */
+    unsigned char id[MLART_NCCL_ID_BYTES];
+    char why[320];
+} join_blob;
+
 int mlart_comm_nccl_join(int rank, int size, int device, const char *addr, int port,
                          int timeout_ms, mlart_comm **out)
 {
-    unsigned char id[MLART_NCCL_ID_BYTES];
+    join_blob b;
+    char mine[256];
     uint64_t t0 = uv_hrtime();
     int64_t left;
     if (timeout_ms < 0)
         return mlart_set_error(MLART_EINVAL, "mlart_comm_nccl_join: timeout %d ms", timeout_ms);
     timeout_ms = timeout_ms ? timeout_ms : 60000;
-    memset(id, 0, sizeof id);
-    if (rank == 0 && size >= 1)
-        MLART_CHECK(mlart_comm_nccl_unique_id(id, sizeof id));
-    MLART_CHECK(mlart_rendezvous(addr, port, rank, size, id, sizeof id, timeout_ms));
+    memset(&b, 0, sizeof b);
+    if (rank == 0 && size >= 1) {
+        const int rc = mlart_comm_nccl_unique_id(b.id, sizeof b.id);
+        if (rc < 0) {
+            /* tell the peers why, then give this rank's own error */
+            int told;
+            snprintf(mine, sizeof mine, "%s", mlart_last_error());
+            snprintf(b.why, sizeof b.why, "%s: %s", mlart_status_name(rc), mine);
+            told = mlart_rendezvous(addr, port, rank, size, &b, sizeof b, timeout_ms);
+            return mlart_set_error(rc, "%s%s", mine,
+                                   told < 0 ? " (and not every other rank could be told)" : "");
+        }
+        b.ok = 1;
+    }
+    MLART_CHECK(mlart_rendezvous(addr, port, rank, size, &b, sizeof b, timeout_ms));
+    if (!b.ok) {
+        b.why[sizeof b.why - 1] = 0;
+        return mlart_set_error(MLART_ECOMM, "mlart_comm_nccl_join: rank 0 at %s:%d has no NCCL "
+                               "id for the group (%s)", addr, port, b.why);
+    }
     left = timeout_ms - (int64_t)((uv_hrtime() - t0) / 1000000u);
-    return mlart_comm_nccl_create(rank, size, device, id, sizeof id,
+    return mlart_comm_nccl_create(rank, size, device, b.id, sizeof b.id,
                                   left > 1000 ? (int)left : 1000, out);
 }

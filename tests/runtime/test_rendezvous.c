@@ -473,6 +473,61 @@ START_TEST(rendezvous_peer_meets_itself)
 }
 END_TEST
 
+typedef struct join_job {
+    pthread_t thread;
+    int rank, port, rc;
+    double secs;
+    char err[1024];
+} join_job;
+
+static void *join_main(void *arg)
+{
+    join_job *j = arg;
+    mlart_comm *c = NULL;
+    double t0 = now();
+    j->rc = mlart_comm_nccl_join(j->rank, 2, 0, "127.0.0.1", j->port, 5000, &c);
+    j->secs = now() - t0;
+    snprintf(j->err, sizeof j->err, "%s", mlart_last_error());
+    mlart_comm_destroy(c);
+    return NULL;
+}
+
+/* mlart_comm_nccl_join where rank 0 cannot make the NCCL id (no NCCL in
+ * this build or on this machine): rank 0 tells the others why, so every
+ * rank fails at once with rank 0's reason instead of waiting out the
+ * deadline for a rank 0 that never serves. */
+START_TEST(join_rank0_without_nccl)
+{
+    unsigned char id[MLART_NCCL_ID_BYTES];
+    fx_rng rng = {seed ^ 0x701};
+    join_job j[2];
+    if (mlart_comm_nccl_unique_id(id, sizeof id) == 0) {
+        printf("join: NCCL is here, so rank 0 has an id: not checked\n");
+        return;
+    }
+    for (int attempt = 0; attempt < 8; attempt++) {
+        const int port = pick_port(&rng);
+        for (int r = 1; r >= 0; r--) {
+            j[r].rank = r, j[r].port = port, j[r].rc = 1;
+            ck_assert_int_eq(pthread_create(&j[r].thread, NULL, join_main, &j[r]), 0);
+        }
+        for (int r = 0; r < 2; r++)
+            ck_assert_int_eq(pthread_join(j[r].thread, NULL), 0);
+        if (!(j[0].rc == MLART_ECOMM && strstr(j[0].err, "already in use")))
+            break;
+    }
+    printf("join without NCCL: rank 0 %s after %.3f s (%s); rank 1 %s after %.3f s (%s)\n",
+           mlart_status_name(j[0].rc), j[0].secs, j[0].err, mlart_status_name(j[1].rc), j[1].secs,
+           j[1].err);
+    ck_assert_int_lt(j[0].rc, 0);
+    ck_assert_ptr_null(strstr(j[0].err, "not every other rank"));
+    ck_assert_int_eq(j[1].rc, MLART_ECOMM);
+    ck_assert_ptr_nonnull(strstr(j[1].err, "has no NCCL id for the group"));
+    ck_assert_ptr_nonnull(strstr(j[1].err, mlart_status_name(j[0].rc)));
+    ck_assert(j[0].secs < 2.0 && j[1].secs < 2.0);
+}
+END_TEST
+
 START_TEST(rendezvous_rank0_missing_peer)
 {
     fx_rng rng = {seed ^ 0x3155};
@@ -703,6 +758,7 @@ int main(void)
     tcase_add_test(tc, rendezvous_refuses_other_size);
     tcase_add_test(tc, rendezvous_peer_without_server);
     tcase_add_test(tc, rendezvous_peer_meets_itself);
+    tcase_add_test(tc, join_rank0_without_nccl);
     tcase_add_test(tc, rendezvous_rank0_missing_peer);
     tcase_add_test(tc, rendezvous_peer_leaves_before_ack);
     tcase_add_test(tc, rendezvous_pending_rank_retries);
