@@ -288,9 +288,10 @@ static int group_barrier(mlart_comm_group *g, int rank, const char *what)
 {
     struct timespec dl = group_deadline(g);
     unsigned long gen;
-    int rc = 0, left;
+    int rc = 0, left, failed_before;
     pthread_mutex_lock(&g->mu);
     gen = g->generation;
+    failed_before = g->failed;
     if (!g->failed && ++g->arrived == g->size) {
         g->arrived = 0;
         g->generation++;
@@ -312,6 +313,11 @@ static int group_barrier(mlart_comm_group *g, int rank, const char *what)
         return mlart_set_error(MLART_ECOMM, "local comm %s: rank %d of %d: rank %d left the group "
                                "(destroyed its communicator) before this collective",
                                what, rank, g->size, left);
+    if (rc < 0 && failed_before)
+        return mlart_set_error(MLART_ETIMEDOUT, "local comm %s: rank %d of %d: the group failed "
+                               "before this rank came (a rank did not arrive within %d ms, in "
+                               "this collective or an earlier one)",
+                               what, rank, g->size, g->timeout_ms);
     if (rc < 0)
         return mlart_set_error(MLART_ETIMEDOUT, "local comm %s: rank %d of %d: the other ranks did "
                                "not arrive within %d ms (or an earlier collective failed)",

@@ -524,6 +524,8 @@ START_TEST(missing_rank_times_out)
     ck_assert_msg(strstr(mlart_last_error(), "did not arrive") != NULL, "%s", mlart_last_error());
     /* the group stays failed: a late rank does not pair with a later collective */
     ck_assert_int_eq(mlart_comm_all_gather(t.c[1], t.f.q, t.f.o, 4, NULL), MLART_ETIMEDOUT);
+    ck_assert_msg(strstr(mlart_last_error(), "rank 1 of 2: the group failed before this rank came"),
+                  "%s", mlart_last_error());
     two_close(&t);
 }
 END_TEST
