@@ -267,6 +267,15 @@ if(TARGET mlart-decode)
                        ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:allocator_may_return_null=1"
                        PASS_REGULAR_EXPRESSION
                        "allocating the KV cache failed: MLART_ENOMEM: [0-9]+ bytes \\([0-9.]+ GiB\\) of host memory are not available")
+  # a step's host buffers past any memory: the failure names their sizes and the keys to lower
+  add_test(NAME decode_host_buffers_out_of_memory
+           COMMAND ${_dec} --config ${_tiny} --device cpu --steps 1 --context 1 --batch 1048576
+                   --set heads=65536 --set qk_nope_dim=65536 --set topk=64 --set page_size=1)
+  set_tests_properties(decode_host_buffers_out_of_memory PROPERTIES
+                       ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:allocator_may_return_null=1"
+                       PASS_REGULAR_EXPRESSION
+                       "allocating host buffers failed: MLART_ENOMEM: .*9015995347763200 bytes.*lower batch, heads, topk or context"
+                       LABELS cpu TIMEOUT 120)
   set_tests_properties(decode_tiny_verify decode_default_config decode_fp8_verify
                        decode_backend_flag decode_backend_env decode_backend_config
                        decode_flag_beats_env

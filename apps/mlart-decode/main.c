@@ -977,7 +977,13 @@ static int setup(run *r)
     if (!r->layers || !r->h_q || !r->h_new || !r->h_idx || !r->h_req || !r->h_lens || !r->h_bt ||
         !r->h_slots || !r->h_slots_l || !r->pool ||
         (r->verify && (!r->oracle_o || !r->oracle_lse)))
-        return fail(out_of_host_memory(), "allocating host buffers");
+        return fail(app_error(MLART_ENOMEM, "out of host memory for a step's queries (batch %d x "
+                              "heads %lld x (P+R) %lld: %lld bytes) and indices (batch x topk %lld: "
+                              "%lld bytes), or the cache's block table (%lld bytes); lower batch, "
+                              "heads, topk or context", r->B, (long long)H, (long long)(P + R),
+                              (long long)(r->B * H * (P + R)) * 2, (long long)K,
+                              (long long)(r->B * K) * 4, (long long)nb * 4),
+                    "allocating host buffers");
     if (r->comm) {
         /* this rank's shard: its positions of each request, on blocks of its own */
         const int64_t mine = mlart_dcp_local_len(total, r->dcp_rank, r->dcp_size,
