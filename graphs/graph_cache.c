@@ -315,9 +315,14 @@ int mlart_graph_cache_create(mlart_layer *layer, const int32_t *sizes, int num_s
         size_t bytes[B_COUNT];
         gc->mem_bytes = layout(in, Tm, write_kv, lse, off, bytes);
         if (!gc->mem_bytes) {
+            rc = mlart_set_error(MLART_ERANGE, "mlart_graph_cache_create: buffers for %lld "
+                                 "tokens of %lld heads, %lld requests and %lld blocks a request "
+                                 "(the layer's max_requests and max_blocks_per_req) pass the "
+                                 "address space: lower those or the largest bucket",
+                                 (long long)Tm, (long long)H, (long long)Bm,
+                                 (long long)in->max_blocks);
             free(gc);
-            return mlart_set_error(MLART_ERANGE, "mlart_graph_cache_create: the buffers of %lld "
-                                   "tokens pass the address space", (long long)Tm);
+            return rc;
         }
         if (dev < 0) {
             gc->mem = calloc(1, gc->mem_bytes);

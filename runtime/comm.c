@@ -212,7 +212,10 @@ struct mlart_comm_group {
     int finished;              /* ranks whose body of the collective under way is done */
     unsigned long drained;     /* collectives whose bodies all ranks have finished */
     const void **send;         /* each rank's send buffer of the collective under way */
+    uint64_t *call;            /* each rank's collective and sizes, hashed: all must agree */
+    size_t *call_n;            /* each rank's byte or element count, for the message */
     int members;               /* communicators alive */
+    int orphaned;              /* destroyed while members lived: the last one frees it */
     unsigned char *joined;     /* per rank: 1 once its communicator was created */
 };
 
@@ -225,14 +228,29 @@ typedef struct local_impl {
 int mlart_comm_group_create(int size, int device, int timeout_ms, mlart_comm_group **out)
 {
     mlart_comm_group *g;
-    if (!out || size < 1 || size > 4096 || timeout_ms < 0)
+    if (!out)
+        return mlart_set_error(MLART_EINVAL, "comm group: NULL out");
+    if (size < 1 || size > 4096 || timeout_ms < 0)
         return mlart_set_error(MLART_EINVAL, "comm group: size %d (want 1..4096), timeout %d ms",
                                size, timeout_ms);
+    if (device < -1)
+        return mlart_set_error(MLART_EINVAL, "comm group: device %d (want -1 for the host or a "
+                               "CUDA ordinal)", device);
+#ifndef MLART_WITH_CUDA
+    if (device >= 0)
+        return mlart_set_error(MLART_ENOTSUP, "comm group: device %d, but this build of mlart has "
+                               "no CUDA (want -1, the host)", device);
+#endif
     g = calloc(1, sizeof *g);
     if (!g || !(g->send = calloc((size_t)size, sizeof *g->send)) ||
-        !(g->joined = calloc((size_t)size, 1))) {
-        if (g)
+        !(g->joined = calloc((size_t)size, 1)) ||
+        !(g->call = calloc((size_t)size, sizeof *g->call)) ||
+        !(g->call_n = calloc((size_t)size, sizeof *g->call_n))) {
+        if (g) {
             free(g->send);
+            free(g->joined);
+            free(g->call);
+        }
         free(g);
         return mlart_set_error(MLART_ENOMEM, "comm group: out of memory");
     }
@@ -254,17 +272,33 @@ int mlart_comm_group_create(int size, int device, int timeout_ms, mlart_comm_gro
     return 0;
 }
 
-void mlart_comm_group_destroy(mlart_comm_group *g)
+static void group_free(mlart_comm_group *g)
 {
-    if (!g)
-        return;
-    if (g->members)
-        mlart_log(MLART_LOG_WARN, "comm group destroyed with %d communicators alive", g->members);
     pthread_cond_destroy(&g->cv);
     pthread_mutex_destroy(&g->mu);
     free(g->send);
     free(g->joined);
+    free(g->call);
+    free(g->call_n);
     free(g);
+}
+
+void mlart_comm_group_destroy(mlart_comm_group *g)
+{
+    int members;
+    if (!g)
+        return;
+    pthread_mutex_lock(&g->mu);
+    members = g->members;
+    if (members)
+        g->orphaned = 1; /* its communicators still point at it */
+    pthread_mutex_unlock(&g->mu);
+    if (members) {
+        mlart_log(MLART_LOG_WARN, "comm group destroyed with %d communicators alive: it is freed "
+                  "when the last of them is destroyed", members);
+        return;
+    }
+    group_free(g);
 }
 
 /* Now plus the group's timeout, on the clock of g->cv. */
@@ -408,17 +442,40 @@ static int settle(int device, void *stream)
  * error. */
 typedef int (*local_body)(mlart_comm *c, const void *const *peers, void *recv, size_t n);
 
-static int local_run(mlart_comm *c, const void *send, void *recv, size_t n, void *stream,
-                     local_body body, const char *what)
+static int local_run(mlart_comm *c, const void *send, void *recv, size_t n, uint64_t call,
+                     void *stream, local_body body, const char *what)
 {
     mlart_comm_group *g = ((local_impl *)c->impl)->g;
-    int rc;
+    int rc = 0;
     MLART_CHECK(settle(c->device, stream));
     g->send[c->rank] = send;
+    g->call[c->rank] = call;
+    g->call_n[c->rank] = n;
     MLART_CHECK(group_barrier(g, c->rank, what));
-    rc = body(c, g->send, recv, n);
+    /* every rank sees the same table, so all refuse a call that differs */
+    for (int r = 0; r < c->size && rc == 0; r++)
+        if (g->call[r] != call)
+            rc = mlart_set_error(MLART_ECOMM, "local comm %s: rank %d of %d: rank %d made another "
+                                 "call (another collective or other sizes: %zu there, %zu here); "
+                                 "every rank must make the same one", what, c->rank, c->size, r,
+                                 g->call_n[r], n);
+    if (rc == 0)
+        rc = body(c, g->send, recv, n);
     group_drain(g, c->rank, what);
     return rc;
+}
+
+/* A collective and its sizes as one number (FNV-1a over 64-bit words). */
+static uint64_t call_mix(uint64_t h, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        h = (h ^ ((v >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+    return h;
+}
+
+static uint64_t call_of(int kind, size_t n)
+{
+    return call_mix(call_mix(0xcbf29ce484222325ull, (uint64_t)kind), (uint64_t)n);
 }
 
 static int body_all_gather(mlart_comm *c, const void *const *peers, void *recv, size_t bytes)
@@ -489,27 +546,37 @@ static int body_reduce_scatter(mlart_comm *c, const void *const *peers, void *re
 static int local_all_gather(mlart_comm *c, const void *send, void *recv, size_t bytes,
                             void *stream)
 {
-    return local_run(c, send, recv, bytes, stream, body_all_gather, "all_gather");
+    return local_run(c, send, recv, bytes, call_of(1, bytes), stream, body_all_gather,
+                     "all_gather");
 }
 
 static int local_all_to_all(mlart_comm *c, int n, const void *const *send, void *const *recv,
                             const size_t *bytes, void *stream)
 {
     a2a_args a = {n, recv, bytes};
+    uint64_t call = call_of(2, (size_t)n);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        call = call_mix(call, bytes[i]);
+        total += bytes[i];
+    }
     /* what the peers read is this rank's array of send pointers */
-    return local_run(c, (const void *)send, &a, 0, stream, body_all_to_all, "all_to_all");
+    return local_run(c, (const void *)send, &a, total, call, stream, body_all_to_all,
+                     "all_to_all");
 }
 
 static int local_reduce_scatter(mlart_comm *c, const float *send, float *recv, size_t n,
                                 void *stream)
 {
-    return local_run(c, send, recv, n, stream, body_reduce_scatter, "reduce_scatter_f32");
+    return local_run(c, send, recv, n, call_of(3, n), stream, body_reduce_scatter,
+                     "reduce_scatter_f32");
 }
 
 static void local_destroy(mlart_comm *c)
 {
     local_impl *li = c->impl;
     mlart_comm_group *g = li->g;
+    int last_of_orphan;
     pthread_mutex_lock(&g->mu);
     g->members--;
     /* a rank that leaves will never arrive: the others' collectives fail now,
@@ -519,7 +586,10 @@ static void local_destroy(mlart_comm *c)
         g->left = c->rank;
         pthread_cond_broadcast(&g->cv);
     }
+    last_of_orphan = g->orphaned && g->members == 0;
     pthread_mutex_unlock(&g->mu);
+    if (last_of_orphan)
+        group_free(g);
     free(li->stage);
     free(li);
     free(c);
@@ -537,9 +607,10 @@ int mlart_comm_local_create(mlart_comm_group *g, int rank, mlart_comm **out)
 {
     mlart_comm *c;
     local_impl *li;
-    if (!g || !out || rank < 0 || rank >= g->size)
-        return mlart_set_error(MLART_EINVAL, "local comm: rank %d of a group of %d", rank,
-                               g ? g->size : 0);
+    if (!g || !out)
+        return mlart_set_error(MLART_EINVAL, "local comm: NULL %s", g ? "out" : "group");
+    if (rank < 0 || rank >= g->size)
+        return mlart_set_error(MLART_EINVAL, "local comm: rank %d of a group of %d", rank, g->size);
     c = calloc(1, sizeof *c);
     li = calloc(1, sizeof *li);
     if (!c || !li) {

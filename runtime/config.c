@@ -340,7 +340,8 @@ typedef struct file_reader {
     int nul_line;      /* first line holding a NUL byte, 0 if none */
     int read_errno;    /* errno of a failed read, 0 if none */
     int read_err_line; /* the line that read failed on */
-    int rc;            /* first error */
+    int rc;            /* first error of a key */
+    int rc_line;       /* its line */
     int seen[K_COUNT]; /* line of each key in this file */
     mlart_config *cfg;
 } file_reader;
@@ -440,13 +441,10 @@ static char *read_line(char *str, int num, void *stream)
     return str;
 }
 
-static int on_key(void *user, const char *section, const char *name, const char *value)
+static int take_key(file_reader *r, const char *section, const char *name, const char *value)
 {
-    file_reader *r = user;
     char origin[560];
     int k, rc;
-    if (r->rc < 0)
-        return 1; /* report the first error only */
     snprintf(origin, sizeof origin, "%s:%d", r->path, r->line);
     k = find_key(name);
     if (k < 0) {
@@ -471,6 +469,18 @@ static int on_key(void *user, const char *section, const char *name, const char 
         return 0;
     }
     return 1;
+}
+
+static int on_key(void *user, const char *section, const char *name, const char *value)
+{
+    file_reader *r = user;
+    int ok;
+    if (r->rc < 0)
+        return 1; /* report the first error only */
+    ok = take_key(r, section, name, value);
+    if (r->rc < 0)
+        r->rc_line = r->line;
+    return ok;
 }
 
 static const char *file_kind(mode_t mode)
@@ -524,7 +534,9 @@ int mlart_config_read_file(mlart_config *cfg, const char *path)
     r.cfg = &tmp;
     line = ini_parse_stream(read_line, &r, on_key, &r);
     fclose(r.f);
-    if (r.rc < 0)
+    /* a line inih could not read, before the first bad key, is the cause to
+     * name (an unclosed "[model" leaves the keys after it in no section) */
+    if (r.rc < 0 && !(line > 0 && line < r.rc_line))
         return r.rc;
     if (r.read_errno)
         return mlart_set_error(MLART_EIO, "%s:%d: read error: %s", path, r.read_err_line,
@@ -579,6 +591,11 @@ int mlart_config_finish(mlart_config *cfg)
             return mlart_set_error(MLART_ECONFIG, "missing required key '%s' in section [%s]%s%s",
                                    keys[k].name, keys[k].section, cfg->path[0] ? " of " : "",
                                    cfg->path);
+    /* the fields are public: a caller may have set them past mlart_config_set's checks */
+    if (cfg->tp_size < 1 || cfg->dcp_size < 1 || cfg->dcp_interleave < 1)
+        return mlart_set_error(MLART_ECONFIG, "tp_size = %d, dcp_size = %d, dcp_interleave = %d: "
+                               "each must be at least 1", cfg->tp_size, cfg->dcp_size,
+                               cfg->dcp_interleave);
     if (cfg->heads_total % cfg->tp_size)
         return mlart_set_error(MLART_ECONFIG,
                                "heads = %d (%s) is not divisible by tp_size = %d (%s): every "

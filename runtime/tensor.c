@@ -56,6 +56,8 @@ mlart_tensor mlart_tensor_dense(void *data, mlart_dtype dtype, int device, int n
     t.dtype = dtype;
     t.device = device;
     t.ndim = ndim;
+    if (!shape)
+        t.ndim = 0; /* no shape: a view mlart_tensor_check refuses, not an empty one */
     if (ndim < 1 || ndim > MLART_MAX_DIMS || !shape)
         return t; /* mlart_tensor_check refuses the bad ndim */
     for (int i = ndim - 1; i >= 0; i--) {
@@ -290,6 +292,8 @@ const char *mlart_kv_format_name(mlart_kv_format f)
 
 int mlart_kv_format_parse(const char *s, mlart_kv_format *out)
 {
+    if (!out)
+        return mlart_set_error(MLART_EINVAL, "mlart_kv_format_parse: NULL out");
     if (s && !strcmp(s, "bf16")) {
         *out = MLART_KV_BF16;
         return 0;
@@ -360,15 +364,25 @@ int mlart_weights_from_kv_b_proj(const mlart_geometry *g, const mlart_tensor *kv
         return mlart_set_error(MLART_EDTYPE, "kv_b_proj: dtype %s, want bf16",
                                mlart_dtype_name(kv_b_proj->dtype));
     MLART_CHECK(mlart_tensor_check(kv_b_proj, "kv_b_proj"));
-    if (kv_b_proj->ndim != 2 || kv_b_proj->shape[0] != H * (P + V) || kv_b_proj->shape[1] != L)
+    if (kv_b_proj->ndim != 2)
+        return mlart_set_error(MLART_ESHAPE, "kv_b_proj: %d dims, want 2: [H*(P+V), L] = "
+                               "[%lld, %lld]", kv_b_proj->ndim, (long long)(H * (P + V)),
+                               (long long)L);
+    if (kv_b_proj->shape[0] != H * (P + V) || kv_b_proj->shape[1] != L)
         return mlart_set_error(MLART_ESHAPE,
-                               "kv_b_proj: shape [%lld, %lld] (ndim %d), want [H*(P+V), L] = "
-                               "[%lld, %lld]",
-                               (long long)kv_b_proj->shape[0],
-                               (long long)(kv_b_proj->ndim > 1 ? kv_b_proj->shape[1] : 0),
-                               kv_b_proj->ndim, (long long)(H * (P + V)), (long long)L);
+                               "kv_b_proj: shape [%lld, %lld], want [H*(P+V), L] = [%lld, %lld]",
+                               (long long)kv_b_proj->shape[0], (long long)kv_b_proj->shape[1],
+                               (long long)(H * (P + V)), (long long)L);
     rs = kv_b_proj->stride[0];
     cs = kv_b_proj->stride[1];
+    {
+        /* the head stride (P+V) rows and W_UV's offset of P rows, in int64
+         * elements and in bytes: a row stride past that is no real view */
+        int64_t t;
+        if (__builtin_mul_overflow(P + V, rs, &t) || __builtin_mul_overflow(P * 2, rs, &t))
+            return mlart_set_error(MLART_ELAYOUT, "kv_b_proj: row stride %lld elements: (P+V) "
+                                   "rows of it pass 2^63", (long long)rs);
+    }
     /* per head h: rows h*(P+V) .. +P are W_UK [P,L]; the next V rows are W_UV^T [V,L] */
     uk = *kv_b_proj;
     uk.ndim = 3;

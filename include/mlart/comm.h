@@ -52,8 +52,9 @@ MLART_API int mlart_rank_from_env(mlart_rank_info *out);
 /* ---- communicators ----------------------------------------------------- */
 
 /* A local group: `size` ranks that are threads of this process, on `device`
- * (-1 host, else a CUDA ordinal; a rank may also use another device, its
- * copies go through unified addressing).  timeout_ms (0: 60000) bounds every
+ * (-1 host, else a CUDA ordinal, MLART_ENOTSUP in a build without CUDA; a
+ * rank may also use another device, its copies go through unified
+ * addressing).  timeout_ms (0: 60000) bounds every
  * wait for the other ranks to arrive at a collective: past it the call
  * returns MLART_ETIMEDOUT and the group stays failed (every later collective
  * returns it at once).  Once all ranks have arrived, a collective returns
@@ -66,7 +67,11 @@ MLART_API int mlart_rank_from_env(mlart_rank_info *out);
  * timeout for a rank that gave up.  Create the group once, then one
  * communicator per rank (a second for a rank, even after the first was
  * destroyed, is refused with MLART_EINVAL); destroy the communicators (after the last
- * collective) before the group. */
+ * collective) before the group (a group destroyed first is freed, with a
+ * warning, when its last communicator is).  Every rank of a collective must
+ * make the same call (the same collective, sizes and counts): one that
+ * differs fails on every rank with MLART_ECOMM naming the rank, and no
+ * buffer is read or written. */
 typedef struct mlart_comm_group mlart_comm_group;
 MLART_API int mlart_comm_group_create(int size, int device, int timeout_ms,
                                       mlart_comm_group **out);

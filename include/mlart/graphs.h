@@ -69,7 +69,8 @@ typedef struct mlart_graph_bufs {
  * an NCCL communicator the warm-ups are waited for by mlart_comm_wait).
  * Every buffer is made on the layer's device, with the backend's tail_pad
  * of readable bytes after it.
- * MLART_EINVAL for bad sizes or unknown flags, MLART_ENOMEM, MLART_ECUDA
+ * MLART_EINVAL for bad sizes or unknown flags, MLART_ERANGE when the
+ * buffers' bytes pass the address space, MLART_ENOMEM, MLART_ECUDA
  * naming the bucket whose capture failed, or what a warm-up step returned. */
 MLART_API int mlart_graph_cache_create(mlart_layer *layer, const int32_t *sizes, int num_sizes,
                                        unsigned flags, void *stream, mlart_graph_cache **out);

@@ -135,6 +135,10 @@ START_TEST(errors_name_key_and_line)
     expect_error("[bogus]\nheads = 4\n", "unknown section [bogus]", ":1");
     expect_error("[model]\nheads = 4\nheads = 8\n", "duplicate key 'heads'", ":3");
     expect_error("[model]\nthis line has no equals sign\n", "syntax error", ":2");
+    /* an unclosed section is the cause, not the keys after it */
+    expect_error("[model\nheads = 4\n", "syntax error", ":1");
+    /* a bad key before a syntax error is still the first error */
+    expect_error("[model]\nhedas = 4\n[runtime\n", "unknown key 'hedas'", ":2");
     snprintf(buf, sizeof buf, "[model]\nheads = 4\n; %0300d\n", 0);
     expect_error(buf, "longer than", ":3");
     /* missing required key names the key and the file */
@@ -494,6 +498,15 @@ START_TEST(precedence)
     ck_assert_ptr_nonnull(strstr(mlart_last_error(), "'c pu'"));
     ck_assert_int_eq(mlart_config_set(&c, "backend", " ", "--backend"), 0); /* empty: the default */
     ck_assert_str_eq(c.backend, "");
+    /* the fields are public: finish refuses what set would have */
+    {
+        mlart_config z = c;
+        z.tp_size = 0;
+        ck_assert_int_eq(mlart_config_finish(&z), MLART_ECONFIG);
+        ck_assert_ptr_nonnull(strstr(mlart_last_error(), "tp_size = 0"));
+        z = c, z.dcp_size = -1;
+        ck_assert_int_eq(mlart_config_finish(&z), MLART_ECONFIG);
+    }
     /* environment can supply a required key the file lacks */
     unsetenv("MLART_DEVICE");
     setenv("MLART_TOPK", "16", 1);

@@ -128,6 +128,99 @@ START_TEST(local_collectives)
 }
 END_TEST
 
+/* Rank k's all_gather of n + k * extra bytes, or (kind 1) rank 0 an
+ * all_gather and the others a reduce_scatter of the same count. */
+typedef struct odd_job {
+    mlart_comm *comm;
+    int rank, kind;
+    size_t n;
+    unsigned char send[64], recv[256];
+    int rc;
+    char err[512];
+} odd_job;
+
+static void *run_odd(void *arg)
+{
+    odd_job *j = arg;
+    if (j->kind == 1 && j->rank > 0)
+        j->rc = mlart_comm_reduce_scatter_f32(j->comm, (const float *)(void *)j->send,
+                                              (float *)(void *)j->recv, j->n / 4, NULL);
+    else
+        j->rc = mlart_comm_all_gather(j->comm, j->send, j->recv, j->n, NULL);
+    snprintf(j->err, sizeof j->err, "%s", j->rc ? mlart_last_error() : "");
+    return NULL;
+}
+
+/* Ranks that make different calls (sizes, or another collective) are all
+ * refused, and nothing is copied: before, a rank gathering more bytes than
+ * its peers sent read past their buffers. */
+START_TEST(local_calls_must_agree)
+{
+    for (int kind = 0; kind < 2; kind++) {
+        mlart_comm_group *g = NULL;
+        odd_job j[2];
+        pthread_t th[2];
+        ck_assert_int_eq(mlart_comm_group_create(2, -1, 5000, &g), 0);
+        for (int k = 0; k < 2; k++) {
+            memset(&j[k], 0, sizeof j[k]);
+            ck_assert_int_eq(mlart_comm_local_create(g, k, &j[k].comm), 0);
+            j[k].rank = k, j[k].kind = kind;
+            j[k].n = kind ? 16 : 16 + (size_t)k * 16; /* all_gather: 16 and 32 bytes */
+            memset(j[k].send, 0x11 * (k + 1), sizeof j[k].send);
+            memset(j[k].recv, 0xee, sizeof j[k].recv);
+        }
+        for (int k = 0; k < 2; k++)
+            pthread_create(&th[k], NULL, run_odd, &j[k]);
+        for (int k = 0; k < 2; k++)
+            pthread_join(th[k], NULL);
+        for (int k = 0; k < 2; k++) {
+            ck_assert_msg(j[k].rc == MLART_ECOMM, "case %d rank %d: rc %d %s", kind, k, j[k].rc,
+                          j[k].err);
+            ck_assert_msg(strstr(j[k].err, "made another call"), "%s", j[k].err);
+            for (size_t i = 0; i < sizeof j[k].recv; i++)
+                ck_assert_int_eq(j[k].recv[i], 0xee);
+        }
+        printf("calls that differ (%s): %s\n", kind ? "collectives" : "sizes", j[1].err);
+        for (int k = 0; k < 2; k++)
+            mlart_comm_destroy(j[k].comm);
+        mlart_comm_group_destroy(g);
+    }
+}
+END_TEST
+
+/* A group destroyed before its communicators lives until the last of them
+ * is destroyed (AddressSanitizer, tests/host-sanitizers.sh, saw the use
+ * after free before); bad devices and a NULL out are refused at create. */
+START_TEST(local_group_lifetime_and_args)
+{
+    mlart_comm_group *g = NULL, *keep = (mlart_comm_group *)0x1;
+    mlart_comm *c0 = NULL, *c1 = NULL, *kc = (mlart_comm *)0x1;
+    ck_assert_int_eq(mlart_comm_group_create(2, -1, 200, &g), 0);
+    ck_assert_int_eq(mlart_comm_local_create(g, 0, &c0), 0);
+    ck_assert_int_eq(mlart_comm_local_create(g, 1, &c1), 0);
+    mlart_comm_group_destroy(g); /* warns; freed with the last communicator */
+    mlart_comm_destroy(c1);
+    ck_assert_int_eq(mlart_comm_all_gather(c0, "abcd", (char[8]){0}, 4, NULL), MLART_ECOMM);
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), "rank 1 left the group"));
+    mlart_comm_destroy(c0);
+    ck_assert_int_eq(mlart_comm_group_create(2, -5, 0, &keep), MLART_EINVAL);
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), "device -5"));
+#ifndef MLART_WITH_CUDA
+    ck_assert_int_eq(mlart_comm_group_create(2, 0, 0, &keep), MLART_ENOTSUP);
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), "no CUDA"));
+#endif
+    ck_assert_ptr_eq(keep, (mlart_comm_group *)0x1);
+    ck_assert_int_eq(mlart_comm_group_create(2, -1, 0, NULL), MLART_EINVAL);
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), "NULL out"));
+    ck_assert_int_eq(mlart_comm_group_create(2, -1, 0, &g), 0);
+    ck_assert_int_eq(mlart_comm_local_create(g, 0, NULL), MLART_EINVAL);
+    ck_assert_ptr_nonnull(strstr(mlart_last_error(), "NULL out"));
+    ck_assert_int_eq(mlart_comm_local_create(NULL, 0, &kc), MLART_EINVAL);
+    ck_assert_ptr_eq(kc, (mlart_comm *)0x1);
+    mlart_comm_group_destroy(g);
+}
+END_TEST
+
 /* In place, as NCCL allows it: reduce_scatter_f32 with recv = send + rank * n.
  * Before, the host group zeroed its sum in recv and so in its own block of
  * send before reading it: the rank's own contribution was lost (or doubled). */
@@ -446,10 +539,12 @@ START_TEST(bad_setups_refused)
     fx_init(&f, 4, P_, R_, L_, V_, K_, PAGE_, T_, B_, MB_, seed);
     ck_assert_int_eq(mlart_context_create(-1, &ctx), 0);
     ck_assert_int_eq(mlart_comm_group_create(2, -1, 1000, &host), 0);
+#ifdef MLART_WITH_CUDA
     ck_assert_int_eq(mlart_comm_group_create(2, 0, 1000, &dev), 0);
+    ck_assert_int_eq(mlart_comm_local_create(dev, 0, &cd), 0);
+#endif
     ck_assert_int_eq(mlart_comm_group_create(4, -1, 1000, &four), 0);
     ck_assert_int_eq(mlart_comm_local_create(host, 0, &c), 0);
-    ck_assert_int_eq(mlart_comm_local_create(dev, 0, &cd), 0);
     ck_assert_int_eq(mlart_comm_local_create(four, 0, &c4), 0);
     {
         mlart_comm *bad = NULL;
@@ -457,8 +552,10 @@ START_TEST(bad_setups_refused)
         ck_assert_ptr_null(bad);
     }
 
+#ifdef MLART_WITH_CUDA /* without CUDA no group lives on a device (local_group_lifetime_and_args) */
     ck_assert_int_eq(create_dcp(&f, ctx, cd, "reference", 1, 0, &ly), MLART_EINVAL);
     ck_assert_msg(strstr(mlart_last_error(), "device 0") != NULL, "%s", mlart_last_error());
+#endif
     ck_assert_int_eq(create_dcp(&f, ctx, c, "reference", -1, 0, &ly), MLART_EINVAL);
     ck_assert_int_eq(create_dcp(&f, ctx, c, "reference", 1, 7, &ly), MLART_EINVAL);
     ck_assert_int_eq(create_dcp(&f, ctx, c, "testsafe", 1, 0, &ly), MLART_ENOTSUP);
@@ -740,6 +837,8 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, local_collectives, 0, MAXD);
     tcase_add_loop_test(tc, local_reduce_scatter_in_place, 0, MAXD);
+    tcase_add_test(tc, local_calls_must_agree);
+    tcase_add_test(tc, local_group_lifetime_and_args);
     tcase_add_test(tc, placement);
     tcase_add_loop_test(tc, dcp_step_equals_one_rank, 0, (int)(sizeof cases / sizeof cases[0]));
     tcase_add_test(tc, bad_setups_refused);

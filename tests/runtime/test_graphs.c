@@ -231,6 +231,21 @@ START_TEST(bad_input_refused)
     ck_assert_int_eq(mlart_graph_cache_graphs(NULL), 0);
     mlart_graph_cache_destroy(gc);
     mlart_graph_cache_destroy(NULL);
+    {
+        /* a layer planned for more requests and blocks than any buffer holds:
+         * the refusal names both limits */
+        mlart_layer *huge = NULL;
+        mlart_layer_desc d = fx_desc(&f, "reference");
+        d.max_requests = INT32_MAX, d.max_blocks_per_req = INT32_MAX;
+        ck_assert_msg(mlart_layer_create(host, &d, &huge) == 0, "%s", mlart_last_error());
+        gc = sentinel;
+        ck_assert_int_eq(mlart_graph_cache_create(huge, one, 1, 0, NULL, &gc), MLART_ERANGE);
+        ck_assert_msg(strstr(mlart_last_error(), "2147483647 requests and 2147483647 blocks a request") &&
+                          strstr(mlart_last_error(), "max_requests and max_blocks_per_req"),
+                      "%s", mlart_last_error());
+        ck_assert_ptr_eq(gc, sentinel);
+        mlart_layer_destroy(huge);
+    }
 }
 END_TEST
 

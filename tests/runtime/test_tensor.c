@@ -136,6 +136,15 @@ START_TEST(overlap)
 }
 END_TEST
 
+/* a dense view without a shape is refused by the check, not empty */
+START_TEST(dense_without_shape)
+{
+    uint16_t buf[4];
+    mlart_tensor t = mlart_tensor_dense(buf, MLART_DTYPE_BF16, -1, 2, NULL);
+    ck_assert_int_eq(mlart_tensor_check(&t, "t"), MLART_EINVAL);
+}
+END_TEST
+
 /* mlart_tensor_self_overlap: elements of one view on one address */
 START_TEST(self_overlap)
 {
@@ -282,6 +291,7 @@ START_TEST(geometry)
     ck_assert_int_eq(f, MLART_KV_FP8_DS_MLA);
     ck_assert_int_eq(mlart_kv_format_parse("fp8", &f), MLART_EINVAL);
     ck_assert_int_eq(f, MLART_KV_FP8_DS_MLA);
+    ck_assert_int_eq(mlart_kv_format_parse("bf16", NULL), MLART_EINVAL); /* crashed before */
     ck_assert_str_eq(mlart_kv_format_name(MLART_KV_BF16), "bf16");
 }
 END_TEST
@@ -340,6 +350,22 @@ START_TEST(kv_b_proj_views)
     t.dtype = MLART_DTYPE_BF16;
     t.extent -= 2;
     ck_assert_int_eq(mlart_weights_from_kv_b_proj(&g, &t, &uk, &uv), MLART_ELAYOUT);
+    t.extent += 2;
+    t.ndim = 3, t.shape[2] = 1, t.stride[2] = 1;
+    ck_assert_int_eq(mlart_weights_from_kv_b_proj(&g, &t, &uk, &uv), MLART_ESHAPE);
+    ck_assert_msg(strstr(mlart_last_error(), "3 dims, want 2"), "%s", mlart_last_error());
+    t.ndim = 2;
+    {
+        /* one head, a row stride whose (P+V) rows pass 2^63 elements, with an
+         * extent claimed to match: refused, not wrapped (UBSan saw the wrap) */
+        mlart_geometry g1 = g;
+        mlart_tensor w = t;
+        g1.heads = 1, g1.qk_nope = 1, g1.v_head = 1; /* two rows: their span fits */
+        w.shape[0] = 2, w.stride[0] = ((int64_t)1 << 62) + 1, w.extent = SIZE_MAX;
+        ck_assert_int_eq(mlart_weights_from_kv_b_proj(&g1, &w, &uk, &uv), MLART_ELAYOUT);
+        ck_assert_msg(strstr(mlart_last_error(), "row stride"), "%s", mlart_last_error());
+    }
+    ck_assert_mem_eq(&keep, &uk, sizeof keep);
     printf("kv_b_proj views checked elementwise (seed %llu)\n", (unsigned long long)seed);
     free(kv);
 }
@@ -373,6 +399,7 @@ int main(void)
     tcase_add_test(tc, dense_and_span);
     tcase_add_test(tc, overlap);
     tcase_add_test(tc, self_overlap);
+    tcase_add_test(tc, dense_without_shape);
     tcase_add_test(tc, bad_views);
     tcase_add_test(tc, huge_shapes);
     tcase_add_test(tc, geometry);
