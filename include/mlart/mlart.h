@@ -245,7 +245,9 @@ typedef struct mlart_layer_desc {
      * mlart_dcp_local_pos(p, D, dcp_interleave) of the shard), while idx and
      * seq_lens stay global (positions in the whole sequence).  Every rank of
      * the group calls mlart_layer_decode with the same T, B, idx,
-     * req_of_token and seq_lens, each with its own q (its H heads).  A step
+     * req_of_token and seq_lens, each with its own q (its H heads); over a
+     * local communicator a step whose T differs between ranks fails on
+     * every rank with MLART_ECOMM, over NCCL it is undefined.  A step
      * all-gathers the D ranks' absorbed queries, attends all D*H heads over
      * the local shard, brings each head's D partial outputs and LSEs to the
      * head's rank by dcp_routing and combines them there.  The comm's device
