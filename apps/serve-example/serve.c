@@ -24,6 +24,9 @@
 #define REPLY_MAX 1024
 /* Stop reading from a client whose unread replies pile up past this. */
 #define WRITE_HIGH_WATER (1u << 20)
+/* ... or past this many replies, each a write of its own (a short error
+ * reply costs the server several times its bytes). */
+#define WRITE_HIGH_COUNT 4096
 
 typedef struct server server;
 typedef struct conn conn;
@@ -46,6 +49,9 @@ struct conn {
     int eof;              /* the client half-closed: answer what it sent, then close */
     int shut;             /* uv_shutdown issued */
     int pending;          /* its requests queued or in the running step */
+    int writes;           /* its replies written but not yet sent */
+    char *held;           /* bytes read but not framed yet: it was paused mid-read */
+    size_t held_len, held_off;
     conn *prev, *next;    /* the server's list of open connections */
 };
 
@@ -71,6 +77,7 @@ struct server {
     serve_limits lim;
     int32_t max_batch_tokens, max_batch_requests;
     size_t max_line, max_queue;
+    int max_conn_queue; /* a connection's requests queued or in a step, at most */
     pending *qhead, *qtail;
     size_t qlen;
     /* the step in flight */
@@ -105,6 +112,7 @@ static void conn_unref(conn *c)
 {
     if (--c->refs == 0) {
         serve_framer_free(&c->fr);
+        free(c->held);
         free(c);
     }
 }
@@ -133,20 +141,47 @@ static void conn_close(conn *c)
 static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf);
 static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf);
 
+static void on_line(void *ctx, const char *line, size_t len, int too_long);
+static void start_step(server *s);
+
+/* Go on with a client once neither reason to pause it holds: its unread
+ * replies (WRITE_HIGH_WATER) and its requests in the queue or the step
+ * (max_conn_queue, which keeps one fast client from holding the queue that
+ * every client shares).  First the lines it sent that were read but not
+ * framed when it was paused, then reading again. */
+static void maybe_resume(conn *c)
+{
+    server *s = c->srv;
+    if (c->closing || c->reading || c->eof || c->shut || c->pending >= s->max_conn_queue ||
+        uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) >= WRITE_HIGH_WATER / 2 ||
+        c->writes >= WRITE_HIGH_COUNT / 2)
+        return;
+    if (c->held) {
+        const size_t left = c->held_len - c->held_off;
+        const size_t used = serve_framer_feed(&c->fr, c->held + c->held_off, left, on_line, c);
+        c->held_off += used;
+        start_step(s);
+        if (used < left)
+            return; /* paused again */
+        free(c->held);
+        c->held = NULL;
+        c->held_len = c->held_off = 0;
+    }
+    if (!s->stopping && !c->closing && !c->reading &&
+        uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
+        c->reading = 1;
+}
+
 static void on_written(uv_write_t *w, int status)
 {
     write_req *wr = (write_req *)w;
     conn *c = wr->c;
+    c->writes--;
     if (status == UV_ECANCELED && c->srv->drain_timed_out)
         c->srv->drain_unsent++;
     if (status < 0 && !c->closing)
         conn_close(c);
-    /* resume a client we paused for not reading its replies */
-    if (!c->closing && !c->reading && !c->eof && !c->shut && !c->srv->stopping &&
-        uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) < WRITE_HIGH_WATER / 2) {
-        if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) == 0)
-            c->reading = 1;
-    }
+    maybe_resume(c);
     free(wr);
     conn_unref(c);
 }
@@ -173,9 +208,14 @@ static void send_reply(conn *c, const char *text, size_t len)
         conn_close(c);
         return;
     }
-    if (c->reading && uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > WRITE_HIGH_WATER) {
-        uv_read_stop((uv_stream_t *)&c->tcp);
-        c->reading = 0;
+    c->writes++;
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > WRITE_HIGH_WATER ||
+        c->writes > WRITE_HIGH_COUNT) {
+        c->fr.pause = 1; /* the rest of the read in progress waits too */
+        if (c->reading) {
+            uv_read_stop((uv_stream_t *)&c->tcp);
+            c->reading = 0;
+        }
     }
 }
 
@@ -269,6 +309,8 @@ static void after_work_cb(uv_work_t *w, int status)
         }
         if (--p->c->pending == 0 && p->c->eof)
             conn_shutdown(p->c);
+        else
+            maybe_resume(p->c);
         conn_unref(p->c);
         free(p);
     }
@@ -332,6 +374,13 @@ static void on_line(void *ctx, const char *line, size_t len, int too_long)
         send_error(c, req.id, SERVE_ESHUTDOWN, "the server is shutting down");
         return;
     }
+    if (c->pending >= s->max_conn_queue) {
+        /* lines of this read past the connection's share; reading pauses
+         * until one of its requests is answered */
+        snprintf(msg, sizeof msg, "%d requests of this connection already queued", c->pending);
+        send_error(c, req.id, SERVE_EBUSY, msg);
+        return;
+    }
     if (s->qlen >= s->max_queue) {
         snprintf(msg, sizeof msg, "%zu requests already queued", s->qlen);
         send_error(c, req.id, SERVE_EBUSY, msg);
@@ -347,7 +396,13 @@ static void on_line(void *ctx, const char *line, size_t len, int too_long)
     p->req = req;
     p->t_arrival = now_ns();
     c->refs++;
-    c->pending++;
+    if (++c->pending >= s->max_conn_queue) {
+        c->fr.pause = 1; /* the rest of the read in progress waits for a reply */
+        if (c->reading) {
+            uv_read_stop((uv_stream_t *)&c->tcp);
+            c->reading = 0;
+        }
+    }
     if (s->qtail)
         s->qtail->next = p;
     else
@@ -383,7 +438,19 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
         conn_close(c); /* reset or error: its queued requests are dropped at reply time */
         return;
     }
-    serve_framer_feed(&c->fr, buf->base, (size_t)n, on_line, c);
+    {
+        const size_t used = serve_framer_feed(&c->fr, buf->base, (size_t)n, on_line, c);
+        if (used < (size_t)n && !c->closing) {
+            /* paused mid-read: keep the rest (the slab is reused) */
+            c->held_len = (size_t)n - used;
+            c->held_off = 0;
+            c->held = malloc(c->held_len);
+            if (!c->held)
+                conn_close(c); /* cannot keep what it sent: closing tells it so */
+            else
+                memcpy(c->held, buf->base + used, c->held_len);
+        }
+    }
     start_step(c->srv);
 }
 
@@ -541,6 +608,8 @@ static void usage(FILE *f)
             "  --max-batch-requests N requests per step (default 16, <= 256)\n"
             "  --max-line N           request line cap in bytes (default 4096)\n"
             "  --max-queue N          queued requests before 'busy' replies (default 4096)\n"
+            "  --max-conn-queue N     one connection's requests queued or in a step; past it\n"
+            "                         the server stops reading from it (default 64)\n"
             "  --drain-timeout S      after SIGINT/SIGTERM, close what is left after S seconds\n"
             "                         and exit 1 (default 30; 0: no limit)\n"
             "  --no-graph             launch each step's kernels directly instead of\n"
@@ -587,6 +656,7 @@ int main(int argc, char **argv)
     s.max_batch_requests = 16;
     s.max_line = 4096;
     s.max_queue = 4096;
+    s.max_conn_queue = 64;
     s.drain_timeout_s = 30;
     if (getenv("MLART_SERVE_TEST_REFUSE"))
         s.test_refuse = strtol(getenv("MLART_SERVE_TEST_REFUSE"), NULL, 10);
@@ -637,6 +707,8 @@ int main(int argc, char **argv)
             ok = !parse_int(val, 64, 1 << 24, &v) && ((s.max_line = (size_t)v), 1);
         else if (!strcmp(a, "--max-queue"))
             ok = !parse_int(val, 1, 1 << 24, &v) && ((s.max_queue = (size_t)v), 1);
+        else if (!strcmp(a, "--max-conn-queue"))
+            ok = !parse_int(val, 1, 1 << 24, &v) && ((s.max_conn_queue = (int)v), 1);
         else if (!strcmp(a, "--drain-timeout"))
             ok = !parse_int(val, 0, 86400, &s.drain_timeout_s);
         else if (!strcmp(a, "--weights"))

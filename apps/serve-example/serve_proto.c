@@ -463,8 +463,10 @@ void serve_framer_finish(serve_framer *f, serve_line_fn fn, void *ctx)
     f->discarding = 0;
 }
 
-void serve_framer_feed(serve_framer *f, const char *data, size_t n, serve_line_fn fn, void *ctx)
+size_t serve_framer_feed(serve_framer *f, const char *data, size_t n, serve_line_fn fn, void *ctx)
 {
+    const size_t all = n;
+    f->pause = 0;
     while (n) {
         const char *nl = memchr(data, '\n', n);
         size_t chunk = nl ? (size_t)(nl - data) : n;
@@ -494,10 +496,15 @@ void serve_framer_feed(serve_framer *f, const char *data, size_t n, serve_line_f
             }
         }
         if (!nl)
-            return;
+            return all;
         data = nl + 1;
         n -= chunk + 1;
+        if (f->pause) {
+            f->pause = 0;
+            return all - n;
+        }
     }
+    return all;
 }
 
 uint64_t serve_fnv1a(uint64_t h, const void *data, size_t n)

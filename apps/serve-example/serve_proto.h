@@ -57,14 +57,18 @@ typedef struct serve_framer {
     char *buf;
     size_t len, cap;
     int discarding;
+    int pause; /* set by the line callback: feed returns after that line */
 } serve_framer;
 
 typedef void (*serve_line_fn)(void *ctx, const char *line, size_t len, int too_long);
 
 int serve_framer_init(serve_framer *f, size_t cap);
 void serve_framer_free(serve_framer *f);
-/* Feed bytes; calls fn for each complete line ("\r\n" accepted; blank lines skipped). */
-void serve_framer_feed(serve_framer *f, const char *data, size_t n, serve_line_fn fn, void *ctx);
+/* Feed bytes; calls fn for each complete line ("\r\n" accepted; blank lines
+ * skipped).  Returns the bytes consumed: n, or fewer when fn set f->pause
+ * (which feed then clears), the bytes after that line left for a later
+ * feed. */
+size_t serve_framer_feed(serve_framer *f, const char *data, size_t n, serve_line_fn fn, void *ctx);
 /* The stream ended: a last line without its newline is a line too (or too
  * long); the framer is empty after. */
 void serve_framer_finish(serve_framer *f, serve_line_fn fn, void *ctx);

@@ -820,6 +820,95 @@ START_TEST(test_batch_invariance)
 }
 END_TEST
 
+/* One client that pipelines as fast as it can (bursts of 64 one-token
+ * requests, reading whatever replies have come) must not keep another
+ * client's lone requests waiting behind its own: without a per-connection
+ * cap it holds the shared queue (thousands of requests, so a lone request
+ * waits hundreds of steps, or is answered `busy` when the queue is full);
+ * --max-conn-queue 8 holds it to 8 requests queued or running, so a lone
+ * request waits a step or two.  Each lone reply must be `ok` and its
+ * queue_us at most 32 times its step's compute_us (both from the reply, so
+ * the bound does not depend on the machine's speed).  The greedy client is
+ * a child process that runs for 4 s. */
+START_TEST(test_fair_share)
+{
+    static const char *const args[] = {"--max-conn-queue", "8", NULL};
+    proc p;
+    pid_t greedy;
+    int ok = 0, busy = 0, fd;
+    double worst = 0.0, worst_ratio = 0.0;
+    spawn(&p, args);
+    greedy = fork();
+    ck_assert_int_ge(greedy, 0);
+    if (greedy == 0) {
+        int g = connect_to(p.port);
+        char burst[64 * 48], sink[1 << 16];
+        size_t n = 0;
+        double t0 = now_s();
+        if (g < 0)
+            _exit(3);
+        for (int i = 0; i < 64; i++)
+            n += (size_t)snprintf(burst + n, sizeof burst - n,
+                                  "{\"id\":\"g%d\",\"tokens\":1,\"positions\":[5]}\n", i);
+        while (now_s() - t0 < 4.0) {
+            size_t off = 0;
+            while (off < n && now_s() - t0 < 4.0) {
+                ssize_t w = send(g, burst + off, n - off, MSG_NOSIGNAL);
+                if (w > 0)
+                    off += (size_t)w;
+                while (recv(g, sink, sizeof sink, 0) > 0) {
+                }
+                if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+                    _exit(4);
+            }
+        }
+        _exit(0);
+    }
+    nanosleep(&(struct timespec){0, 500000000}, NULL); /* the greedy client in full flow */
+    fd = connect_to(p.port);
+    ck_assert_int_ge(fd, 0);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &(struct timeval){20, 0}, sizeof(struct timeval));
+    for (int i = 0; i < 6; i++) {
+        char line[128], buf[1024];
+        int k = snprintf(line, sizeof line, "{\"id\":\"p%d\",\"tokens\":1,\"positions\":[7]}\n", i);
+        double t0 = now_s();
+        ssize_t r;
+        ck_assert_int_eq(send(fd, line, (size_t)k, MSG_NOSIGNAL), k);
+        r = recv(fd, buf, sizeof buf - 1, 0); /* one short reply line */
+        ck_assert_msg(r > 0, "no reply to p%d within 20 s", i);
+        buf[r] = '\0';
+        ok += strstr(buf, "\"ok\":true") != NULL;
+        busy += strstr(buf, "\"busy\"") != NULL;
+        {
+            const char *qs = strstr(buf, "\"queue_us\":"), *cs = strstr(buf, "\"compute_us\":");
+            long q = -1, cu = -1;
+            if (qs && cs && sscanf(qs, "\"queue_us\":%ld", &q) == 1 &&
+                sscanf(cs, "\"compute_us\":%ld", &cu) == 1) {
+                const double ratio = (double)q / (double)(cu > 0 ? cu : 1);
+                ck_assert_msg(ratio <= 32.0, "p%d waited %ld us in the queue, its step took %ld us: %s",
+                              i, q, cu, buf);
+                if (ratio > worst_ratio)
+                    worst_ratio = ratio;
+            }
+        }
+        if (now_s() - t0 > worst)
+            worst = now_s() - t0;
+    }
+    close(fd);
+    {
+        int st = -1;
+        ck_assert_int_eq(waitpid(greedy, &st, 0), greedy);
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "greedy client status %d", st);
+    }
+    printf("fair share: beside a client pipelining 1-token requests, 6 lone requests: %d ok, %d "
+           "busy, the slowest answered after %.3f s, queue time at most %.1f times the step\n", ok,
+           busy, worst, worst_ratio);
+    ck_assert_int_eq(finish(&p, SIGTERM, 20.0), 0);
+    ck_assert_int_eq(ok, 6);
+}
+END_TEST
+
 /* Checkpoint weights through the server: a BF16 and an FP8 (128x128 block
  * scales) kv_b_proj holding the same values must serve identical outputs. */
 START_TEST(test_weights)
@@ -989,8 +1078,9 @@ END_TEST
 /* A second signal during a long drain ends the process at once. */
 START_TEST(test_second_signal)
 {
+    /* every request of the one connection queued at once */
     static const char *const args[] = {"--max-batch-tokens", "8", "--max-request-tokens", "8",
-                                       NULL};
+                                       "--max-conn-queue", "4096", NULL};
     proc p;
     int fd, rc;
     char c;
@@ -1023,8 +1113,11 @@ END_TEST
  * second of the signal. */
 START_TEST(test_drain_timeout)
 {
+    /* the only pause is for the unread replies (no per-connection cap, which
+     * would stop reading while the steps catch up) */
     static const char *const args[] = {"--max-batch-tokens", "32", "--max-batch-requests", "32",
-                                       "--drain-timeout", "1", NULL};
+                                       "--drain-timeout", "1", "--max-conn-queue", "16777216",
+                                       NULL};
     static const char req[] = "{\"id\":\"never-read\",\"tokens\":1,\"positions\":[5]}\n";
     char dir[] = "/tmp/mlart-serve-d-XXXXXX", errp[80], msg[4096] = "";
     proc p;
@@ -1190,6 +1283,7 @@ int main(int argc, char **argv)
     tcase_set_timeout(live, 180);
     tcase_add_test(live, test_load);
     tcase_add_test(live, test_batch_invariance);
+    tcase_add_test(live, test_fair_share);
     tcase_add_test(live, test_sigterm);
     tcase_add_test(live, test_sigint);
     tcase_add_test(live, test_clients_vanish);
