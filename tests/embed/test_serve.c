@@ -148,6 +148,51 @@ static void collect(void *ctx, const char *line, size_t len, int too_long)
     l->n++;
 }
 
+/* collect, and ask the framer to pause after every line (a paused server) */
+static serve_framer *pausing;
+static void collect_pause(void *ctx, const char *line, size_t len, int too_long)
+{
+    collect(ctx, line, len, too_long);
+    pausing->pause = 1;
+}
+
+/* Fed with a pause after every line, each feed returning what it used and
+ * the rest fed again, the framer gives the lines of one plain feed. */
+START_TEST(test_framer_pause)
+{
+    static const char text[] = "a\r\n\nbb\n0123456789abcdefgh\nccc\r\nd\ne";
+    const size_t n = sizeof text - 1;
+    serve_framer f, g;
+    lines plain, paused;
+    size_t off = 0;
+    int feeds = 0;
+    memset(&plain, 0, sizeof plain);
+    memset(&paused, 0, sizeof paused);
+    ck_assert_int_eq(serve_framer_init(&f, 16), 0);
+    ck_assert_uint_eq(serve_framer_feed(&f, text, n, collect, &plain), n);
+    serve_framer_finish(&f, collect, &plain);
+    ck_assert_int_eq(serve_framer_init(&g, 16), 0);
+    pausing = &g;
+    while (off < n) {
+        size_t used = serve_framer_feed(&g, text + off, n - off, collect_pause, &paused);
+        ck_assert_uint_gt(used, 0);
+        ck_assert_int_eq(g.pause, 0); /* cleared by feed */
+        off += used;
+        feeds++;
+    }
+    serve_framer_finish(&g, collect, &paused);
+    ck_assert_int_eq(paused.n, plain.n);
+    for (int i = 0; i < plain.n; i++) {
+        ck_assert_str_eq(paused.got[i], plain.got[i]);
+        ck_assert_int_eq(paused.too_long[i], plain.too_long[i]);
+    }
+    ck_assert_int_ge(feeds, plain.n - 1); /* it did stop after the lines */
+    printf("framer pause: %d lines in %d feeds, as in one\n", plain.n, feeds);
+    serve_framer_free(&f);
+    serve_framer_free(&g);
+}
+END_TEST
+
 START_TEST(test_framer_and_replies)
 {
     serve_framer f;
@@ -1280,6 +1325,7 @@ int main(int argc, char **argv)
     live = tcase_create("server");
     tcase_add_test(proto, test_parse);
     tcase_add_test(proto, test_framer_and_replies);
+    tcase_add_test(proto, test_framer_pause);
     tcase_set_timeout(live, 180);
     tcase_add_test(live, test_load);
     tcase_add_test(live, test_batch_invariance);
