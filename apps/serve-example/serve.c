@@ -375,8 +375,8 @@ static void on_line(void *ctx, const char *line, size_t len, int too_long)
         return;
     }
     if (c->pending >= s->max_conn_queue) {
-        /* lines of this read past the connection's share; reading pauses
-         * until one of its requests is answered */
+        /* past the connection's share: the framer pauses at the share, so
+         * only a line that ends the stream (framer_finish) can come here */
         snprintf(msg, sizeof msg, "%d requests of this connection already queued", c->pending);
         send_error(c, req.id, SERVE_EBUSY, msg);
         return;
