@@ -51,6 +51,11 @@
  *   chain_pdl the same launched with programmatic dependent launch, every
  *            gather before its wait and the query's load after it (the most
  *            of it a design can hide behind the previous kernel)
+ *   split_pdl at <= 16 heads, the same loads spread over chunks of a
+ *            token's slots, each chunk's partial written and a combine
+ *            kernel after them, both with PDL (split_floor_main and
+ *            split_floor_combine): the least a design that combines its
+ *            chunks in global memory can take
  * `step` and `early` put the layer's KV write of T rows in front of the
  * absorption, as the layer's step (mlart-decode's) does: the rows are slots
  * 0..8191's own, rewritten with the same bytes, so no input of any set
@@ -436,6 +441,214 @@ double chain_floor_us(const mlart_bench_opts *o, Ctx *c, bool fp8, int pdl, int 
         }
     }
     return best;
+}
+
+/* The split floor (column `split_pdl`, rows of <= 16 heads): the least a
+ * call can take that spreads a token's slots over chunks of blocks and
+ * combines their partials in global memory, as every split design does
+ * (the small-head kernel with its combine kernel; a combine fused through
+ * counters only adds to it, docs/attention.md).  Two kernels, each launched
+ * with programmatic dependent launch:
+ *   split_floor_main: grid (splits, T), 256 threads, a chunk of topk /
+ *     splits slots a block; the same loads as the chain floor, all of them
+ *     before griddepcontrol.wait (U passes of 256 / TPR rows in flight at
+ *     once), then the query's load and the chunk's partial: H x 512 bf16 and
+ *     H fp32 LSEs, the size the small-head kernel writes;
+ *   split_floor_combine: one block per (token, head), after its wait: the
+ *     splits' LSEs, their maximum and weights, the weighted sum of the
+ *     splits' partials (8 columns a thread, eight loads in flight at a
+ *     time; one group of 64 threads, or eight summed over shared memory:
+ *     the faster of the two, which depends on the split count), the output
+ *     row and the LSE.
+ * No math on the rows: what is left over the chain floor is the partial
+ * write, the kernel boundary and the combine's round trips.  The column
+ * is the fastest of the split counts kSplitCounts with T x splits <= 1024. */
+constexpr int kSplitMaxChunks = 1024, kSplitMax = 128; /* T x splits, splits */
+
+struct SplitArgs {
+    FloorArgs f;
+    uint4 *part; /* [T, splits, H, 64] bf16 x 8 */
+    float *plse; /* [T, splits, H] */
+    int splits;
+};
+
+template <int TPR, int U, bool FP8> __global__ void __launch_bounds__(256) split_floor_main(const SplitArgs s)
+{
+    constexpr int PIECES = FP8 ? 656 / 16 : 1152 / 16, PER = (PIECES + TPR - 1) / TPR, ROWS = 256 / TPR;
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    const FloorArgs &a = s.f;
+    const int t = blockIdx.y, chunk = a.topk / s.splits, l = threadIdx.x % TPR;
+    const int req = a.req[t];
+    const int seq = a.seq[req];
+    unsigned x = 0;
+    for (int p0 = 0; p0 < chunk; p0 += ROWS * U) {
+        uint4 v[U][PER];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int r = p0 + u * ROWS + threadIdx.x / TPR;
+            const int pos = r < chunk ? a.idx[(size_t)t * a.topk + blockIdx.x * chunk + r] : -1;
+            const bool in_table = pos >= 0 && pos < a.max_blocks * a.page;
+            const int blk = in_table ? a.bt[(size_t)req * a.max_blocks + pos / a.page] : 0;
+            const bool ok = in_table && pos < seq;
+            const uint4 *row = a.kv + ((size_t)blk * a.page + (in_table ? pos % a.page : 0)) * PIECES;
+#pragma unroll
+            for (int j = 0; j < PER; j++)
+                v[u][j] = ok && l + TPR * j < PIECES ? __ldg(row + l + TPR * j) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int j = 0; j < PER; j++)
+                x ^= v[u][j].x ^ v[u][j].y ^ v[u][j].z ^ v[u][j].w;
+    }
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    {
+        const uint4 qv = __ldcg(a.q + (size_t)t * a.H * 72 + threadIdx.x % (a.H * 72));
+        x ^= qv.x ^ qv.y ^ qv.z ^ qv.w;
+    }
+    /* the partial: a bf16 value of x's low bits, so the combine's sums stay finite */
+    const unsigned b = 0x3f80u | (x & 0x3fu), w = b | b << 16;
+    const size_t base = ((size_t)t * s.splits + blockIdx.x) * a.H;
+    for (int i = threadIdx.x; i < a.H * 64; i += 256)
+        s.part[base * 64 + i] = make_uint4(w, w, w, w);
+    for (int h = threadIdx.x; h < a.H; h += 256)
+        s.plse[base + h] = (float)(x & 0xffu) * 0.01f;
+}
+
+template <int G> __global__ void __launch_bounds__(64 * G) split_floor_combine(const SplitArgs s)
+{
+    __shared__ float lse_s[kSplitMax];
+    __shared__ float4 acc_s[G][64][2];
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    const FloorArgs &a = s.f;
+    const int h = blockIdx.x, t = blockIdx.y, c = threadIdx.x % 64, g = threadIdx.x / 64, S = s.splits;
+    const float *ls = s.plse + (size_t)t * S * a.H + h;
+    for (int i = threadIdx.x; i < S; i += 64 * G)
+        lse_s[i] = __ldcg(ls + (size_t)i * a.H);
+    __syncthreads();
+    float m = -INFINITY;
+    for (int i = 0; i < S; i++)
+        m = fmaxf(m, lse_s[i]);
+    /* group g sums splits g, g + G, ..., eight loads in flight at a time */
+    const uint4 *p = s.part + ((size_t)t * S * a.H + h) * 64 + c;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int i0 = g; i0 < S; i0 += 8 * G) {
+        uint4 v[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            v[j] = i0 + G * j < S ? __ldcg(p + (size_t)(i0 + G * j) * a.H * 64) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            if (i0 + G * j >= S)
+                break;
+            const float wgt = __expf(lse_s[i0 + G * j] - m);
+            const __nv_bfloat162 *e = (const __nv_bfloat162 *)&v[j];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float2 f = __bfloat1622float2(e[k]);
+                acc[2 * k] += wgt * f.x;
+                acc[2 * k + 1] += wgt * f.y;
+            }
+        }
+    }
+    if (G > 1) {
+        acc_s[g][c][0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        acc_s[g][c][1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+        __syncthreads();
+        if (g != 0)
+            return;
+        for (int q = 1; q < G; q++) {
+            const float4 x0 = acc_s[q][c][0], x1 = acc_s[q][c][1];
+            acc[0] += x0.x, acc[1] += x0.y, acc[2] += x0.z, acc[3] += x0.w;
+            acc[4] += x1.x, acc[5] += x1.y, acc[6] += x1.z, acc[7] += x1.w;
+        }
+    }
+    float sum = 0;
+    for (int i = 0; i < S; i++)
+        sum += __expf(lse_s[i] - m);
+    const float inv = 1.0f / sum;
+    uint4 o;
+    __nv_bfloat162 *e = (__nv_bfloat162 *)&o;
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        e[k] = __floats2bfloat162_rn(acc[2 * k] * inv, acc[2 * k + 1] * inv);
+    a.out[((size_t)h * a.T + t) * 64 + c] = o;
+    if (c == 0)
+        a.lse[(size_t)h * a.T + t] = m + __logf(sum);
+}
+
+constexpr int kSplitCounts[] = {2, 4, 8, 16, 32, 64, 128};
+constexpr int kNumSplitCounts = (int)(sizeof kSplitCounts / sizeof kSplitCounts[0]);
+constexpr int kSplitTPR = 8, kSplitU = 4;
+
+struct SplitCtx {
+    Ctx *c;
+    int fp8, splits, groups; /* groups: the combine's, 1 or 8 */
+    void *ws; /* the partials and their LSEs, for T x splits <= kSplitMaxChunks */
+};
+
+int enqueue_split_floor(void *ctx, int set, cudaStream_t stream)
+{
+    const SplitCtx *f = (const SplitCtx *)ctx;
+    const Ctx &c = *f->c;
+    const Set &st = c.sets[set];
+    const int H = c.g.heads;
+    SplitArgs a;
+    a.f = {(const int32_t *)st.idx, (const int32_t *)st.req, (const int32_t *)st.seq,
+           (const int32_t *)st.bt,  (const uint4 *)c.kv,     (const uint4 *)st.q,
+           (uint4 *)st.out,         (float *)st.lse,         c.T,
+           H,                       kTopk,                   kPage,
+           kPagesPerReq};
+    a.part = (uint4 *)f->ws;
+    a.plse = (float *)((char *)f->ws + (size_t)c.T * f->splits * H * 1024);
+    a.splits = f->splits;
+    cudaLaunchAttribute at[2][1];
+    const cudaLaunchConfig_t lm = mlart_launch_cfg(dim3(f->splits, c.T), dim3(256), 0, stream, 1, at[0]);
+    const cudaLaunchConfig_t lc = mlart_launch_cfg(dim3(H, c.T), dim3(64 * f->groups), 0, stream, 1, at[1]);
+    const cudaError_t e =
+        cudaLaunchKernelEx(&lm, f->fp8 ? split_floor_main<kSplitTPR, kSplitU, true> : split_floor_main<kSplitTPR, kSplitU, false>, a);
+    return e != cudaSuccess ||
+           cudaLaunchKernelEx(&lc, f->groups == 1 ? split_floor_combine<1> : split_floor_combine<8>, a) != cudaSuccess;
+}
+
+/* The split floor of a row: the fastest of kSplitCounts (T x splits <=
+ * kSplitMaxChunks) and the two combine shapes; NAN if a timing failed.
+ * *best: that split count; each[i]: kSplitCounts[i]'s time (the faster
+ * combine), NAN where not timed. */
+double split_floor_us(const mlart_bench_opts *o, Ctx *c, bool fp8, int *best, double each[kNumSplitCounts])
+{
+    double fastest = NAN;
+    void *ws = NULL;
+    if (cudaMalloc(&ws, (size_t)kSplitMaxChunks * c->g.heads * (1024 + 4)) != cudaSuccess)
+        return NAN;
+    for (int i = 0; i < kNumSplitCounts; i++)
+        each[i] = NAN;
+    for (int i = 0; i < kNumSplitCounts; i++) {
+        if (c->T * kSplitCounts[i] > kSplitMaxChunks)
+            break;
+        double us = NAN;
+        for (int groups = 1; groups <= 8; groups += 7) {
+            SplitCtx f = {c, fp8, kSplitCounts[i], groups, ws};
+            double g_us;
+            if (mlart_bench_time(o, enqueue_split_floor, &f, c->nsets, &g_us)) {
+                us = NAN;
+                break;
+            }
+            us = isnan(us) ? g_us : fmin(us, g_us);
+        }
+        if (isnan(us)) {
+            fastest = NAN;
+            break;
+        }
+        each[i] = us;
+        if (isnan(fastest) || us < fastest) {
+            fastest = us;
+            *best = kSplitCounts[i];
+        }
+    }
+    cudaFree(ws);
+    return fastest;
 }
 
 /* Random cache rows; fp8 records written through mlart_kv_write_cuda. */
@@ -1124,7 +1337,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
         {"%roof", "%", 6, 1},    {"ref", "us", 9, 1},      {"x_ref", "x", 7, 1},  {"err", "nmse", 9, 7},
         {"qbmm", "us", 7, 2},    {"in_layer", "+us", 8, 2}, {"inplace", "us", 8, 2}, {"v_up", "+us", 7, 2},
         {"v_up_pdl", "+us", 8, 2}, {"step", "us", 7, 2},      {"early", "us", 7, 2},  {"chain", "us", 7, 2},
-        {"chain_pdl", "us", 9, 2}};
+        {"chain_pdl", "us", 9, 2}, {"split_pdl", "us", 9, 2}};
     const mlart_bench_table t = {"attn decode: b12x_mla_sparse, topk 2048, each token its own request, "
                                  "q_mqa[T,H,576] x paged cache -> out[H,T,512] + lse",
                                  "shape", 34, cols, (int)(sizeof cols / sizeof cols[0])};
@@ -1148,6 +1361,7 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
     double apart_whole = 0, apart_early = 0;     /* the same for the rows summed apart */
     double bare_sum[4] = {0, 0, 0, 0};           /* with the KV write: the same four sums without it */
     double chain_mem_ratio[2] = {0, 0}, chain_small_us[2] = {0, 0}; /* the chain floor, plain and PDL */
+    double split_mem_ratio = 0, split_small_us = 0;                  /* the split floor */
     char line[2048];
     mlart_bench_opts ref_opts = *o;
     ref_opts.reps = o->reps < 3 ? o->reps : 3;
@@ -1230,9 +1444,9 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
             }
             for (int it = 0; it < 7; it++) {
                 char name[64];
-                double v[17], ref_us = NAN, pair_us = NAN, step_us = NAN;
+                double v[18], ref_us = NAN, pair_us = NAN, step_us = NAN;
                 char kvw_line[256] = ""; /* MLART_BENCH_ATTN_KVW: the row's step and early without the write */
-                char floor_line[192] = "";
+                char floor_line[384] = "";
                 c->T = Ts[it];
                 snprintf(name, sizeof name, "attn %s H%d %s T%d", models[m].name, models[m].heads,
                          fmts[f] == MLART_KV_BF16 ? "bf16" : "fp8", c->T);
@@ -1362,26 +1576,36 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
                     }
                 }
                 /* the chain floor (chain_floor_kernel), at <= 16 heads */
-                v[15] = v[16] = NAN;
+                v[15] = v[16] = v[17] = NAN;
                 if (c->g.heads <= 16) {
-                    int sh[2] = {0, 0};
-                    v[15] = chain_floor_us(o, c, fmts[f] == MLART_KV_FP8_DS_MLA, 0, &sh[0]);
-                    v[16] = chain_floor_us(o, c, fmts[f] == MLART_KV_FP8_DS_MLA, 1, &sh[1]);
-                    if (!isnan(v[15]) && !isnan(v[16]))
-                        snprintf(floor_line, sizeof floor_line,
-                                 "#   %s chain floor's fastest shape (slots a block x threads a row): plain %dx%d, "
-                                 "with PDL %dx%d\n",
-                                 name, kFloorShapes[sh[0]][0], kFloorShapes[sh[0]][1], kFloorShapes[sh[1]][0],
-                                 kFloorShapes[sh[1]][1]);
-                    if (isnan(v[15]) || isnan(v[16])) {
-                        fprintf(stderr, "mlart-bench attn: %s: chain floor timing failed\n", name);
+                    int sh[2] = {0, 0}, splits = 0;
+                    double each[kNumSplitCounts];
+                    const bool fp8 = fmts[f] == MLART_KV_FP8_DS_MLA;
+                    v[15] = chain_floor_us(o, c, fp8, 0, &sh[0]);
+                    v[16] = chain_floor_us(o, c, fp8, 1, &sh[1]);
+                    v[17] = split_floor_us(o, c, fp8, &splits, each);
+                    if (!isnan(v[15]) && !isnan(v[16]) && !isnan(v[17])) {
+                        int n = snprintf(floor_line, sizeof floor_line,
+                                         "#   %s chain floor's fastest shape (slots a block x threads a row): plain "
+                                         "%dx%d, with PDL %dx%d; split floor by split count (us):",
+                                         name, kFloorShapes[sh[0]][0], kFloorShapes[sh[0]][1],
+                                         kFloorShapes[sh[1]][0], kFloorShapes[sh[1]][1]);
+                        for (int i = 0; i < kNumSplitCounts && !isnan(each[i]); i++)
+                            n += snprintf(floor_line + n, sizeof floor_line - n, " %d %.2f%s", kSplitCounts[i],
+                                          each[i], kSplitCounts[i] == splits ? "*" : "");
+                        snprintf(floor_line + n, sizeof floor_line - n, "\n");
+                    }
+                    if (isnan(v[15]) || isnan(v[16]) || isnan(v[17])) {
+                        fprintf(stderr, "mlart-bench attn: %s: chain or split floor timing failed\n", name);
                         wrong++;
                     } else if (c->T >= 8) {
                         chain_mem_ratio[0] = fmax(chain_mem_ratio[0], v[15] / (bytes / (o->copy_gbs * 1e3)));
                         chain_mem_ratio[1] = fmax(chain_mem_ratio[1], v[16] / (bytes / (o->copy_gbs * 1e3)));
+                        split_mem_ratio = fmax(split_mem_ratio, v[17] / (bytes / (o->copy_gbs * 1e3)));
                     } else {
                         chain_small_us[0] = fmax(chain_small_us[0], v[15]);
                         chain_small_us[1] = fmax(chain_small_us[1], v[16]);
+                        split_small_us = fmax(split_small_us, v[17]);
                     }
                 }
                 mlart_bench_table_row(o, &t, name, v);
@@ -1446,6 +1670,13 @@ extern "C" int mlart_bench_attn(const mlart_bench_opts *o)
                  "; chain floor (the loads alone: indices, block table, rows; plain / with PDL): 16 heads T>=8 "
                  "worst %.2fx / %.2fx the bandwidth floor, T<8 worst %.2f / %.2f us",
                  chain_mem_ratio[0], chain_mem_ratio[1], chain_small_us[0], chain_small_us[1]);
+    }
+    if (split_small_us > 0 || split_mem_ratio > 0) {
+        const size_t used = strlen(line);
+        snprintf(line + used, sizeof line - used,
+                 "; split floor (the loads, a bf16 partial a chunk, the combine; PDL): 16 heads T>=8 worst %.2fx "
+                 "the bandwidth floor, T<8 worst %.2f us",
+                 split_mem_ratio, split_small_us);
     }
     mlart_bench_summary(o, t.title, line);
     return wrong;
