@@ -72,6 +72,8 @@ struct mlart_layer {
     dcp_buf drecv_lse;  /* a2a: [D][H,T] f32; ag_rs: [D][D*H,T] f32 every rank's LSEs */
     dcp_buf dsum;       /* ag_rs: [H,T,L] f32, the reduce-scatter's result */
     dcp_buf dwork;      /* the D*H-head backend's workspace */
+    dcp_buf dagree;     /* validate_indices: [1 + D] step records (dcp_check_agree) */
+    uint64_t *h_agree;  /* [D] step records, on the host */
     /* CUDA: the branch the index translation runs on, forked from the
      * caller's stream at the step's start and joined right after the
      * all-gather (dcp_fork_translate); cudaStream_t and cudaEvent_t, NULL
@@ -373,8 +375,8 @@ void mlart_layer_destroy(mlart_layer *ly)
     if (ly->dstate)
         ly->vt->destroy(ly->dstate);
     {
-        dcp_buf *bufs[] = {&ly->dq_all, &ly->dq_mqa, &ly->didx,      &ly->dlens, &ly->dattn,
-                           &ly->dlse,   &ly->drecv,  &ly->drecv_lse, &ly->dsum,  &ly->dwork};
+        dcp_buf *bufs[] = {&ly->dq_all, &ly->dq_mqa,    &ly->didx, &ly->dlens, &ly->dattn, &ly->dlse,
+                           &ly->drecv,  &ly->drecv_lse, &ly->dsum, &ly->dwork, &ly->dagree};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             mem_free(ly->device, bufs[i]->p);
     }
@@ -394,6 +396,7 @@ void mlart_layer_destroy(mlart_layer *ly)
     mem_free(ly->device, ly->lse_buf);
     mem_free(ly->device, ly->workspace);
     free(ly->h_meta);
+    free(ly->h_agree);
     free(ly);
 }
 
@@ -404,6 +407,9 @@ static int dcp_alloc(mlart_layer *ly, dcp_buf *b, size_t bytes)
     b->bytes = bytes + ly->contract.tail_pad;
     return mem_alloc(ly->device, b->bytes, &b->p);
 }
+
+/* The words of a rank's step record (dcp_check_agree). */
+enum { AGREE_WORDS = 6 };
 
 /* A second backend state for the D*H heads every rank attends over its
  * shard, and the buffers of the exchange, sized for the largest step. */
@@ -466,6 +472,9 @@ static int dcp_setup(mlart_layer *ly, const mlart_layer_desc *desc, const char *
     MLART_CHECK(dcp_alloc(ly, &ly->dlens, (size_t)B * 4));
     MLART_CHECK(dcp_alloc(ly, &ly->dattn, (size_t)(G * T * L) * 2));
     MLART_CHECK(dcp_alloc(ly, &ly->dlse, (size_t)(G * T) * 4));
+    MLART_CHECK(dcp_alloc(ly, &ly->dagree, (size_t)(1 + D) * AGREE_WORDS * 8));
+    if (!(ly->h_agree = malloc((size_t)D * AGREE_WORDS * 8)))
+        return mlart_set_error(MLART_ENOMEM, "layer: out of host memory");
     if (ly->dcp_routing == MLART_DCP_A2A) {
         MLART_CHECK(dcp_alloc(ly, &ly->drecv, (size_t)(G * T * L) * 2));
         MLART_CHECK(dcp_alloc(ly, &ly->drecv_lse, (size_t)(G * T) * 4));
@@ -828,6 +837,88 @@ static int dcp_check_local(mlart_layer *ly, int32_t T, int32_t B, const int32_t 
     return check_indices(ly, T, B, lidx, req, llens, bt);
 }
 
+/* A 64-bit hash of n int32 words (an FNV-1a step a word, then a
+ * finaliser): equal arrays give equal hashes on every rank. */
+static uint64_t hash_words(const int32_t *w, int64_t n)
+{
+    uint64_t h = 0xcbf29ce484222325u;
+    for (int64_t i = 0; i < n; i++)
+        h = (h ^ (uint32_t)w[i]) * 0x100000001b3u;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdu;
+    return h ^ h >> 33;
+}
+
+/* validate_indices with DCP: the ranks must call a step with the same T,
+ * B, idx, req_of_token and seq_lens (mlart_layer_desc.dcp).  Each rank's
+ * record of them (T, B and a hash of each array) and of its own checks'
+ * result (`own`: check_indices on its shard) is all-gathered in one
+ * collective of fixed size, so it pairs up whatever the ranks' steps are.
+ * Every rank sees the same records, so all of them refuse the step when
+ * one does, before any collective whose size depends on T (a rank that
+ * refused alone would leave the others waiting in the exchange): a rank
+ * whose own check failed returns that error, the others MLART_ECOMM naming
+ * it.  Over NCCL a step that disagrees is otherwise undefined. */
+static int dcp_check_agree(mlart_layer *ly, int32_t T, int32_t B, const int32_t *idx,
+                           const int32_t *req, const int32_t *lens, int own, void *stream)
+{
+    static const char *const what[AGREE_WORDS] = {"T", "B", "idx", "req_of_token", "seq_lens"};
+    const int D = ly->dcp_size;
+    const uint64_t rec[AGREE_WORDS] = {(uint64_t)(uint32_t)T, (uint64_t)(uint32_t)B,
+                                       hash_words(idx, (int64_t)T * ly->geom.topk),
+                                       hash_words(req, T), hash_words(lens, B),
+                                       (uint64_t)(int64_t)own};
+    char why[512] = "";
+    int rc;
+    const size_t bytes = sizeof rec;
+    uint64_t *send = ly->dagree.p, *recv = send + AGREE_WORDS;
+    const uint64_t *r0 = ly->h_agree;
+    if (own < 0) /* kept across the collective */
+        snprintf(why, sizeof why, "%s", mlart_last_error());
+    if (ly->device < 0) {
+        memcpy(send, rec, bytes);
+        if ((rc = mlart_comm_all_gather(ly->dcp, send, recv, bytes, stream)) < 0)
+            return own < 0 ? mlart_set_error(own, "%s", why) : rc;
+        memcpy(ly->h_agree, recv, bytes * (size_t)D);
+    } else {
+#ifdef MLART_WITH_CUDA
+        cudaStream_t st = (cudaStream_t)stream;
+        CUDA_TRY_(cudaMemcpyAsync(send, rec, bytes, cudaMemcpyHostToDevice, st));
+        if ((rc = mlart_comm_all_gather(ly->dcp, send, recv, bytes, stream)) < 0)
+            return own < 0 ? mlart_set_error(own, "%s", why) : rc;
+        CUDA_TRY_(cudaMemcpyAsync(ly->h_agree, recv, bytes * (size_t)D, cudaMemcpyDeviceToHost,
+                                  st));
+        CUDA_TRY_(cudaStreamSynchronize(st));
+#else
+        return mlart_set_error(MLART_ENODEV, "this build has no CUDA");
+#endif
+    }
+    if (own < 0)
+        return mlart_set_error(own, "%s", why);
+    for (int r = 1; r < D; r++) {
+        const uint64_t *x = ly->h_agree + (size_t)r * AGREE_WORDS;
+        if (x[0] != r0[0] || x[1] != r0[1])
+            return mlart_set_error(MLART_ECOMM, "dcp: the ranks' steps differ: rank %d has T %u "
+                                   "and B %u, rank 0 T %u and B %u (every rank must call a step "
+                                   "with the same T, B, idx, req_of_token and seq_lens)",
+                                   r, (unsigned)x[0], (unsigned)x[1], (unsigned)r0[0],
+                                   (unsigned)r0[1]);
+        for (int k = 2; k < AGREE_WORDS - 1; k++)
+            if (x[k] != r0[k])
+                return mlart_set_error(MLART_ECOMM, "dcp: the ranks' steps differ: rank %d's %s "
+                                       "is not rank 0's (every rank must call a step with the "
+                                       "same T, B, idx, req_of_token and seq_lens)", r, what[k]);
+    }
+    for (int r = 0; r < D; r++) {
+        const int refused = (int)(int64_t)ly->h_agree[(size_t)r * AGREE_WORDS + AGREE_WORDS - 1];
+        if (refused < 0)
+            return mlart_set_error(MLART_ECOMM, "dcp: rank %d refused the step (%s; its own "
+                                   "error says why), so every rank does", r,
+                                   mlart_status_name(refused));
+    }
+    return 0;
+}
+
 static int dcp_join(mlart_layer *ly, void *stream);
 
 /* Every rank's absorbed queries [D][T,H,C] -> [T,D*H,C], in *q.  One
@@ -1077,10 +1168,15 @@ int mlart_layer_decode(mlart_layer *ly, const mlart_step_io *io, void *stream)
     }
     if (ly->validate_indices) {
         const int32_t *idx = NULL, *req = NULL, *lens = NULL, *bt = NULL;
+        int own;
         MLART_CHECK(host_metadata(ly, io, stream, &idx, &req, &lens, &bt));
-        MLART_CHECK(check_indices(ly, (int32_t)T, (int32_t)B, idx, req, lens, ly->dcp ? NULL : bt));
-        if (ly->dcp)
-            MLART_CHECK(dcp_check_local(ly, (int32_t)T, (int32_t)B, idx, req, lens, bt));
+        own = check_indices(ly, (int32_t)T, (int32_t)B, idx, req, lens, ly->dcp ? NULL : bt);
+        if (ly->dcp) {
+            if (own >= 0)
+                own = dcp_check_local(ly, (int32_t)T, (int32_t)B, idx, req, lens, bt);
+            MLART_CHECK(dcp_check_agree(ly, (int32_t)T, (int32_t)B, idx, req, lens, own, stream));
+        }
+        MLART_CHECK(own);
     }
 
     memset(&s, 0, sizeof s);

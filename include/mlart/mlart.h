@@ -230,7 +230,9 @@ typedef struct mlart_layer_desc {
     mlart_tensor kv_cache;      /* u8 [num_slots, mlart_kv_bytes_per_token], dense; no byte
                                    shared with the weights (MLART_ELAYOUT) */
     int validate_indices;       /* CUDA: copy indices to host and check them before each
-                                   step (not graph-safe; for debugging). Host: always on. */
+                                   step (not graph-safe; for debugging). Host: always on.
+                                   With dcp, also makes the ranks agree on the step first
+                                   (below). */
     int early_weights;          /* CUDA: 1 = the caller promises that no kernel it enqueues
                                    writes w_uk_t or w_uv while the layer lives.  A step's
                                    first kernel (the query absorption) then launches with
@@ -247,7 +249,13 @@ typedef struct mlart_layer_desc {
      * the group calls mlart_layer_decode with the same T, B, idx,
      * req_of_token and seq_lens, each with its own q (its H heads); over a
      * local communicator a step whose T differs between ranks fails on
-     * every rank with MLART_ECOMM, over NCCL it is undefined.  A step
+     * every rank with MLART_ECOMM, over NCCL it is undefined.  With
+     * validate_indices (always on the host) the ranks first all-gather T, B,
+     * a hash of each of those arrays and the result of their own index
+     * checks (one collective of 48 bytes a rank), over either communicator:
+     * a step where they differ, or that one rank refuses, fails on every
+     * rank with MLART_ECOMM naming the rank (the refusing rank returns its
+     * own error), before any collective whose size depends on them.  A step
      * all-gathers the D ranks' absorbed queries, attends all D*H heads over
      * the local shard, brings each head's D partial outputs and LSEs to the
      * head's rank by dcp_routing and combines them there.  The comm's device

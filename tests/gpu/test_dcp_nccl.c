@@ -13,6 +13,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime_api.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -133,7 +134,8 @@ static void rank_free(rank_io *r)
 }
 
 static mlart_layer *make_layer(mlart_context *ctx, const mlart_geometry *g, const rank_io *r,
-                               int64_t slots, int64_t mb, mlart_comm *comm, const dcp_case *c)
+                               int64_t slots, int64_t mb, mlart_comm *comm, const dcp_case *c,
+                               int validate)
 {
     mlart_layer_desc d;
     mlart_layer *ly = NULL;
@@ -150,6 +152,7 @@ static mlart_layer *make_layer(mlart_context *ctx, const mlart_geometry *g, cons
     d.dcp = comm;
     d.dcp_interleave = c->interleave;
     d.dcp_routing = c->routing;
+    d.validate_indices = validate;
     MLART_OR_DIE(mlart_layer_create(ctx, &d, &ly));
     return ly;
 }
@@ -226,7 +229,7 @@ static void run_case(const dcp_case *c, mlart_comm *comm, mlart_context *ctx,
 
     /* one rank, its heads, the whole cache */
     one = rank_step(&f, G, whole, f.num_slots, bpt, f.bt, MB_);
-    ly_one = make_layer(ctx, &g, &one, f.num_slots, MB_, NULL, c);
+    ly_one = make_layer(ctx, &g, &one, f.num_slots, MB_, NULL, c, 0);
     run_step(ly_one, NULL, &one, s, 0, o_one, l_one);
 
     /* this rank's shard, on blocks in reverse order */
@@ -247,8 +250,16 @@ static void run_case(const dcp_case *c, mlart_comm *comm, mlart_context *ctx,
             memcpy(shard + (size_t)dst * bpt, whole + (size_t)src * bpt, bpt);
         }
     mine = rank_step(&f, G, shard, slots_l, bpt, bt_l, mbl);
-    ly = make_layer(ctx, &g, &mine, slots_l, mbl, comm, c);
+    ly = make_layer(ctx, &g, &mine, slots_l, mbl, comm, c, 0);
     run_step(ly, comm, &mine, s, 0, o_eager, l_eager);
+    { /* validate_indices: the ranks' records agree (layer.c, dcp_check_agree) */
+        mlart_layer *lyv = make_layer(ctx, &g, &mine, slots_l, mbl, comm, c, 1);
+        run_step(lyv, comm, &mine, s, 0, o_graph, l_graph);
+        check(!memcmp(o_eager, o_graph, on * 2) && !memcmp(l_eager, l_graph, ln * 4),
+              "%s %s interleave %d: with validate_indices the step gives the eager step's bytes",
+              route, mlart_kv_format_name(c->fmt), il);
+        mlart_layer_destroy(lyv);
+    }
     run_step(ly, comm, &mine, s, 1, o_graph, l_graph);
 
     check(!memcmp(o_eager, o_graph, on * 2) && !memcmp(l_eager, l_graph, ln * 4),
@@ -307,6 +318,102 @@ static void run_case(const dcp_case *c, mlart_comm *comm, mlart_context *ctx,
     fx_free(&f);
 }
 
+/* validate_indices over a local group of two on this device, each rank a
+ * thread with its own stream and layer over the same cache and heads:
+ * with the same step both run it; with one entry of rank 1's idx emptied
+ * both refuse it with MLART_ECOMM, well within the group's timeout (the
+ * device side of layer.c's dcp_check_agree; the same records go over
+ * NCCL). */
+typedef struct pair_rank {
+    mlart_layer *ly;
+    rank_io r;
+    int rc;
+    char err[512];
+} pair_rank;
+
+static void *pair_run(void *arg)
+{
+    pair_rank *p = arg;
+    cudaStream_t s;
+    if (cudaSetDevice(device) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+        p->rc = MLART_ECUDA;
+        snprintf(p->err, sizeof p->err, "stream: %s", cudaGetErrorString(cudaGetLastError()));
+        return NULL;
+    }
+    p->rc = mlart_layer_decode(p->ly, &p->r.io, s);
+    if (p->rc < 0)
+        snprintf(p->err, sizeof p->err, "%s", mlart_last_error());
+    else if (cudaStreamSynchronize(s) != cudaSuccess)
+        p->rc = MLART_ECUDA;
+    cudaStreamDestroy(s);
+    return NULL;
+}
+
+static void local_pair(mlart_context *ctx, mlart_context *host, uint64_t seed)
+{
+    static const dcp_case c = {MLART_DCP_A2A, 1, MLART_KV_BF16};
+    fx f;
+    mlart_geometry g;
+    uint8_t *whole;
+    size_t bpt;
+    mlart_comm_group *grp = NULL;
+    mlart_comm *lc[2] = {NULL, NULL};
+    pair_rank p[2];
+    fx_init(&f, H_, P_, R_, L_, V_, K_, PAGE_, T_, B_, MB_, seed);
+    g = f.g;
+    bpt = mlart_kv_bytes_per_token(&g);
+    whole = whole_cache(&f, host, &g);
+    MLART_OR_DIE(mlart_comm_group_create(2, device, 10000, &grp));
+    for (int differ = 0; differ < 2; differ++) {
+        double t0, secs;
+        pthread_t th[2];
+        struct timespec a, b;
+        for (int k = 0; k < 2; k++) {
+            int64_t i = 0;
+            memset(&p[k], 0, sizeof p[k]);
+            MLART_OR_DIE(mlart_comm_local_create(grp, k, &lc[k]));
+            while (differ && k == 1 && f.idx[i] < 0)
+                i++;
+            {
+                const int32_t keep = f.idx[i];
+                if (differ && k == 1)
+                    f.idx[i] = -1; /* one valid entry emptied, on rank 1 only */
+                p[k].r = rank_step(&f, H_, whole, f.num_slots, bpt, f.bt, MB_);
+                f.idx[i] = keep;
+            }
+            p[k].ly = make_layer(ctx, &g, &p[k].r, f.num_slots, MB_, lc[k], &c, 1);
+        }
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        for (int k = 0; k < 2; k++)
+            pthread_create(&th[k], NULL, pair_run, &p[k]);
+        for (int k = 0; k < 2; k++)
+            pthread_join(th[k], NULL);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        t0 = (double)a.tv_sec + 1e-9 * (double)a.tv_nsec;
+        secs = (double)b.tv_sec + 1e-9 * (double)b.tv_nsec - t0;
+        if (!differ)
+            check(p[0].rc == 0 && p[1].rc == 0, "local pair on device %d, the same step: rank 0 "
+                  "%s, rank 1 %s (%s%s)", device, mlart_status_name(p[0].rc),
+                  mlart_status_name(p[1].rc), p[0].err, p[1].err);
+        else
+            check(p[0].rc == MLART_ECOMM && p[1].rc == MLART_ECOMM &&
+                      strstr(p[0].err, "rank 1's idx is not rank 0's") &&
+                      strstr(p[1].err, "rank 1's idx is not rank 0's") && secs < 5.0,
+                  "local pair on device %d, rank 1's idx differs: rank 0 %s, rank 1 %s after "
+                  "%.3f s (%s)", device, mlart_status_name(p[0].rc), mlart_status_name(p[1].rc),
+                  secs, p[0].err);
+        for (int k = 0; k < 2; k++) {
+            mlart_layer_destroy(p[k].ly);
+            rank_free(&p[k].r);
+            mlart_comm_destroy(lc[k]);
+        }
+    }
+    mlart_comm_group_destroy(grp);
+    free(whole);
+    fx_free(&f);
+}
+
 int main(void)
 {
     mlart_comm *comm = NULL;
@@ -331,6 +438,8 @@ int main(void)
     printf("seed %llu\n", (unsigned long long)seed);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(&cases[i], comm, ctx, host, seed + 7919u * i, s);
+    if (me.rank == 0)
+        local_pair(ctx, host, seed + 104729u);
     cudaFree(d_seed);
     free(seeds);
     cudaStreamDestroy(s);

@@ -809,6 +809,83 @@ START_TEST(index_past_seq_len_refused)
 }
 END_TEST
 
+/* The ranks of a step must call it with the same T, B, idx, req_of_token
+ * and seq_lens; with validate_indices (always on the host) a step where
+ * they differ, or that one rank refuses on its own shard, fails on every
+ * rank at once (layer.c, dcp_check_agree).  Each rank its own fixture of
+ * 2 heads over the whole cache (the shards' contents do not matter here);
+ * rank 1's differs from rank 0's as the case says. */
+enum { AGREE_IDX, AGREE_T, AGREE_BT, AGREE_NONE };
+
+START_TEST(ranks_must_agree_on_the_step)
+{
+    static const char *const want[] = {"rank 1's idx is not rank 0's", "rank 1 has T 4 and B 3",
+                                       "rank 1 refused the step", NULL};
+    const int kind = _i;
+    fx f[2];
+    mlart_context *ctx = NULL;
+    mlart_comm_group *grp = NULL;
+    rank_job j[2];
+    pthread_t th[2];
+    struct timespec a, b;
+    double secs;
+    ck_assert_int_eq(mlart_context_create(-1, &ctx), 0);
+    /* a 10 s group timeout: a rank left waiting would show in `secs` */
+    ck_assert_int_eq(mlart_comm_group_create(2, -1, 10000, &grp), 0);
+    for (int k = 0; k < 2; k++) {
+        const int T = k == 1 && kind == AGREE_T ? T_ - 1 : T_;
+        mlart_layer_desc d;
+        fx_init(&f[k], 2, P_, R_, L_, V_, K_, PAGE_, T, B_, MB_, seed);
+        memset(&j[k], 0, sizeof j[k]);
+        ck_assert_int_eq(mlart_comm_local_create(grp, k, &j[k].comm), 0);
+        d = fx_desc(&f[k], "reference");
+        d.max_tokens = T_;
+        d.dcp = j[k].comm;
+        ck_assert_msg(mlart_layer_create(ctx, &d, &j[k].ly) == 0, "%s", mlart_last_error());
+    }
+    if (kind == AGREE_IDX) { /* one valid entry emptied */
+        int64_t i = 0;
+        while (f[1].idx[i] < 0)
+            i++;
+        f[1].idx[i] = -1;
+    } else if (kind == AGREE_BT) { /* a block past rank 1's cache */
+        for (int i = 0; i < B_ * MB_; i++)
+            f[1].bt[i] = (int32_t)(f[1].num_slots / PAGE_);
+    }
+    for (int k = 0; k < 2; k++)
+        j[k].io = fx_io(&f[k]);
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (int k = 0; k < 2; k++)
+        pthread_create(&th[k], NULL, run_decode, &j[k]);
+    for (int k = 0; k < 2; k++)
+        pthread_join(th[k], NULL);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    secs = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+    for (int k = 0; k < 2; k++) {
+        printf("case %d rank %d: rc %d %s\n", kind, k, j[k].rc, j[k].rc ? j[k].err : "");
+        if (kind == AGREE_NONE) {
+            ck_assert_msg(j[k].rc == 0, "rank %d: %s", k, j[k].err);
+        } else if (kind == AGREE_BT && k == 1) { /* its own reason */
+            ck_assert_msg(j[k].rc == MLART_ERANGE, "rank 1: rc %d %s", j[k].rc, j[k].err);
+            ck_assert_msg(strstr(j[k].err, "block") != NULL, "rank 1: %s", j[k].err);
+        } else {
+            ck_assert_msg(j[k].rc == MLART_ECOMM, "case %d rank %d: rc %d %s", kind, k, j[k].rc,
+                          j[k].err);
+            ck_assert_msg(strstr(j[k].err, want[kind]) != NULL, "case %d rank %d: %s", kind, k,
+                          j[k].err);
+        }
+    }
+    ck_assert_msg(secs < 2.0, "case %d took %.2f s with a 10 s group timeout", kind, secs);
+    for (int k = 0; k < 2; k++) {
+        mlart_layer_destroy(j[k].ly);
+        mlart_comm_destroy(j[k].comm);
+        fx_free(&f[k]);
+    }
+    mlart_comm_group_destroy(grp);
+    mlart_context_destroy(ctx);
+}
+END_TEST
+
 /* mlart_comm_wait: a host group's collectives have ended when they return,
  * so it returns 0 at once; bad arguments are refused. */
 START_TEST(wait_on_host)
@@ -845,6 +922,7 @@ int main(void)
     tcase_add_test(tc, missing_rank_times_out);
     tcase_add_test(tc, leaving_rank_fails_the_others);
     tcase_add_test(tc, index_past_seq_len_refused);
+    tcase_add_loop_test(tc, ranks_must_agree_on_the_step, AGREE_IDX, AGREE_NONE + 1);
     tcase_add_test(tc, slow_reader_holds_the_others);
     tcase_add_test(tc, wait_on_host);
     suite_add_tcase(s, tc);
