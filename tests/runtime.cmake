@@ -244,6 +244,11 @@ if(TARGET mlart-decode)
   mlart_decode_exit(decode_exit_dcp_local_launched "RANK=0;WORLD_SIZE=2"
                     "--dcp-local runs a DCP group as threads of one process, but this process is rank 0 of 2.*\\[exit 2\\]"
                     --set heads=8 --set tp_size=2 --set dcp_size=2 --dcp-local)
+  # one config file a run: a second --config (here the same file again) is refused, not
+  # silently read in place of the first
+  mlart_decode_exit(decode_exit_config_twice ""
+                    "--config given twice \\('[^']*tiny-cpu.ini', then '[^']*typo.ini'\\): a run reads one config file.*\\[exit 2\\]"
+                    --config ${CMAKE_CURRENT_SOURCE_DIR}/runtime/typo.ini)
   # without DCP no rendezvous reads MLART_MASTER_PORT, whatever it holds
   mlart_decode_exit(decode_exit_port_unused "MLART_RANK=1;MLART_WORLD_SIZE=2;MLART_MASTER_PORT=abc"
                     "rank 1: result: backend=reference.*\\[exit 0\\]" --set heads=8 --set tp_size=2)

@@ -40,8 +40,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: mlart-decode [options]\n"
-            "  --config FILE      INI config (default %s, looked up in the current\n"
-            "                     directory, then in %s)\n"
+            "  --config FILE      INI config, at most once (default %s, looked up in\n"
+            "                     the current directory, then in %s)\n"
             "  --backend NAME     attention backend (built-in or libmlart-backend-NAME.so\n"
             "                     in MLART_BACKEND_PATH)\n"
             "  --device D         cpu | cuda | auto (auto: cuda when a device is usable)\n"
@@ -1189,6 +1189,13 @@ static int decode_main(int argc, char **argv)
         if (!strcmp(argv[i], "--config")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "mlart-decode: --config needs a file\n");
+                return 2;
+            }
+            /* one file: a second would silently replace the first */
+            if (config) {
+                fprintf(stderr, "mlart-decode: --config given twice ('%s', then '%s'): a run "
+                                "reads one config file; change its keys with --set KEY=VALUE or "
+                                "MLART_* variables\n", config, argv[i + 1]);
                 return 2;
             }
             config = argv[++i];
