@@ -263,6 +263,20 @@ if(TARGET mlart-decode)
            COMMAND ${_dec} --config ${_tiny} --device cpu --batch 4200 --context 64 --set topk=32
                    --set heads=1 --steps 2 --verify)
   set_tests_properties(decode_batch_over_chunk PROPERTIES PASS_REGULAR_EXPRESSION "verify=PASS")
+  # the summary table stays aligned when a value outgrows its column's usual width: P, R, V
+  # and topk of five and six digits on layers of one latent column (under 0.1 s), then a batch
+  # of 100000 on layers of one column each (about 1 s)
+  set(_one --set heads=1 --set qk_nope_dim=1 --set rope_dim=1 --set kv_lora_rank=1
+           --set v_head_dim=1 --set topk=1 --set page_size=1 --context 1 --steps 2)
+  add_test(NAME decode_table_wide_dims
+           COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/runtime/decode-table.sh ${_dec} --config ${_tiny}
+                   --device cpu ${_one} --set qk_nope_dim=65536 --set rope_dim=12345
+                   --set v_head_dim=23456 --set topk=123456)
+  add_test(NAME decode_table_wide_batch
+           COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/runtime/decode-table.sh ${_dec} --config ${_tiny}
+                   --device cpu ${_one} --batch 100000)
+  set_tests_properties(decode_table_wide_dims decode_table_wide_batch PROPERTIES
+                       PASS_REGULAR_EXPRESSION "16 columns aligned" LABELS cpu TIMEOUT 120)
   # a cache the host cannot hold: the failure names the bytes asked for
   # (under AddressSanitizer the allocator must return NULL, not abort)
   add_test(NAME decode_out_of_memory
