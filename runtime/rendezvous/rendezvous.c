@@ -28,19 +28,25 @@
  *           size (u64; RDV_BAD_VERSION: rank 0's version), and with
  *           RDV_ABORTED the rank whose blob size differs (u32) and that
  *           size (u64), else zeros; then the blob when the status is RDV_OK
- *   ack     peer -> rank 0, 8 bytes: magic, RDV_ACK
+ *   ack     peer -> rank 0, 16 bytes: magic, RDV_ACK (u32 each), the
+ *           FNV-1a 64 of the blob as the peer received it (u64)
  * Versions: 2: a peer acknowledges the blob, and rank 0 counts it served
  * only then; 3: the hello carries the peer's blob size, so that rank 0
  * sees a size that differs from its own, refuses that peer and then every
  * other (RDV_ABORTED, naming the rank and its size) instead of waiting out
  * its deadline; rank 0 answers a peer of another version (RDV_BAD_VERSION)
- * rather than closing on it. */
+ * rather than closing on it; the acknowledgement carries the checksum of
+ * the blob received, and rank 0 counts only one whose checksum is its
+ * blob's, so an acknowledgement sent without reading the blob counts for
+ * nothing.  The checksum is no authentication: it catches a peer that
+ * acknowledges what it did not read (a bug), not one that lies. */
 #define RDV_MAGIC 0x4d4c5254u /* 'MLRT' */
 #define RDV_VERSION 3u
-#define RDV_ACK 0x41434b21u /* 'ACK!', after RDV_MAGIC in a peer's last 8 bytes */
+#define RDV_ACK 0x41434b21u /* 'ACK!', after RDV_MAGIC in a peer's acknowledgement */
 #define RDV_HELLO_COMMON 16 /* magic, version, rank, size: read before the rest */
 #define RDV_HELLO 24
 #define RDV_HEAD 28
+#define RDV_ACK_BYTES 16
 #define RDV_MAX_BYTES ((size_t)1 << 20)
 #define RDV_RETRY_MS 50
 
@@ -103,6 +109,16 @@ static uint64_t get_u64(const unsigned char *p)
     return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
 }
 
+/* FNV-1a 64 of n bytes: one pass over a blob of at most 1 MiB, and enough
+ * to tell the blob from bytes that were never read into the buffer. */
+static uint64_t blob_sum(const unsigned char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
 typedef struct rdv rdv;
 
 /* One accepted connection on rank 0. */
@@ -110,7 +126,7 @@ typedef struct peer {
     uv_tcp_t tcp; /* data: this peer */
     uv_write_t w;
     struct peer *next;
-    unsigned char in[RDV_HELLO], out[RDV_HEAD], ack[8];
+    unsigned char in[RDV_HELLO], out[RDV_HEAD], ack[RDV_ACK_BYTES];
     size_t got, want, ack_got; /* want: the hello's common part, then all of it */
     int rank; /* >= 1 once admitted, that is while its rank is pending on it */
     int told; /* answered RDV_BLOB_MISMATCH or RDV_ABORTED: the rank it said */
@@ -133,10 +149,11 @@ struct rdv {
     peer *peers;
     unsigned char *state; /* RANK_* per rank */
     int served, told;
+    uint64_t sum;         /* blob_sum of the blob, which an acknowledgement must carry */
     int bad_rank;         /* the first rank whose blob size differs (0: none yet) */
     uint64_t bad_bytes;   /* and that size */
     /* ranks 1.. */
-    unsigned char hello[RDV_HELLO], head[RDV_HEAD], ack[8];
+    unsigned char hello[RDV_HELLO], head[RDV_HEAD], ack[RDV_ACK_BYTES];
     size_t got;
     int connected, attempts, busy, last_err, self_connects;
 };
@@ -298,6 +315,7 @@ static void on_ack_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     peer *p = s->data;
     rdv *r = s->loop->data;
     uint32_t magic, word;
+    uint64_t sum;
     (void)buf;
     if (n == 0)
         return;
@@ -312,11 +330,19 @@ static void on_ack_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     uv_read_stop(s);
     magic = get_u32(p->ack);
     word = get_u32(p->ack + 4);
+    sum = get_u64(p->ack + 8);
     if (magic != RDV_MAGIC || word != RDV_ACK) {
         char detail[64];
         snprintf(detail, sizeof detail, "0x%08x 0x%08x, want 0x%08x 0x%08x", magic, word,
                  RDV_MAGIC, RDV_ACK);
         peer_drop(r, p, "malformed acknowledgement", detail);
+        return;
+    }
+    if (sum != r->sum) {
+        char detail[64];
+        snprintf(detail, sizeof detail, "0x%016llx, want 0x%016llx", (unsigned long long)sum,
+                 (unsigned long long)r->sum);
+        peer_drop(r, p, "its acknowledgement's checksum is not that of the blob sent", detail);
         return;
     }
     mlart_log(MLART_LOG_DEBUG, "rendezvous on %s:%d: served rank %d (%s)", r->addr, r->port,
@@ -518,6 +544,7 @@ static int serve(rdv *r)
     r->state = calloc((size_t)r->size, 1);
     if (!r->state)
         return mlart_set_error(MLART_ENOMEM, "rendezvous: out of memory");
+    r->sum = blob_sum(r->blob, r->bytes);
     uv_tcp_init(&r->loop, &r->tcp);
     if ((rc = uv_tcp_bind(&r->tcp, (const struct sockaddr *)&r->sa, 0)) < 0 ||
         (rc = uv_listen((uv_stream_t *)&r->tcp, 128, on_connection)) < 0)
@@ -583,6 +610,7 @@ static void acknowledge(rdv *r)
     uv_read_stop((uv_stream_t *)&r->tcp);
     put_u32(r->ack, RDV_MAGIC);
     put_u32(r->ack + 4, RDV_ACK);
+    put_u64(r->ack + 8, blob_sum(r->blob, r->bytes));
     if ((rc = uv_write(&r->ack_w, (uv_stream_t *)&r->tcp, &b, 1, on_ack_written)) < 0)
         finish(r, unacknowledged(r, rc));
 }

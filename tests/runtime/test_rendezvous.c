@@ -6,7 +6,8 @@
  * sides, and peers written
  * by hand on plain sockets that take a rank and never acknowledge it:
  * leaving (after reading nothing, only the head, or the blob and then
- * sending a malformed acknowledgement) frees the rank for the real one,
+ * sending a malformed acknowledgement) or acknowledging a blob it never
+ * read (its checksum is not the blob's) frees the rank for the real one,
  * staying makes the real one retry until it leaves, and rank 0's timeout
  * names such a rank as pending; a peer whose connects meet themselves
  * (in a network namespace of its own, where that can be made to happen);
@@ -637,6 +638,8 @@ END_TEST
 #define WIRE_VERSION 3u
 #define WIRE_HELLO 24
 #define WIRE_HEAD 28
+#define WIRE_ACK 16
+#define WIRE_ACK_WORD 0x41434b21u
 #define WIRE_BAD_VERSION 7u
 
 static void wire_put(unsigned char *p, uint32_t v)
@@ -653,6 +656,18 @@ static uint32_t wire_get(const unsigned char *p)
 static uint64_t wire_get64(const unsigned char *p)
 {
     return (uint64_t)wire_get(p) | (uint64_t)wire_get(p + 4) << 32;
+}
+
+/* An acknowledgement whose checksum is the FNV-1a 64 of n bytes at p. */
+static void wire_ack(unsigned char ack[WIRE_ACK], const unsigned char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    wire_put(ack, WIRE_MAGIC);
+    wire_put(ack + 4, WIRE_ACK_WORD);
+    wire_put(ack + 8, (uint32_t)h);
+    wire_put(ack + 12, (uint32_t)(h >> 32));
 }
 
 static void sleep_ms(int ms)
@@ -723,8 +738,8 @@ static void fake_read(int fd, size_t bytes, unsigned char *blob, size_t keep)
 }
 
 /* Rank 0 of a group of 2 and a peer that says rank 1, reads `keep` bytes
- * (none: -1; the head: 0; the blob too: 128), sends `junk` (8 bytes where
- * the acknowledgement goes) if not NULL, and either holds the connection
+ * (none: -1; the head: 0; the blob too: 128), sends `junk` (WIRE_ACK bytes
+ * where the acknowledgement goes) if not NULL, and either holds the connection
  * for `hold_ms` while the real rank 1 (`timeout_ms`; 0: none) starts, then
  * closes it, or (hold_ms 0) closes it first.  Retries on another port if
  * rank 0's is taken; the blobs are blobs[0] (rank 0's) and blobs[1]. */
@@ -751,7 +766,7 @@ static void fake_then_real(fx_rng *rng, unsigned char blobs[2][128], int keep,
             fake_read(fd, 128, seen, (size_t)keep);
         ck_assert(keep <= 0 || !memcmp(seen, blobs[0], (size_t)keep));
         if (junk)
-            ck_assert_int_eq(send(fd, junk, 8, MSG_NOSIGNAL), 8);
+            ck_assert_int_eq(send(fd, junk, WIRE_ACK, MSG_NOSIGNAL), WIRE_ACK);
         if (hold_ms == 0) {
             close(fd);
             sleep_ms(50); /* rank 0 reads this hello before the real rank 1's */
@@ -774,20 +789,31 @@ START_TEST(rendezvous_peer_leaves_before_ack)
 {
     fx_rng rng = {seed ^ 0x1ea7e};
     /* the magic, then 0 where the acknowledgement's word goes */
-    static const unsigned char bad_ack[8] = {0x54, 0x52, 0x4c, 0x4d, 0, 0, 0, 0};
-    static const struct {
+    static const unsigned char bad_ack[WIRE_ACK] = {0x54, 0x52, 0x4c, 0x4d};
+    /* a well-formed acknowledgement of a blob never read: the checksum of
+     * the buffer as it was, all zeros */
+    static const unsigned char zeros[128];
+    unsigned char unread_ack[WIRE_ACK];
+    /* hold_ms: the last peer stays connected while the real rank 1 starts,
+     * so that only its acknowledgement, not the end of its connection, can
+     * tell rank 0 that it does not count */
+    const struct {
         int keep;
         const unsigned char *junk;
+        int hold_ms;
         const char *what;
     } how[] = {
-        {-1, NULL, "reading nothing"},
-        {0, NULL, "reading the head"},
-        {128, bad_ack, "a malformed acknowledgement"},
+        {-1, NULL, 0, "reading nothing"},
+        {0, NULL, 0, "reading the head"},
+        {128, bad_ack, 0, "a malformed acknowledgement"},
+        {0, unread_ack, 200, "acknowledging the head without reading the blob"},
     };
+    wire_ack(unread_ack, zeros, sizeof zeros);
     for (size_t i = 0; i < sizeof how / sizeof how[0]; i++) {
         unsigned char blobs[2][128];
         job j0, j1;
-        fake_then_real(&rng, blobs, how[i].keep, how[i].junk, 0, 10000, 3000, &j0, &j1);
+        fake_then_real(&rng, blobs, how[i].keep, how[i].junk, how[i].hold_ms, 10000, 3000, &j0,
+                       &j1);
         printf("a peer left holding rank 1 after %s: rank 0 %s in %.3f s, the real rank 1 %s "
                "in %.3f s\n", how[i].what, mlart_status_name(j0.rc), j0.secs,
                mlart_status_name(j1.rc), j1.secs);
