@@ -244,6 +244,11 @@ if(TARGET mlart-decode)
   mlart_decode_exit(decode_exit_dcp_local_launched "RANK=0;WORLD_SIZE=2"
                     "--dcp-local runs a DCP group as threads of one process, but this process is rank 0 of 2.*\\[exit 2\\]"
                     --set heads=8 --set tp_size=2 --set dcp_size=2 --dcp-local)
+  # one config file a run: a second --config (here the same file again) is refused, not
+  # silently read in place of the first
+  mlart_decode_exit(decode_exit_config_twice ""
+                    "--config given twice \\('[^']*tiny-cpu.ini', then '[^']*typo.ini'\\): a run reads one config file.*\\[exit 2\\]"
+                    --config ${CMAKE_CURRENT_SOURCE_DIR}/runtime/typo.ini)
   # without DCP no rendezvous reads MLART_MASTER_PORT, whatever it holds
   mlart_decode_exit(decode_exit_port_unused "MLART_RANK=1;MLART_WORLD_SIZE=2;MLART_MASTER_PORT=abc"
                     "rank 1: result: backend=reference.*\\[exit 0\\]" --set heads=8 --set tp_size=2)
@@ -258,6 +263,20 @@ if(TARGET mlart-decode)
            COMMAND ${_dec} --config ${_tiny} --device cpu --batch 4200 --context 64 --set topk=32
                    --set heads=1 --steps 2 --verify)
   set_tests_properties(decode_batch_over_chunk PROPERTIES PASS_REGULAR_EXPRESSION "verify=PASS")
+  # the summary table stays aligned when a value outgrows its column's usual width: P, R, V
+  # and topk of five and six digits on layers of one latent column (under 0.1 s), then a batch
+  # of 100000 on layers of one column each (about 1 s)
+  set(_one --set heads=1 --set qk_nope_dim=1 --set rope_dim=1 --set kv_lora_rank=1
+           --set v_head_dim=1 --set topk=1 --set page_size=1 --context 1 --steps 2)
+  add_test(NAME decode_table_wide_dims
+           COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/runtime/decode-table.sh ${_dec} --config ${_tiny}
+                   --device cpu ${_one} --set qk_nope_dim=65536 --set rope_dim=12345
+                   --set v_head_dim=23456 --set topk=123456)
+  add_test(NAME decode_table_wide_batch
+           COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/runtime/decode-table.sh ${_dec} --config ${_tiny}
+                   --device cpu ${_one} --batch 100000)
+  set_tests_properties(decode_table_wide_dims decode_table_wide_batch PROPERTIES
+                       PASS_REGULAR_EXPRESSION "16 columns aligned" LABELS cpu TIMEOUT 120)
   # a cache the host cannot hold: the failure names the bytes asked for
   # (under AddressSanitizer the allocator must return NULL, not abort)
   add_test(NAME decode_out_of_memory

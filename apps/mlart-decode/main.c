@@ -1,7 +1,8 @@
 /* mlart-decode: run the MLA sparse-attention decode step of a config on
  * synthetic (or checkpoint) weights and a synthetic KV cache, time it, print
- * a fixed-width summary and an output checksum, and optionally verify the
- * output against a float64 oracle and the reference backend. */
+ * a fixed-width summary (a column widens for a value that outgrows it) and
+ * an output checksum, and optionally verify the output against a float64
+ * oracle and the reference backend. */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
 #include <errno.h>
@@ -40,8 +41,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: mlart-decode [options]\n"
-            "  --config FILE      INI config (default %s, looked up in the current\n"
-            "                     directory, then in %s)\n"
+            "  --config FILE      INI config, at most once (default %s, looked up in\n"
+            "                     the current directory, then in %s)\n"
             "  --backend NAME     attention backend (built-in or libmlart-backend-NAME.so\n"
             "                     in MLART_BACKEND_PATH)\n"
             "  --device D         cpu | cuda | auto (auto: cuda when a device is usable)\n"
@@ -694,6 +695,36 @@ static int capture_step(run *r, mlart_step_io *io, const mlart_tensor *lat,
 }
 #endif
 
+/* The summary table: a header line and one line of values.  A column is as
+ * wide as the widest of its usual width, its header and its value, so that
+ * an absurd size (a batch of a million, a topk of ten digits) or a long
+ * backend name widens its column and the two lines stay aligned instead of
+ * pushing every later value out of place; the first three columns are
+ * aligned left, the numbers right. */
+enum { TABLE_COLS = 16 };
+
+static void print_table(const char *const cell[TABLE_COLS])
+{
+    static const char *const head[TABLE_COLS] = {
+        "backend", "device", "kv_format", "heads", "P", "R", "L", "V", "topk", "batch",
+        "context", "steps", "layers", "tokens", "ms/step", "tokens/s"};
+    static const int usual[TABLE_COLS] = {16, 6, 10, 5, 4, 3, 4, 4, 5, 5, 8, 6, 6, 8, 10, 12};
+    int w[TABLE_COLS];
+    for (int c = 0; c < TABLE_COLS; c++) {
+        /* every text is short: a number, or a name of under 64 characters */
+        const int hl = (int)strlen(head[c]), vl = (int)strlen(cell[c]);
+        w[c] = usual[c] > hl ? usual[c] : hl;
+        if (w[c] < vl)
+            w[c] = vl;
+    }
+    for (int line = 0; line < 2; line++) {
+        const char *const *text = line ? cell : head;
+        for (int c = 0; c < TABLE_COLS; c++)
+            printf(c < 3 ? "%s%-*s" : "%s%*s", c ? " " : "", w[c], text[c]);
+        putchar('\n');
+    }
+}
+
 static int run_decode(run *r)
 {
     const mlart_geometry *g = &r->cfg.geom;
@@ -890,13 +921,27 @@ static int run_decode(run *r)
         if (r->dev >= 0 && r->cfg.early_weights)
             printf("# early_weights = 1: each layer's query absorption may start, and read its "
                    "weights, while the kernel before it ends\n");
-        printf("%-16s %-6s %-10s %5s %4s %3s %4s %4s %5s %5s %8s %6s %6s %8s %10s %12s\n",
-               "backend", "device", "kv_format", "heads", "P", "R", "L", "V", "topk", "batch",
-               "context", "steps", "layers", "tokens", "ms/step", "tokens/s");
-        printf("%-16s %-6s %-10s %5d %4d %3d %4d %4d %5d %5d %8d %6d %6d %8lld %10.3f %12.1f\n",
-               bname, dname, mlart_kv_format_name(g->kv_format), g->heads, g->qk_nope, g->rope,
-               g->kv_lora, g->v_head, g->topk, r->B, r->cfg.context, r->cfg.steps, r->cfg.layers,
-               tokens, ms, t_timed > 0 ? (double)r->B * timed / t_timed : 0.0);
+        {
+            char num[TABLE_COLS][32];
+            const char *cell[TABLE_COLS] = {bname, dname, mlart_kv_format_name(g->kv_format)};
+            snprintf(num[3], sizeof num[3], "%d", g->heads);
+            snprintf(num[4], sizeof num[4], "%d", g->qk_nope);
+            snprintf(num[5], sizeof num[5], "%d", g->rope);
+            snprintf(num[6], sizeof num[6], "%d", g->kv_lora);
+            snprintf(num[7], sizeof num[7], "%d", g->v_head);
+            snprintf(num[8], sizeof num[8], "%d", g->topk);
+            snprintf(num[9], sizeof num[9], "%d", r->B);
+            snprintf(num[10], sizeof num[10], "%d", r->cfg.context);
+            snprintf(num[11], sizeof num[11], "%d", r->cfg.steps);
+            snprintf(num[12], sizeof num[12], "%d", r->cfg.layers);
+            snprintf(num[13], sizeof num[13], "%lld", tokens);
+            snprintf(num[14], sizeof num[14], "%.3f", ms);
+            snprintf(num[15], sizeof num[15], "%.1f",
+                     t_timed > 0 ? (double)r->B * timed / t_timed : 0.0);
+            for (int c = 3; c < TABLE_COLS; c++)
+                cell[c] = num[c];
+            print_table(cell);
+        }
     results:
         printf("%schecksum 0x%016llx (FNV-1a 64 over every step's output o, bf16 bytes)\n", who,
                (unsigned long long)fnv);
@@ -1189,6 +1234,13 @@ static int decode_main(int argc, char **argv)
         if (!strcmp(argv[i], "--config")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "mlart-decode: --config needs a file\n");
+                return 2;
+            }
+            /* one file: a second would silently replace the first */
+            if (config) {
+                fprintf(stderr, "mlart-decode: --config given twice ('%s', then '%s'): a run "
+                                "reads one config file; change its keys with --set KEY=VALUE or "
+                                "MLART_* variables\n", config, argv[i + 1]);
                 return 2;
             }
             config = argv[++i];

@@ -20,18 +20,51 @@
 
 /* ---- rendezvous ---------------------------------------------------------- */
 
+/* The messages, every field little-endian:
+ *   hello   peer -> rank 0, 24 bytes: magic, version, rank, group size (u32
+ *           each), the blob size the peer expects (u64); the first 16
+ *           bytes are those of every version's hello (version 2's whole)
+ *   answer  rank 0 -> peer, 28 bytes: magic, status (u32), rank 0's blob
+ *           size (u64; RDV_BAD_VERSION: rank 0's version), and with
+ *           RDV_ABORTED the rank whose blob size differs (u32) and that
+ *           size (u64), else zeros; then the blob when the status is RDV_OK
+ *   ack     peer -> rank 0, 16 bytes: magic, RDV_ACK (u32 each), the
+ *           FNV-1a 64 of the blob as the peer received it (u64)
+ * Versions: 2: a peer acknowledges the blob, and rank 0 counts it served
+ * only then; 3: the hello carries the peer's blob size, so that rank 0
+ * sees a size that differs from its own, refuses that peer and then every
+ * other (RDV_ABORTED, naming the rank and its size) instead of waiting out
+ * its deadline; rank 0 answers a peer of another version (RDV_BAD_VERSION)
+ * rather than closing on it; the acknowledgement carries the checksum of
+ * the blob received, and rank 0 counts only one whose checksum is its
+ * blob's, so an acknowledgement sent without reading the blob counts for
+ * nothing.  The checksum is no authentication: it catches a peer that
+ * acknowledges what it did not read (a bug), not one that lies. */
 #define RDV_MAGIC 0x4d4c5254u /* 'MLRT' */
-/* 2: a peer acknowledges the blob, and rank 0 counts it served only then */
-#define RDV_VERSION 2u
-#define RDV_ACK 0x41434b21u /* 'ACK!', after RDV_MAGIC in a peer's last 8 bytes */
+#define RDV_VERSION 3u
+#define RDV_ACK 0x41434b21u /* 'ACK!', after RDV_MAGIC in a peer's acknowledgement */
+#define RDV_HELLO_COMMON 16 /* magic, version, rank, size: read before the rest */
+#define RDV_HELLO 24
+#define RDV_HEAD 28
+#define RDV_ACK_BYTES 16
 #define RDV_MAX_BYTES ((size_t)1 << 20)
 #define RDV_RETRY_MS 50
 
-enum { RDV_OK, RDV_SIZE_MISMATCH, RDV_DUPLICATE, RDV_BAD_RANK, RDV_BUSY };
+enum {
+    RDV_OK,
+    RDV_SIZE_MISMATCH,
+    RDV_DUPLICATE,
+    RDV_BAD_RANK,
+    RDV_BUSY,
+    RDV_BLOB_MISMATCH, /* this peer's blob size differs from rank 0's */
+    RDV_ABORTED,       /* another peer's did: rank 0 serves nobody any more */
+    RDV_BAD_VERSION
+};
 
 /* Rank 0's view of each rank: pending from an admitted hello until the
- * acknowledgement (then served) or the end of that connection (then free). */
-enum { RANK_FREE, RANK_PENDING, RANK_SERVED };
+ * acknowledgement (then served) or the end of that connection (then free);
+ * told once it has been answered RDV_BLOB_MISMATCH or RDV_ABORTED. */
+enum { RANK_FREE, RANK_PENDING, RANK_SERVED, RANK_TOLD };
 
 static const char *refusal(uint32_t status)
 {
@@ -44,6 +77,12 @@ static const char *refusal(uint32_t status)
         return "the rank is outside the group";
     case RDV_BUSY:
         return "another connection holds that rank and has not acknowledged yet";
+    case RDV_BLOB_MISMATCH:
+        return "its blob size differs from rank 0's";
+    case RDV_ABORTED:
+        return "rank 0 gave up on the group: a rank's blob size differs from rank 0's";
+    case RDV_BAD_VERSION:
+        return "it speaks another rendezvous version than rank 0";
     }
     return "unknown refusal";
 }
@@ -70,6 +109,16 @@ static uint64_t get_u64(const unsigned char *p)
     return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
 }
 
+/* FNV-1a 64 of n bytes: one pass over a blob of at most 1 MiB, and enough
+ * to tell the blob from bytes that were never read into the buffer. */
+static uint64_t blob_sum(const unsigned char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
 typedef struct rdv rdv;
 
 /* One accepted connection on rank 0. */
@@ -77,9 +126,10 @@ typedef struct peer {
     uv_tcp_t tcp; /* data: this peer */
     uv_write_t w;
     struct peer *next;
-    unsigned char in[16], out[16], ack[8];
-    size_t got, ack_got;
+    unsigned char in[RDV_HELLO], out[RDV_HEAD], ack[RDV_ACK_BYTES];
+    size_t got, want, ack_got; /* want: the hello's common part, then all of it */
     int rank; /* >= 1 once admitted, that is while its rank is pending on it */
+    int told; /* answered RDV_BLOB_MISMATCH or RDV_ABORTED: the rank it said */
     char name[64];
 } peer;
 
@@ -98,9 +148,12 @@ struct rdv {
     /* rank 0 */
     peer *peers;
     unsigned char *state; /* RANK_* per rank */
-    int served;
+    int served, told;
+    uint64_t sum;         /* blob_sum of the blob, which an acknowledgement must carry */
+    int bad_rank;         /* the first rank whose blob size differs (0: none yet) */
+    uint64_t bad_bytes;   /* and that size */
     /* ranks 1.. */
-    unsigned char hello[16], head[16], ack[8];
+    unsigned char hello[RDV_HELLO], head[RDV_HEAD], ack[RDV_ACK_BYTES];
     size_t got;
     int connected, attempts, busy, last_err, self_connects;
 };
@@ -135,15 +188,17 @@ static void finish(rdv *r, int rc)
     uv_walk(&r->loop, close_one, NULL);
 }
 
-/* The peer ranks not yet served (only the pending ones if `pending`), as
- * "2, 5, 7" into buf, cut with ", ..." when it is full; returns how many. */
+/* The peer ranks neither served nor told (only the pending ones if
+ * `pending`), as "2, 5, 7" into buf, cut with ", ..." when it is full;
+ * returns how many. */
 static int list_ranks(const rdv *r, int pending, char *buf, size_t cap)
 {
     size_t n = 0;
     int count = 0, cut = 0;
     buf[0] = 0;
     for (int i = 1; i < r->size; i++) {
-        if (r->state[i] == RANK_SERVED || (pending && r->state[i] != RANK_PENDING))
+        if (r->state[i] == RANK_SERVED || r->state[i] == RANK_TOLD ||
+            (pending && r->state[i] != RANK_PENDING))
             continue;
         count++;
         if (n + 24 < cap) /* room for ", " + 10 digits, then for ", ..." */
@@ -154,11 +209,39 @@ static int list_ranks(const rdv *r, int pending, char *buf, size_t cap)
     return count;
 }
 
+/* Rank 0's error once a peer's blob size differed: the rank, its size and
+ * rank 0's; with `deadline`, also the ranks it could not tell in time. */
+static int gave_up(const rdv *r, int deadline)
+{
+    char untold[256], tail[320] = "";
+    if (deadline && list_ranks(r, 0, untold, sizeof untold))
+        snprintf(tail, sizeof tail, "; neither served nor told within %d ms: ranks %s",
+                 r->timeout_ms, untold);
+    return mlart_set_error(MLART_ECOMM,
+                           "rendezvous on %s:%d: rank %d expects a blob of %llu bytes, rank 0 "
+                           "hands out %zu (every rank must pass the same size: one build and "
+                           "config on all); rank 0 gave up: %d of %d peers served, %d told "
+                           "why%s", r->addr, r->port, r->bad_rank,
+                           (unsigned long long)r->bad_bytes, r->bytes, r->served, r->size - 1,
+                           r->told, tail);
+}
+
+/* Rank 0 is done once every peer is served, or, after a blob size that
+ * differed, once every peer is served or told. */
+static void maybe_done(rdv *r)
+{
+    if (r->served + r->told < r->size - 1)
+        return;
+    finish(r, r->bad_rank ? gave_up(r, 0) : 0);
+}
+
 static void on_deadline(uv_timer_t *t)
 {
     rdv *r = t->loop->data;
     int rc;
-    if (r->rank == 0) {
+    if (r->rank == 0 && r->bad_rank) {
+        rc = gave_up(r, 1);
+    } else if (r->rank == 0) {
         char missing[256], pending[256];
         list_ranks(r, 0, missing, sizeof missing);
         rc = mlart_set_error(MLART_ETIMEDOUT,
@@ -232,6 +315,7 @@ static void on_ack_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     peer *p = s->data;
     rdv *r = s->loop->data;
     uint32_t magic, word;
+    uint64_t sum;
     (void)buf;
     if (n == 0)
         return;
@@ -246,6 +330,7 @@ static void on_ack_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     uv_read_stop(s);
     magic = get_u32(p->ack);
     word = get_u32(p->ack + 4);
+    sum = get_u64(p->ack + 8);
     if (magic != RDV_MAGIC || word != RDV_ACK) {
         char detail[64];
         snprintf(detail, sizeof detail, "0x%08x 0x%08x, want 0x%08x 0x%08x", magic, word,
@@ -253,13 +338,19 @@ static void on_ack_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         peer_drop(r, p, "malformed acknowledgement", detail);
         return;
     }
+    if (sum != r->sum) {
+        char detail[64];
+        snprintf(detail, sizeof detail, "0x%016llx, want 0x%016llx", (unsigned long long)sum,
+                 (unsigned long long)r->sum);
+        peer_drop(r, p, "its acknowledgement's checksum is not that of the blob sent", detail);
+        return;
+    }
     mlart_log(MLART_LOG_DEBUG, "rendezvous on %s:%d: served rank %d (%s)", r->addr, r->port,
               p->rank, p->name);
     r->state[p->rank] = RANK_SERVED;
     r->served++;
     peer_close(p);
-    if (r->served == r->size - 1)
-        finish(r, 0);
+    maybe_done(r);
 }
 
 static void on_peer_written(uv_write_t *w, int status)
@@ -271,6 +362,11 @@ static void on_peer_written(uv_write_t *w, int status)
         return;
     if (p->rank == 0) { /* a refusal: the answer is all it gets */
         peer_close(p);
+        if (status == 0 && p->told && r->state[p->told] == RANK_FREE) {
+            r->state[p->told] = RANK_TOLD;
+            r->told++;
+            maybe_done(r);
+        }
         return;
     }
     /* in the socket buffer is not in the peer: wait for it to say so */
@@ -280,8 +376,12 @@ static void on_peer_written(uv_write_t *w, int status)
         peer_drop(r, p, "cannot read from it", uv_strerror(rc));
 }
 
-/* RDV_OK (and the rank now pending on p) or why the hello is refused. */
-static uint32_t admit(rdv *r, peer *p, uint32_t rank, uint32_t size)
+/* RDV_OK (and the rank now pending on p) or why the hello is refused.  A
+ * rank of the group whose blob size differs is no stray to ignore: the
+ * launch is inconsistent, so rank 0 refuses it, then refuses every later
+ * peer too (RDV_ABORTED, naming it), and returns its error once every peer
+ * is served or told. */
+static uint32_t admit(rdv *r, peer *p, uint32_t rank, uint32_t size, uint64_t bytes)
 {
     uint32_t status = RDV_OK;
     if (size != (uint32_t)r->size)
@@ -290,16 +390,31 @@ static uint32_t admit(rdv *r, peer *p, uint32_t rank, uint32_t size)
         status = RDV_BAD_RANK;
     else if (rank == 0 || r->state[rank] == RANK_SERVED)
         status = RDV_DUPLICATE;
+    else if (bytes != (uint64_t)r->bytes)
+        status = RDV_BLOB_MISMATCH;
+    else if (r->bad_rank)
+        status = RDV_ABORTED;
     else if (r->state[rank] == RANK_PENDING)
         status = RDV_BUSY;
-    if (status == RDV_BUSY) {
+    if (status == RDV_BLOB_MISMATCH || status == RDV_ABORTED)
+        p->told = (int)rank;
+    if (status == RDV_BLOB_MISMATCH && !r->bad_rank) {
+        r->bad_rank = (int)rank;
+        r->bad_bytes = bytes;
+        mlart_log(MLART_LOG_WARN, "rendezvous on %s:%d: %s says rank %u expects a blob of %llu "
+                  "bytes, rank 0 hands out %zu: rank 0 serves no other peer and tells each "
+                  "so", r->addr, r->port, p->name, rank, (unsigned long long)bytes, r->bytes);
+    } else if (status == RDV_ABORTED) {
+        mlart_log(MLART_LOG_DEBUG, "rendezvous on %s:%d: told %s (rank %u) that rank %d's blob "
+                  "size differs", r->addr, r->port, p->name, rank, r->bad_rank);
+    } else if (status == RDV_BUSY) {
         /* not an error: the holder may yet leave, and this peer comes again */
         mlart_log(MLART_LOG_DEBUG, "rendezvous on %s:%d: %s says rank %u, pending on another "
                   "connection; told it to retry", r->addr, r->port, p->name, rank);
     } else if (status != RDV_OK) {
         mlart_log(MLART_LOG_WARN, "rendezvous on %s:%d: refused %s saying rank %u of %u "
-                  "(group of %d): %s", r->addr, r->port, p->name, rank, size, r->size,
-                  refusal(status));
+                  "(group of %d), blob of %llu bytes: %s", r->addr, r->port, p->name, rank,
+                  size, r->size, (unsigned long long)bytes, refusal(status));
     } else {
         p->rank = (int)rank;
         r->state[rank] = RANK_PENDING;
@@ -311,29 +426,57 @@ static void on_peer_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
 {
     peer *p = h->data;
     (void)hint;
-    *buf = uv_buf_init((char *)p->in + p->got, (unsigned)(sizeof p->in - p->got));
+    *buf = uv_buf_init((char *)p->in + p->got, (unsigned)(p->want - p->got));
+}
+
+/* Answer a hello: the head (with rank 0's blob size, and after a blob size
+ * that differed the rank that had it), then the blob if admitted. */
+static void answer(rdv *r, peer *p, uint32_t status)
+{
+    uv_buf_t out[2];
+    int rc;
+    memset(p->out, 0, sizeof p->out);
+    put_u32(p->out, RDV_MAGIC);
+    put_u32(p->out + 4, status);
+    put_u64(p->out + 8, status == RDV_BAD_VERSION ? RDV_VERSION : (uint64_t)r->bytes);
+    if (status == RDV_ABORTED) {
+        put_u32(p->out + 16, (uint32_t)r->bad_rank);
+        put_u64(p->out + 20, r->bad_bytes);
+    }
+    out[0] = uv_buf_init((char *)p->out, sizeof p->out);
+    out[1] = uv_buf_init((char *)r->blob, (unsigned)r->bytes);
+    p->w.data = p;
+    rc = uv_write(&p->w, (uv_stream_t *)&p->tcp, out, status == RDV_OK && r->bytes ? 2 : 1,
+                  on_peer_written);
+    if (rc < 0 && p->rank > 0)
+        peer_drop(r, p, "sending the blob failed", uv_strerror(rc));
+    else if (rc < 0)
+        peer_close(p);
 }
 
 static void on_peer_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 {
     peer *p = s->data;
     rdv *r = s->loop->data;
-    uint32_t magic, version, status;
-    uv_buf_t out[2];
-    int rc;
+    uint32_t magic, version;
     (void)buf;
     if (n == 0)
         return;
     if (n < 0) {
-        mlart_log(MLART_LOG_WARN, "rendezvous on %s:%d: %s left after %zu of 16 bytes: %s",
-                  r->addr, r->port, p->name, p->got, uv_strerror((int)n));
+        mlart_log(MLART_LOG_WARN, "rendezvous on %s:%d: %s left after %zu of %d bytes: %s",
+                  r->addr, r->port, p->name, p->got, RDV_HELLO, uv_strerror((int)n));
         peer_close(p);
         return;
     }
     p->got += (size_t)n;
-    if (p->got < sizeof p->in)
+    if (p->got < p->want)
         return;
-    uv_read_stop(s);
+    if (p->want == RDV_HELLO) {
+        uv_read_stop(s);
+        answer(r, p, admit(r, p, get_u32(p->in + 8), get_u32(p->in + 12), get_u64(p->in + 16)));
+        return;
+    }
+    /* the part every version's hello has: is the rest of this version's? */
     magic = get_u32(p->in);
     version = get_u32(p->in + 4);
     if (magic != RDV_MAGIC) {
@@ -343,24 +486,17 @@ static void on_peer_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         return;
     }
     if (version != RDV_VERSION) {
+        /* answered, not just closed on: every version reads the status at
+         * the same place (version 2 calls this one an unknown refusal), and
+         * from 3 on the count after it, here this rank 0's version */
         mlart_log(MLART_LOG_WARN, "rendezvous on %s:%d: %s speaks rendezvous version %u, this "
                   "rank 0 version %u: run one build of mlart on every rank", r->addr, r->port,
                   p->name, version, RDV_VERSION);
-        peer_close(p);
+        uv_read_stop(s);
+        answer(r, p, RDV_BAD_VERSION);
         return;
     }
-    status = admit(r, p, get_u32(p->in + 8), get_u32(p->in + 12));
-    put_u32(p->out, RDV_MAGIC);
-    put_u32(p->out + 4, status);
-    put_u64(p->out + 8, status == RDV_OK ? (uint64_t)r->bytes : 0);
-    out[0] = uv_buf_init((char *)p->out, sizeof p->out);
-    out[1] = uv_buf_init((char *)r->blob, (unsigned)r->bytes);
-    p->w.data = p;
-    rc = uv_write(&p->w, s, out, status == RDV_OK && r->bytes ? 2 : 1, on_peer_written);
-    if (rc < 0 && p->rank > 0)
-        peer_drop(r, p, "sending the blob failed", uv_strerror(rc));
-    else if (rc < 0)
-        peer_close(p);
+    p->want = RDV_HELLO;
 }
 
 static void on_connection(uv_stream_t *l, int status)
@@ -385,6 +521,7 @@ static void on_connection(uv_stream_t *l, int status)
     p->next = r->peers;
     r->peers = p;
     snprintf(p->name, sizeof p->name, "a peer");
+    p->want = RDV_HELLO_COMMON;
     if (uv_accept(l, (uv_stream_t *)&p->tcp) < 0) {
         peer_close(p);
         return;
@@ -407,6 +544,7 @@ static int serve(rdv *r)
     r->state = calloc((size_t)r->size, 1);
     if (!r->state)
         return mlart_set_error(MLART_ENOMEM, "rendezvous: out of memory");
+    r->sum = blob_sum(r->blob, r->bytes);
     uv_tcp_init(&r->loop, &r->tcp);
     if ((rc = uv_tcp_bind(&r->tcp, (const struct sockaddr *)&r->sa, 0)) < 0 ||
         (rc = uv_listen((uv_stream_t *)&r->tcp, 128, on_connection)) < 0)
@@ -472,6 +610,7 @@ static void acknowledge(rdv *r)
     uv_read_stop((uv_stream_t *)&r->tcp);
     put_u32(r->ack, RDV_MAGIC);
     put_u32(r->ack + 4, RDV_ACK);
+    put_u64(r->ack + 8, blob_sum(r->blob, r->bytes));
     if ((rc = uv_write(&r->ack_w, (uv_stream_t *)&r->tcp, &b, 1, on_ack_written)) < 0)
         finish(r, unacknowledged(r, rc));
 }
@@ -501,7 +640,11 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     if (n == 0)
         return;
     if (n < 0) {
-        finish(r, broken(r, n == UV_EOF ? "connection closed" : uv_strerror((int)n)));
+        char what[192];
+        snprintf(what, sizeof what, "%s%s", n == UV_EOF ? "connection closed" : uv_strerror((int)n),
+                 r->got ? "" : " before any answer (a rank 0 of rendezvous version 2 closes so "
+                               "on a peer of a later version)");
+        finish(r, broken(r, what));
         return;
     }
     if (r->got < sizeof r->head && r->got + (size_t)n >= sizeof r->head) {
@@ -515,6 +658,31 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         }
         if (status == RDV_BUSY) {
             retry_busy(r);
+            return;
+        }
+        if (status == RDV_BLOB_MISMATCH) {
+            finish(r, mlart_set_error(MLART_ECOMM, "rendezvous: rank 0 at %s:%d hands out a "
+                                      "blob of %llu bytes, rank %d expects %zu (every rank must "
+                                      "pass the same size: one build and config on all)",
+                                      r->addr, r->port, (unsigned long long)count, r->rank,
+                                      r->bytes));
+            return;
+        }
+        if (status == RDV_ABORTED) {
+            finish(r, mlart_set_error(MLART_ECOMM, "rendezvous: rank 0 at %s:%d gave up before "
+                                      "serving rank %d: rank %u expects a blob of %llu bytes, "
+                                      "rank 0 hands out %llu (every rank must pass the same "
+                                      "size: one build and config on all)", r->addr, r->port,
+                                      r->rank, get_u32(r->head + 16),
+                                      (unsigned long long)get_u64(r->head + 20),
+                                      (unsigned long long)count));
+            return;
+        }
+        if (status == RDV_BAD_VERSION) {
+            finish(r, mlart_set_error(MLART_ECOMM, "rendezvous: rank 0 at %s:%d speaks "
+                                      "rendezvous version %llu, rank %d version %u: run one "
+                                      "build of mlart on every rank", r->addr, r->port,
+                                      (unsigned long long)count, r->rank, RDV_VERSION));
             return;
         }
         if (status != RDV_OK) {
@@ -614,6 +782,7 @@ static int run(rdv *r)
         put_u32(r->hello + 4, RDV_VERSION);
         put_u32(r->hello + 8, (uint32_t)r->rank);
         put_u32(r->hello + 12, (uint32_t)r->size);
+        put_u64(r->hello + 16, (uint64_t)r->bytes);
         try_connect(r);
     }
     if (rc < 0)

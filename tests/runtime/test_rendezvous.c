@@ -1,14 +1,18 @@
 /* Rank variables and the TCP rendezvous: each launcher's variables, bad
  * values named, argument checks, a group of ranks as threads on 127.0.0.1
  * receiving rank 0's blob (also 1 MiB, read in pieces), a refused peer
- * while the others are served, deadlines on both sides, and peers written
+ * while the others are served, a rank whose blob size differs (refused,
+ * the others told, rank 0 failing at once naming it), deadlines on both
+ * sides, and peers written
  * by hand on plain sockets that take a rank and never acknowledge it:
  * leaving (after reading nothing, only the head, or the blob and then
- * sending a malformed acknowledgement) frees the rank for the real one,
+ * sending a malformed acknowledgement) or acknowledging a blob it never
+ * read (its checksum is not the blob's) frees the rank for the real one,
  * staying makes the real one retry until it leaves, and rank 0's timeout
  * names such a rank as pending; a peer whose connects meet themselves
  * (in a network namespace of its own, where that can be made to happen);
- * a warning when two launchers' rank variables disagree. */
+ * a peer of protocol version 2 answered; a warning when two launchers'
+ * rank variables disagree. */
 #define _GNU_SOURCE /* unshare, CLONE_NEWNET */
 #include <arpa/inet.h>
 #include <check.h>
@@ -397,6 +401,80 @@ START_TEST(rendezvous_refuses_other_size)
 }
 END_TEST
 
+/* A rank whose blob size differs from rank 0's (another build or config):
+ * it is refused naming both sizes; a rank that comes after is told why
+ * rank 0 gave up rather than served; and rank 0 returns at once naming the
+ * rank and both sizes, instead of a bare timeout at its deadline. */
+START_TEST(rendezvous_blob_size_differs)
+{
+    fx_rng rng = {seed ^ 0xb10b};
+    unsigned char blobs[3][128];
+    job j[3];
+    int refused = 0;
+    for (int attempt = 0; attempt < 8 && !refused; attempt++) {
+        int port = pick_port(&rng);
+        fill(&rng, blobs[0], sizeof blobs[0]);
+        memset(blobs[1], 0x3c, sizeof blobs[1]);
+        memset(blobs[2], 0, sizeof blobs[2]);
+        start(&j[0], port, 0, 3, blobs[0], 128, 5000);
+        start(&j[1], port, 1, 3, blobs[1], 64, 5000);
+        join(&j[1]);
+        refused = j[1].rc == MLART_ECOMM && strstr(j[1].err, "hands out a blob") != NULL;
+        if (!refused) {
+            join(&j[0]);
+            ck_assert_msg(port_taken(&j[0]), "rank 1: %s; rank 0: %s", j[1].err, j[0].err);
+            continue;
+        }
+        start(&j[2], port, 2, 3, blobs[2], 128, 5000);
+        join(&j[2]);
+        join(&j[0]);
+    }
+    ck_assert(refused);
+    printf("blob sizes differ: rank 0 %s after %.3f s, rank 1 after %.3f s, rank 2 after %.3f s\n",
+           mlart_status_name(j[0].rc), j[0].secs, j[1].secs, j[2].secs);
+    ck_assert_ptr_nonnull(strstr(j[1].err, "hands out a blob of 128 bytes, rank 1 expects 64"));
+    ck_assert_int_eq(j[2].rc, MLART_ECOMM);
+    ck_assert_ptr_nonnull(strstr(j[2].err, "gave up before serving rank 2: rank 1 expects a "
+                                           "blob of 64 bytes, rank 0 hands out 128"));
+    ck_assert_int_eq(j[0].rc, MLART_ECOMM);
+    ck_assert_ptr_nonnull(strstr(j[0].err, "rank 1 expects a blob of 64 bytes, rank 0 hands "
+                                           "out 128"));
+    ck_assert_ptr_nonnull(strstr(j[0].err, "gave up: 0 of 2 peers served, 2 told why"));
+    ck_assert(j[0].secs < 2 && j[1].secs < 2 && j[2].secs < 2);
+    for (size_t i = 0; i < sizeof blobs[1]; i++) {
+        ck_assert_int_eq(blobs[1][i], 0x3c);
+        ck_assert_int_eq(blobs[2][i], 0);
+    }
+}
+END_TEST
+
+/* As above with no rank 2 ever coming: rank 0 waits at most its deadline to
+ * tell it, then still names the blob sizes, and the rank it could not tell. */
+START_TEST(rendezvous_blob_size_differs_untold)
+{
+    fx_rng rng = {seed ^ 0xb10c};
+    unsigned char blobs[2][128];
+    job j0, j1;
+    for (int attempt = 0; attempt < 8; attempt++) {
+        int port = pick_port(&rng);
+        fill(&rng, blobs[0], sizeof blobs[0]);
+        start(&j0, port, 0, 3, blobs[0], 128, 500);
+        start(&j1, port, 1, 3, blobs[1], 64, 5000);
+        join(&j0);
+        join(&j1);
+        if (!port_taken(&j0))
+            break;
+    }
+    ck_assert_int_eq(j1.rc, MLART_ECOMM);
+    ck_assert_int_eq(j0.rc, MLART_ECOMM);
+    ck_assert_ptr_nonnull(strstr(j0.err, "rank 1 expects a blob of 64 bytes, rank 0 hands "
+                                         "out 128"));
+    ck_assert_ptr_nonnull(strstr(j0.err, "0 of 2 peers served, 1 told why; neither served nor "
+                                         "told within 500 ms: ranks 2"));
+    ck_assert(j0.secs >= 0.45 && j0.secs < 1.5);
+}
+END_TEST
+
 START_TEST(rendezvous_peer_without_server)
 {
     fx_rng rng = {seed ^ 0x9e3};
@@ -555,9 +633,14 @@ END_TEST
 
 /* ---- a peer by hand, on plain sockets ------------------------------------ */
 
-/* the wire format of runtime/rendezvous/rendezvous.c, version 2 */
+/* the wire format of runtime/rendezvous/rendezvous.c, version 3 */
 #define WIRE_MAGIC 0x4d4c5254u
-#define WIRE_VERSION 2u
+#define WIRE_VERSION 3u
+#define WIRE_HELLO 24
+#define WIRE_HEAD 28
+#define WIRE_ACK 16
+#define WIRE_ACK_WORD 0x41434b21u
+#define WIRE_BAD_VERSION 7u
 
 static void wire_put(unsigned char *p, uint32_t v)
 {
@@ -568,6 +651,23 @@ static void wire_put(unsigned char *p, uint32_t v)
 static uint32_t wire_get(const unsigned char *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t wire_get64(const unsigned char *p)
+{
+    return (uint64_t)wire_get(p) | (uint64_t)wire_get(p + 4) << 32;
+}
+
+/* An acknowledgement whose checksum is the FNV-1a 64 of n bytes at p. */
+static void wire_ack(unsigned char ack[WIRE_ACK], const unsigned char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    wire_put(ack, WIRE_MAGIC);
+    wire_put(ack + 4, WIRE_ACK_WORD);
+    wire_put(ack + 8, (uint32_t)h);
+    wire_put(ack + 12, (uint32_t)(h >> 32));
 }
 
 static void sleep_ms(int ms)
@@ -602,22 +702,25 @@ static int fake_connect(int port, job *rank0)
     }
 }
 
-/* Say rank `rank` of a group of `size`, as mlart_rendezvous would. */
-static void fake_hello(int fd, int rank, int size)
+/* Say rank `rank` of a group of `size` expecting `bytes`, as
+ * mlart_rendezvous would. */
+static void fake_hello(int fd, int rank, int size, size_t bytes)
 {
-    unsigned char hello[16];
+    unsigned char hello[WIRE_HELLO];
     wire_put(hello, WIRE_MAGIC);
     wire_put(hello + 4, WIRE_VERSION);
     wire_put(hello + 8, (uint32_t)rank);
     wire_put(hello + 12, (uint32_t)size);
+    wire_put(hello + 16, (uint32_t)bytes);
+    wire_put(hello + 20, (uint32_t)((uint64_t)bytes >> 32));
     ck_assert_int_eq(send(fd, hello, sizeof hello, MSG_NOSIGNAL), (ssize_t)sizeof hello);
 }
 
-/* Read rank 0's 16-byte head and check it admits us with `bytes` to come,
- * then read `keep` of those bytes into blob. */
+/* Read rank 0's head and check it admits us with `bytes` to come, then read
+ * `keep` of those bytes into blob. */
 static void fake_read(int fd, size_t bytes, unsigned char *blob, size_t keep)
 {
-    unsigned char head[16];
+    unsigned char head[WIRE_HEAD];
     size_t got = 0;
     while (got < sizeof head + keep) {
         ssize_t n = got < sizeof head ? recv(fd, head + got, sizeof head - got, 0)
@@ -629,13 +732,14 @@ static void fake_read(int fd, size_t bytes, unsigned char *blob, size_t keep)
     }
     ck_assert_uint_eq(wire_get(head), WIRE_MAGIC);
     ck_assert_uint_eq(wire_get(head + 4), 0); /* admitted */
-    ck_assert_uint_eq(wire_get(head + 8), bytes);
-    ck_assert_uint_eq(wire_get(head + 12), 0);
+    ck_assert_uint_eq(wire_get64(head + 8), bytes);
+    ck_assert_uint_eq(wire_get(head + 16), 0);
+    ck_assert_uint_eq(wire_get64(head + 20), 0);
 }
 
 /* Rank 0 of a group of 2 and a peer that says rank 1, reads `keep` bytes
- * (none: -1; the head: 0; the blob too: 128), sends `junk` (8 bytes where
- * the acknowledgement goes) if not NULL, and either holds the connection
+ * (none: -1; the head: 0; the blob too: 128), sends `junk` (WIRE_ACK bytes
+ * where the acknowledgement goes) if not NULL, and either holds the connection
  * for `hold_ms` while the real rank 1 (`timeout_ms`; 0: none) starts, then
  * closes it, or (hold_ms 0) closes it first.  Retries on another port if
  * rank 0's is taken; the blobs are blobs[0] (rank 0's) and blobs[1]. */
@@ -657,12 +761,12 @@ static void fake_then_real(fx_rng *rng, unsigned char blobs[2][128], int keep,
             ck_assert_msg(port_taken(j0), "rank 0 on port %d: %s", port, j0->err);
             continue;
         }
-        fake_hello(fd, 1, 2);
+        fake_hello(fd, 1, 2, 128);
         if (keep >= 0)
             fake_read(fd, 128, seen, (size_t)keep);
         ck_assert(keep <= 0 || !memcmp(seen, blobs[0], (size_t)keep));
         if (junk)
-            ck_assert_int_eq(send(fd, junk, 8, MSG_NOSIGNAL), 8);
+            ck_assert_int_eq(send(fd, junk, WIRE_ACK, MSG_NOSIGNAL), WIRE_ACK);
         if (hold_ms == 0) {
             close(fd);
             sleep_ms(50); /* rank 0 reads this hello before the real rank 1's */
@@ -685,20 +789,31 @@ START_TEST(rendezvous_peer_leaves_before_ack)
 {
     fx_rng rng = {seed ^ 0x1ea7e};
     /* the magic, then 0 where the acknowledgement's word goes */
-    static const unsigned char bad_ack[8] = {0x54, 0x52, 0x4c, 0x4d, 0, 0, 0, 0};
-    static const struct {
+    static const unsigned char bad_ack[WIRE_ACK] = {0x54, 0x52, 0x4c, 0x4d};
+    /* a well-formed acknowledgement of a blob never read: the checksum of
+     * the buffer as it was, all zeros */
+    static const unsigned char zeros[128];
+    unsigned char unread_ack[WIRE_ACK];
+    /* hold_ms: the last peer stays connected while the real rank 1 starts,
+     * so that only its acknowledgement, not the end of its connection, can
+     * tell rank 0 that it does not count */
+    const struct {
         int keep;
         const unsigned char *junk;
+        int hold_ms;
         const char *what;
     } how[] = {
-        {-1, NULL, "reading nothing"},
-        {0, NULL, "reading the head"},
-        {128, bad_ack, "a malformed acknowledgement"},
+        {-1, NULL, 0, "reading nothing"},
+        {0, NULL, 0, "reading the head"},
+        {128, bad_ack, 0, "a malformed acknowledgement"},
+        {0, unread_ack, 200, "acknowledging the head without reading the blob"},
     };
+    wire_ack(unread_ack, zeros, sizeof zeros);
     for (size_t i = 0; i < sizeof how / sizeof how[0]; i++) {
         unsigned char blobs[2][128];
         job j0, j1;
-        fake_then_real(&rng, blobs, how[i].keep, how[i].junk, 0, 10000, 3000, &j0, &j1);
+        fake_then_real(&rng, blobs, how[i].keep, how[i].junk, how[i].hold_ms, 10000, 3000, &j0,
+                       &j1);
         printf("a peer left holding rank 1 after %s: rank 0 %s in %.3f s, the real rank 1 %s "
                "in %.3f s\n", how[i].what, mlart_status_name(j0.rc), j0.secs,
                mlart_status_name(j1.rc), j1.secs);
@@ -741,6 +856,53 @@ START_TEST(rendezvous_rank0_names_pending)
 }
 END_TEST
 
+/* A peer of rendezvous version 2 (a 16-byte hello) is answered, with the
+ * status of another version and rank 0's version where the count goes,
+ * rather than closed on; the real rank 1 is then served. */
+START_TEST(rendezvous_other_version_answered)
+{
+    fx_rng rng = {seed ^ 0x7e2};
+    unsigned char blobs[2][128], head[WIRE_HEAD];
+    job j0, j1;
+    size_t got = 0;
+    int fd = -1;
+    for (int attempt = 0; attempt < 8 && fd < 0; attempt++) {
+        int port = pick_port(&rng);
+        fill(&rng, blobs[0], sizeof blobs[0]);
+        memset(blobs[1], 0, sizeof blobs[1]);
+        start(&j0, port, 0, 2, blobs[0], 128, 5000);
+        if ((fd = fake_connect(port, &j0)) < 0) {
+            join(&j0);
+            ck_assert_msg(port_taken(&j0), "rank 0 on port %d: %s", port, j0.err);
+            continue;
+        }
+        {
+            unsigned char hello[16];
+            wire_put(hello, WIRE_MAGIC);
+            wire_put(hello + 4, 2);
+            wire_put(hello + 8, 1);
+            wire_put(hello + 12, 2);
+            ck_assert_int_eq(send(fd, hello, sizeof hello, MSG_NOSIGNAL), 16);
+        }
+        for (ssize_t n = 1; n > 0 && got < sizeof head; got += (size_t)n)
+            if ((n = recv(fd, head + got, sizeof head - got, 0)) <= 0)
+                break;
+        close(fd);
+        start(&j1, port, 1, 2, blobs[1], 128, 5000);
+        join(&j1);
+        join(&j0);
+    }
+    ck_assert_int_ge(fd, 0);
+    ck_assert_uint_ge(got, 16); /* what a peer of version 2 reads */
+    ck_assert_uint_eq(wire_get(head), WIRE_MAGIC);
+    ck_assert_uint_eq(wire_get(head + 4), WIRE_BAD_VERSION);
+    ck_assert_uint_eq(wire_get64(head + 8), WIRE_VERSION);
+    ck_assert_msg(j0.rc == 0, "rank 0: %s", j0.err);
+    ck_assert_msg(j1.rc == 0, "rank 1: %s", j1.err);
+    ck_assert(!memcmp(blobs[0], blobs[1], sizeof blobs[0]));
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("runtime_rendezvous");
@@ -756,6 +918,8 @@ int main(void)
     tcase_add_test(tc, rendezvous_four_ranks);
     tcase_add_test(tc, rendezvous_big_and_empty);
     tcase_add_test(tc, rendezvous_refuses_other_size);
+    tcase_add_test(tc, rendezvous_blob_size_differs);
+    tcase_add_test(tc, rendezvous_blob_size_differs_untold);
     tcase_add_test(tc, rendezvous_peer_without_server);
     tcase_add_test(tc, rendezvous_peer_meets_itself);
     tcase_add_test(tc, join_rank0_without_nccl);
@@ -763,6 +927,7 @@ int main(void)
     tcase_add_test(tc, rendezvous_peer_leaves_before_ack);
     tcase_add_test(tc, rendezvous_pending_rank_retries);
     tcase_add_test(tc, rendezvous_rank0_names_pending);
+    tcase_add_test(tc, rendezvous_other_version_answered);
     tcase_set_timeout(tc, 120);
     suite_add_tcase(s, env);
     suite_add_tcase(s, tc);
