@@ -156,6 +156,11 @@ static serve_err number(scan *s, int *is_int, int64_t *v)
     return SERVE_OK;
 }
 
+/* Arrays and objects nested deeper than this inside the request are
+ * refused (bad_json): skip recurses once per level. */
+#define NEST_MAX 16
+
+/* A JSON value at the given depth (the request's own values are at 1). */
 static serve_err skip(scan *s, int depth)
 {
     const char *b, *e;
@@ -165,8 +170,6 @@ static serve_err skip(scan *s, int depth)
     ws(s);
     if (s->p >= s->end)
         return fail(s, SERVE_EJSON, "unexpected end");
-    if (depth > 16)
-        return fail(s, SERVE_EJSON, "nesting too deep");
     switch (*s->p) {
     case '"':
         return string(s, &b, &e);
@@ -174,6 +177,8 @@ static serve_err skip(scan *s, int depth)
     case '[': {
         char close = *s->p == '{' ? '}' : ']';
         int obj = close == '}';
+        if (depth > NEST_MAX)
+            return fail(s, SERVE_EJSON, "arrays and objects nested more than 16 deep");
         s->p++;
         if (peek(s, close)) {
             s->p++;
@@ -223,9 +228,9 @@ static int starts_number(const scan *s)
 
 /* A value of the wrong type for a known field: still valid JSON (else
  * bad_json), so the request is a bad_request (docs/serve.md). */
-static serve_err wrong_type(scan *s, const char *what)
+static serve_err wrong_type(scan *s, int depth, const char *what)
 {
-    serve_err rc = skip(s, 1);
+    serve_err rc = skip(s, depth);
     return rc ? rc : fail(s, SERVE_EREQUEST, what);
 }
 
@@ -235,8 +240,8 @@ static int key_is(const char *b, const char *e, const char *k)
     return (size_t)(e - b) == n + 2 && !memcmp(b + 1, k, n);
 }
 
-serve_err serve_parse_request(const char *line, size_t len, const serve_limits *lim,
-                              serve_request *out, char *msg, size_t msg_cap)
+static serve_err parse(const char *line, size_t len, const serve_limits *lim,
+                       serve_request *out, char *msg, size_t msg_cap)
 {
     scan s = {line, line + len, msg, msg_cap};
     serve_request r;
@@ -274,7 +279,7 @@ serve_err serve_parse_request(const char *line, size_t len, const serve_limits *
                 if ((rc = string(&s, &vb, &ve)))
                     return rc;
             } else if (!starts_number(&s)) {
-                return wrong_type(&s, "id must be a string or an integer");
+                return wrong_type(&s, 1, "id must be a string or an integer");
             } else {
                 if ((rc = number(&s, &is_int, &v)))
                     return rc;
@@ -292,7 +297,7 @@ serve_err serve_parse_request(const char *line, size_t len, const serve_limits *
             if (have_tokens++)
                 return fail(&s, SERVE_EREQUEST, "duplicate tokens");
             if (!starts_number(&s))
-                return wrong_type(&s, "tokens must be an integer");
+                return wrong_type(&s, 1, "tokens must be an integer");
             tok_text = s.p;
             if ((rc = number(&s, &is_int, &tokens)))
                 return rc;
@@ -315,7 +320,7 @@ serve_err serve_parse_request(const char *line, size_t len, const serve_limits *
                     const char *vb;
                     ws(&s);
                     if (!starts_number(&s))
-                        return wrong_type(&s, "positions must be integers");
+                        return wrong_type(&s, 2, "positions must be integers");
                     vb = s.p;
                     if ((rc = number(&s, &is_int, &v)))
                         return rc;
@@ -376,6 +381,27 @@ serve_err serve_parse_request(const char *line, size_t len, const serve_limits *
     r.tokens = (int32_t)tokens;
     *out = r;
     return SERVE_OK;
+}
+
+/* parse() returns at the first field it refuses, before it has read the
+ * rest of the line; docs/serve.md promises bad_json for every line that is
+ * not one JSON object, so a refused line is read again, as plain JSON,
+ * before it is answered bad_request or out_of_range.  Only refused lines
+ * pay for the second pass. */
+serve_err serve_parse_request(const char *line, size_t len, const serve_limits *lim,
+                              serve_request *out, char *msg, size_t msg_cap)
+{
+    serve_err e = parse(line, len, lim, out, msg, msg_cap);
+    if (e == SERVE_EREQUEST || e == SERVE_ERANGE) {
+        scan s = {line, line + len, msg, msg_cap};
+        serve_err rc = skip(&s, 0); /* parse() saw that it starts with '{' */
+        if (rc)
+            return rc;
+        ws(&s);
+        if (s.p != s.end)
+            return fail(&s, SERVE_EJSON, "bytes after the request object");
+    }
+    return e;
 }
 
 size_t serve_format_ok(char *buf, size_t cap, const serve_request *r, const serve_result *res)

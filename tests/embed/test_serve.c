@@ -35,6 +35,12 @@ static char *const *server_extra;
 
 /* ---- protocol ---------------------------------------------------------- */
 
+/* 64 array elements and a comma; 16 arrays opened, and closed */
+#define Z8 "0,0,0,0,0,0,0,0,"
+#define Z64 Z8 Z8 Z8 Z8 Z8 Z8 Z8 Z8
+#define OPEN16 "[[[[[[[[[[[[[[[["
+#define CLOSE16 "]]]]]]]]]]]]]]]]"
+
 START_TEST(test_parse)
 {
     serve_limits lim = {8, 100};
@@ -106,6 +112,37 @@ START_TEST(test_parse)
          "position 18446744073709551616 outside"},
         {"{\"id\":1,\"tokens\":4294967297,\"positions\":[1]}", SERVE_ERANGE, "1",
          "tokens = 4294967297,"},
+        /* a line that is not JSON is bad_json whatever else is wrong with
+         * it (docs/serve.md): cut short, bytes after the object, a
+         * malformed value where a field is refused */
+        {"{\"id\":1,\"id\":2", SERVE_EJSON, "1", NULL},
+        {"{\"id\":1.5,\"tokens\":1,\"positions\":[1]} x", SERVE_EJSON, "", "after"},
+        {"{} x", SERVE_EJSON, "", "after"},
+        {"{}}", SERVE_EJSON, "", "after"},
+        {"{\"id\":1,\"tokens\":\"1\"", SERVE_EJSON, "1", NULL},
+        {"{\"id\":1,\"tokens\":true,\"positions\":[1]}]", SERVE_EJSON, "1", NULL},
+        {"{\"id\":1,\"tokens\":1,\"positions\":{]}", SERVE_EJSON, "1", NULL},
+        {"{\"id\":1,\"tokens\":1,\"positions\":[null", SERVE_EJSON, "1", NULL},
+        {"{\"id\":1,\"tokens\":1,\"positions\":[1,2],\"positions\":", SERVE_EJSON, "1", NULL},
+        {"{\"id\":1,\"tokens\":1,\"positions\":[" Z64 "0", SERVE_EJSON, "1", NULL},
+        {"{\"id\":1,\"tokens\":0,\"positions\":[]", SERVE_EJSON, "1", NULL},
+        {"{\"id\":\"01234567890123456789012345678901234567890123456789012345678901234\"",
+         SERVE_EJSON, "", NULL},
+        /* ... and a top-level value that is not an object */
+        {"\"x\"", SERVE_EJSON, "", NULL},
+        {"5", SERVE_EJSON, "", NULL},
+        {"null", SERVE_EJSON, "", NULL},
+        {"{", SERVE_EJSON, "", NULL},
+        /* the same fields valid JSON: refused for what they hold */
+        {"{\"id\":1,\"tokens\":1,\"positions\":[" Z64 "0]}", SERVE_ERANGE, "1", "64"},
+        {"{} ", SERVE_EREQUEST, "", NULL},
+        /* arrays and objects nest at most 16 deep inside the request */
+        {"{\"x\":" OPEN16 "1" CLOSE16 ",\"id\":1,\"tokens\":1,\"positions\":[1]}", SERVE_OK,
+         "1", NULL},
+        {"{\"x\":" OPEN16 "[1]" CLOSE16 ",\"id\":1,\"tokens\":1,\"positions\":[1]}",
+         SERVE_EJSON, "", "nested more than 16"},
+        {"{\"id\":1,\"x\":" OPEN16 "{}" CLOSE16 ",\"tokens\":1,\"positions\":[1]}",
+         SERVE_EJSON, "1", "nested more than 16"},
         /* an integer id is echoed as written, however large */
         {"{\"id\":123456789012345678901234567890,\"tokens\":1,\"positions\":[1]}", SERVE_OK,
          "123456789012345678901234567890", ""},
