@@ -68,6 +68,28 @@ static int utf8_len(const unsigned char *p, const unsigned char *end)
     return n;
 }
 
+/* The value of the 4 hex digits at p (below end), -1 when they are not. */
+static long hex4(const char *p, const char *end)
+{
+    long v = 0;
+    if (end - p < 4)
+        return -1;
+    for (int i = 0; i < 4; i++) {
+        const char c = p[i];
+        int d;
+        if (c >= '0' && c <= '9')
+            d = c - '0';
+        else if (c >= 'a' && c <= 'f')
+            d = c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F')
+            d = c - 'A' + 10;
+        else
+            return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
 /* A JSON string; *b and *e get its raw span, quotes included. */
 static serve_err string(scan *s, const char **b, const char **e)
 {
@@ -90,11 +112,23 @@ static serve_err string(scan *s, const char **b, const char **e)
             if (++s->p >= s->end)
                 break;
             if (*s->p == 'u') {
-                for (int i = 1; i <= 4; i++)
-                    if (s->p + i >= s->end || !strchr("0123456789abcdefABCDEF", s->p[i]) ||
-                        s->p[i] == '\0')
-                        return fail(s, SERVE_EJSON, "bad \\u escape");
+                const long u = hex4(s->p + 1, s->end);
+                if (u < 0)
+                    return fail(s, SERVE_EJSON, "bad \\u escape");
                 s->p += 4;
+                /* UTF-16 in escapes: a high surrogate counts only with a low
+                 * one escaped right after it; alone, either is no character,
+                 * and an echoed id must decode to UTF-8 */
+                if (u >= 0xdc00 && u <= 0xdfff)
+                    return fail(s, SERVE_EJSON, "lone surrogate in a \\u escape");
+                if (u >= 0xd800 && u <= 0xdbff) {
+                    const long lo = s->end - s->p > 2 && s->p[1] == '\\' && s->p[2] == 'u'
+                                        ? hex4(s->p + 3, s->end)
+                                        : -1;
+                    if (lo < 0xdc00 || lo > 0xdfff)
+                        return fail(s, SERVE_EJSON, "lone surrogate in a \\u escape");
+                    s->p += 6;
+                }
             } else if (!strchr("\"\\/bfnrt", *s->p) || *s->p == '\0') {
                 return fail(s, SERVE_EJSON, "bad escape");
             }
