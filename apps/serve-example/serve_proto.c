@@ -268,10 +268,55 @@ static serve_err wrong_type(scan *s, int depth, const char *what)
     return rc ? rc : fail(s, SERVE_EREQUEST, what);
 }
 
-static int key_is(const char *b, const char *e, const char *k)
+/* The text of a string that string() accepted (b..e: inside its quotes),
+ * unescaped into out as UTF-8.  Returns its length, or cap + 1 when it is
+ * longer than cap (keys are read into a few bytes: no field's name is
+ * longer). */
+static size_t unescape(const char *b, const char *e, char *out, size_t cap)
 {
-    size_t n = strlen(k);
-    return (size_t)(e - b) == n + 2 && !memcmp(b + 1, k, n);
+    size_t n = 0;
+    while (b < e) {
+        unsigned long u = (unsigned char)*b++;
+        unsigned char t[4];
+        size_t m = 1;
+        if (u == '\\') {
+            const char c = *b++;
+            if (c == 'u') {
+                u = (unsigned long)hex4(b, e);
+                b += 4;
+                if (u >= 0xd800 && u <= 0xdbff) { /* string() saw its low half */
+                    u = 0x10000 + ((u - 0xd800) << 10) + ((unsigned long)hex4(b + 2, e) - 0xdc00);
+                    b += 6;
+                }
+            } else {
+                u = c == 'b' ? '\b' : c == 'f' ? '\f' : c == 'n' ? '\n' : c == 'r' ? '\r'
+                  : c == 't' ? '\t' : (unsigned char)c;
+            }
+            if (u >= 0x10000)
+                m = 4, t[0] = (unsigned char)(0xf0 | u >> 18);
+            else if (u >= 0x800)
+                m = 3, t[0] = (unsigned char)(0xe0 | u >> 12);
+            else if (u >= 0x80)
+                m = 2, t[0] = (unsigned char)(0xc0 | u >> 6);
+            else
+                t[0] = (unsigned char)u;
+            for (size_t i = 1; i < m; i++)
+                t[i] = (unsigned char)(0x80 | ((u >> (6 * (m - 1 - i))) & 0x3f));
+        } else {
+            t[0] = (unsigned char)u; /* UTF-8 already */
+        }
+        if (n + m > cap)
+            return cap + 1;
+        memcpy(out + n, t, m);
+        n += m;
+    }
+    return n;
+}
+
+/* Whether a key, unescaped (JSON allows "\u0069d" for "id"), is k. */
+static int key_is(const char *key, size_t len, const char *k)
+{
+    return len == strlen(k) && !memcmp(key, k, len);
 }
 
 static serve_err parse(const char *line, size_t len, const serve_limits *lim,
@@ -297,13 +342,16 @@ static serve_err parse(const char *line, size_t len, const serve_limits *lim,
         return fail(&s, SERVE_EREQUEST, "empty request: needs id, tokens, positions");
     for (;;) {
         const char *kb, *ke;
+        char key[16];
+        size_t klen;
         if ((rc = string(&s, &kb, &ke)))
             return rc;
+        klen = unescape(kb + 1, ke - 1, key, sizeof key);
         if (!peek(&s, ':'))
             return fail(&s, SERVE_EJSON, "expected ':'");
         s.p++;
         ws(&s);
-        if (key_is(kb, ke, "id")) {
+        if (key_is(key, klen, "id")) {
             const char *vb = s.p, *ve;
             int is_int;
             int64_t v;
@@ -326,7 +374,7 @@ static serve_err parse(const char *line, size_t len, const serve_limits *lim,
             memcpy(r.id, vb, (size_t)(ve - vb));
             r.id[ve - vb] = '\0';
             memcpy(out->id, r.id, sizeof r.id);
-        } else if (key_is(kb, ke, "tokens")) {
+        } else if (key_is(key, klen, "tokens")) {
             int is_int;
             if (have_tokens++)
                 return fail(&s, SERVE_EREQUEST, "duplicate tokens");
@@ -338,7 +386,7 @@ static serve_err parse(const char *line, size_t len, const serve_limits *lim,
             tok_len = (int)(s.p - tok_text < 40 ? s.p - tok_text : 40);
             if (!is_int)
                 return fail(&s, SERVE_EREQUEST, "tokens must be an integer");
-        } else if (key_is(kb, ke, "positions")) {
+        } else if (key_is(key, klen, "positions")) {
             if (npos >= 0)
                 return fail(&s, SERVE_EREQUEST, "duplicate positions");
             if (!peek(&s, '['))
