@@ -469,19 +469,21 @@ static void reject_closed(uv_handle_t *h)
 /* A connection that cannot be served (out of memory): accept it into the
  * server's spare handle and close it at once.  Left unaccepted, it would
  * make libuv stop watching the listening socket for good; so one that comes
- * while the spare is still closing waits for reject_closed. */
-static void reject(server *s, uv_stream_t *l)
+ * while the spare is still closing waits for reject_closed, which offers it
+ * to on_connection again.  Returns 1 when it was closed, 0 when it waits. */
+static int reject(server *s, uv_stream_t *l)
 {
     if (s->rejecting) {
         s->reject_waiting = 1;
-        return;
+        return 0;
     }
     if (uv_tcp_init(s->loop, &s->spare) < 0)
-        return;
+        return 0;
     s->spare.data = s;
     s->rejecting = 1;
     uv_accept(l, (uv_stream_t *)&s->spare);
     uv_close((uv_handle_t *)&s->spare, reject_closed);
+    return 1;
 }
 
 static void on_connection(uv_stream_t *l, int status)
@@ -490,7 +492,13 @@ static void on_connection(uv_stream_t *l, int status)
     conn *c;
     if (status < 0 || s->stopping)
         return;
-    c = s->test_refuse > 0 ? (s->test_refuse--, NULL) : calloc(1, sizeof *c);
+    if (s->test_refuse > 0) {
+        /* counted when the connection is closed: one that waits comes
+         * back here, and is the same attempt */
+        s->test_refuse -= reject(s, l);
+        return;
+    }
+    c = calloc(1, sizeof *c);
     if (!c) {
         reject(s, l);
         return;
