@@ -6,7 +6,9 @@
  * owns one set of buffers), and answers each request with its timing and a
  * checksum of its output.  SIGINT/SIGTERM: stop accepting, answer every
  * request already received, refuse new ones, close, exit 0; a drain that
- * takes longer than --drain-timeout closes what is left and exits 1. */
+ * takes longer than --drain-timeout closes what is left and exits 1; during
+ * the start-up, exit 0 once the step in progress is done, without
+ * listening. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <signal.h>
@@ -599,6 +601,27 @@ static void on_signal(uv_signal_t *h, int signum)
 
 /* ---- main -------------------------------------------------------------- */
 
+/* SIGINT/SIGTERM that came before the loop watches them (the start-up:
+ * the config, the weights, the engine, which can take seconds on a GPU). */
+static volatile sig_atomic_t start_signal;
+
+static void on_start_signal(int sig)
+{
+    start_signal = sig;
+    /* a second one gets the default action, as during a drain */
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+}
+
+/* A signal during the start-up: nothing was received, so there is nothing
+ * to answer; exit as a drain that is done does. */
+static int start_stopped(void)
+{
+    fprintf(stderr, "mlart-serve-example: signal %d during start-up: exiting\n",
+            (int)start_signal);
+    return 0;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -650,6 +673,16 @@ int main(int argc, char **argv)
     char err[512], backend_buf[64];
     int32_t graph_sizes[MLART_CONFIG_MAX_GRAPH_SIZES];
 
+    {
+        /* SA_RESTART: a config read from a FIFO goes on after the signal */
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_start_signal;
+        sa.sa_flags = SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+    }
     memset(&s, 0, sizeof s);
     memset(&eo, 0, sizeof eo);
     eo.device = SERVE_DEVICE_AUTO;
@@ -772,10 +805,16 @@ int main(int argc, char **argv)
 
     /* a client that vanishes mid-reply must cost an error code, not the process */
     signal(SIGPIPE, SIG_IGN);
+    if (start_signal)
+        return start_stopped();
     rc = serve_engine_create(&eo, &s.eng, err, sizeof err);
     if (rc) {
         fprintf(stderr, "mlart-serve-example: %s: %s\n", mlart_status_name(rc), err);
         return 1;
+    }
+    if (start_signal) {
+        serve_engine_destroy(s.eng);
+        return start_stopped();
     }
     s.batch = calloc((size_t)s.max_batch_requests, sizeof *s.batch);
     s.loop = uv_default_loop();
@@ -820,9 +859,15 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    printf("mlart-serve-example listening on 127.0.0.1:%d (%s)\n",
-           ntohs(((struct sockaddr_in *)&bound)->sin_port), serve_engine_describe(s.eng));
-    fflush(stdout);
+    if (start_signal) {
+        /* it came after the check above, before libuv took the signals
+         * over: the same drain as after it, with nothing to answer */
+        on_signal(&s.sig[start_signal == SIGTERM], start_signal);
+    } else {
+        printf("mlart-serve-example listening on 127.0.0.1:%d (%s)\n",
+               ntohs(((struct sockaddr_in *)&bound)->sin_port), serve_engine_describe(s.eng));
+        fflush(stdout);
+    }
 
     uv_run(s.loop, UV_RUN_DEFAULT);
     uv_close((uv_handle_t *)&s.drain, NULL); /* the drain ended before it, or it fired */

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1346,6 +1347,83 @@ START_TEST(test_weights_head_count)
 }
 END_TEST
 
+/* SIGTERM or SIGINT while the server starts (here while it reads its config
+ * from a FIFO, which waits for the writer): it ends the start-up step in
+ * progress, says so and exits 0 without listening, as a drain with nothing
+ * to answer does (before, the signal's default action killed it: 143 or
+ * 130). */
+START_TEST(test_signal_at_start)
+{
+    static const char cfg[] = "[model]\nheads = 4\nqk_nope_dim = 64\nrope_dim = 64\n"
+                              "kv_lora_rank = 256\nv_head_dim = 64\ntopk = 64\n";
+    static const int sigs[] = {SIGTERM, SIGINT};
+    char dir[] = "/tmp/mlart-serve-s-XXXXXX", fifo[64], errp[80];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(fifo, sizeof fifo, "%s/config.ini", dir);
+    snprintf(errp, sizeof errp, "%s/stderr", dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    for (int k = 0; k < 2; k++) {
+        char msg[1024], out[256], want[64];
+        int outp[2], fd = -1, status = -1, efd;
+        ssize_t n, r;
+        double t0;
+        pid_t pid;
+        ck_assert_int_eq(pipe(outp), 0);
+        pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            int e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+            signal(SIGINT, SIG_DFL);
+            signal(SIGTERM, SIG_DFL);
+            if (e < 0 || dup2(e, 2) < 0 || dup2(outp[1], 1) < 0)
+                _exit(126);
+            close(outp[0]);
+            execl(server_path, server_path, "--port", "0", "--device", "cpu", "--config", fifo,
+                  (char *)NULL);
+            _exit(127);
+        }
+        close(outp[1]);
+        /* the server has opened the config once a writer can open it */
+        t0 = now_s();
+        while ((fd = open(fifo, O_WRONLY | O_NONBLOCK)) < 0 && now_s() - t0 < 10.0)
+            nanosleep(&(struct timespec){0, 5000000}, NULL);
+        ck_assert_msg(fd >= 0, "the server never opened its config: %s", strerror(errno));
+        kill(pid, sigs[k]); /* before it can have read a byte of it */
+        nanosleep(&(struct timespec){0, 50000000}, NULL);
+        n = write(fd, cfg, sizeof cfg - 1);
+        close(fd);
+        t0 = now_s();
+        while (waitpid(pid, &status, WNOHANG) != pid) {
+            if (now_s() - t0 > 20.0) {
+                kill(pid, SIGKILL);
+                waitpid(pid, &status, 0);
+                break;
+            }
+            nanosleep(&(struct timespec){0, 10000000}, NULL);
+        }
+        r = read(outp[0], out, sizeof out - 1);
+        out[r > 0 ? r : 0] = '\0';
+        close(outp[0]);
+        efd = open(errp, O_RDONLY);
+        ck_assert_int_ge(efd, 0);
+        r = read(efd, msg, sizeof msg - 1);
+        msg[r > 0 ? r : 0] = '\0';
+        close(efd);
+        printf("signal %d during start-up (config %zd bytes after it): status %d, stdout '%s', "
+               "stderr: %s",
+               sigs[k], n, status, out, msg);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d (%s)", status,
+                      WIFSIGNALED(status) ? "killed by its signal" : "exited");
+        ck_assert_msg(!strstr(out, "listening"), "it listened: %s", out);
+        snprintf(want, sizeof want, "signal %d during start-up", sigs[k]);
+        ck_assert_msg(strstr(msg, want), "stderr: %s", msg);
+    }
+    unlink(errp);
+    unlink(fifo);
+    rmdir(dir);
+}
+END_TEST
+
 START_TEST(test_bad_options)
 {
     static const char *const bad[][3] = {
@@ -1410,6 +1488,7 @@ int main(int argc, char **argv)
     tcase_add_test(live, test_clients_vanish);
     tcase_add_test(live, test_refused_connections);
     tcase_add_test(live, test_bad_options);
+    tcase_add_test(live, test_signal_at_start);
     tcase_add_test(live, test_drain_timeout);
     if (!server_extra) {
         tcase_add_test(live, test_second_signal); /* needs about a second of CPU steps */
