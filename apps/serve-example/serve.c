@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <uv.h>
 
 #include <mlart/config.h>
@@ -29,6 +30,10 @@
 /* ... or past this many replies, each a write of its own (a short error
  * reply costs the server several times its bytes). */
 #define WRITE_HIGH_COUNT 4096
+/* Open files the server needs besides its connections' (the standard
+ * streams, the listener, libuv's, a GPU driver's), for the open-file limit
+ * that --max-conns needs. */
+#define FD_SPARE 64
 
 typedef struct server server;
 typedef struct conn conn;
@@ -73,6 +78,8 @@ struct server {
                            listener is paused until it is accepted */
     long test_refuse;   /* MLART_SERVE_TEST_REFUSE: refuse that many
                            connections as if out of memory (tests) */
+    size_t nconns;      /* open connections (in conns), closing ones too */
+    size_t max_conns;   /* --max-conns: past it, one error line and closed */
     uv_signal_t sig[2];
     uv_work_t work;
     serve_engine *eng;
@@ -123,6 +130,7 @@ static void on_closed(uv_handle_t *h)
 {
     conn *c = h->data;
     server *s = c->srv;
+    s->nconns--;
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -488,12 +496,66 @@ static int reject(server *s, uv_stream_t *l)
     return 1;
 }
 
+/* A connection past --max-conns: accepted into a handle of its own, told
+ * so in one line, and closed once the line is sent; it never counts as one
+ * of the server's connections, and holds only this until it is closed. */
+typedef struct refusal {
+    uv_tcp_t tcp;
+    uv_write_t w;
+    uv_shutdown_t sh;
+    char line[256];
+} refusal;
+
+static void refusal_closed(uv_handle_t *h)
+{
+    free(h->data);
+}
+
+static void refusal_written(uv_write_t *w, int status)
+{
+    (void)w, (void)status; /* the shutdown queued after it closes */
+}
+
+static void refusal_shut(uv_shutdown_t *sh, int status)
+{
+    (void)status;
+    uv_close((uv_handle_t *)sh->handle, refusal_closed);
+}
+
+static void refuse_full(server *s, uv_stream_t *l)
+{
+    refusal *r = malloc(sizeof *r);
+    char msg[96];
+    uv_buf_t b;
+    if (!r || uv_tcp_init(s->loop, &r->tcp) < 0) {
+        free(r);
+        reject(s, l); /* no memory for the line: closed without it */
+        return;
+    }
+    r->tcp.data = r;
+    if (uv_accept(l, (uv_stream_t *)&r->tcp) < 0) {
+        uv_close((uv_handle_t *)&r->tcp, refusal_closed);
+        return;
+    }
+    snprintf(msg, sizeof msg, "%zu connections already open (--max-conns)", s->nconns);
+    b = uv_buf_init(r->line,
+                    (unsigned)serve_format_error(r->line, sizeof r->line, NULL, SERVE_ECONNS, msg));
+    s->errors++;
+    if (uv_write(&r->w, (uv_stream_t *)&r->tcp, &b, 1, refusal_written) < 0 ||
+        uv_shutdown(&r->sh, (uv_stream_t *)&r->tcp, refusal_shut) < 0)
+        uv_close((uv_handle_t *)&r->tcp, refusal_closed);
+}
+
 static void on_connection(uv_stream_t *l, int status)
 {
     server *s = l->data;
     conn *c;
     if (status < 0 || s->stopping)
         return;
+    if (s->nconns >= s->max_conns) {
+        refuse_full(s, l);
+        return;
+    }
     if (s->test_refuse > 0) {
         /* counted when the connection is closed: one that waits comes
          * back here, and is the same attempt */
@@ -523,6 +585,7 @@ static void on_connection(uv_stream_t *l, int status)
     if (s->conns)
         s->conns->prev = c;
     s->conns = c;
+    s->nconns++;
     if (uv_accept(l, (uv_stream_t *)&c->tcp) < 0 ||
         uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) < 0) {
         conn_close(c);
@@ -601,6 +664,27 @@ static void on_signal(uv_signal_t *h, int signum)
 
 /* ---- main -------------------------------------------------------------- */
 
+/* Room for --max-conns connections in the open-file limit: a connection
+ * past that limit never reaches the server (libuv closes it without a
+ * word), so the soft limit is raised as far as the hard one allows, and
+ * when that is not enough the server says how many fit. */
+static void fd_room(size_t max_conns)
+{
+    struct rlimit rl;
+    const rlim_t want = (rlim_t)max_conns + FD_SPARE;
+    if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= want)
+        return;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want ? want : rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur >= want)
+        return;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    fprintf(stderr, "mlart-serve-example: --max-conns %zu needs about %llu open files, the "
+                    "limit is %llu: past about %llu connections they are closed without a "
+                    "reply\n",
+            max_conns, (unsigned long long)want, (unsigned long long)rl.rlim_cur,
+            (unsigned long long)(rl.rlim_cur > FD_SPARE ? rl.rlim_cur - FD_SPARE : 0));
+}
+
 /* SIGINT/SIGTERM that came before the loop watches them (the start-up:
  * the config, the weights, the engine, which can take seconds on a GPU). */
 static volatile sig_atomic_t start_signal;
@@ -641,6 +725,8 @@ static void usage(FILE *f)
             "  --max-queue N          queued requests before 'busy' replies (default 4096)\n"
             "  --max-conn-queue N     one connection's requests queued or in a step; past it\n"
             "                         the server stops reading from it (default 64)\n"
+            "  --max-conns N          open connections; one more is answered\n"
+            "                         'too_many_connections' and closed (default 1024)\n"
             "  --drain-timeout S      after SIGINT/SIGTERM, close what is left after S seconds\n"
             "                         and exit 1 (default 30; 0: no limit)\n"
             "  --no-graph             launch each step's kernels directly instead of\n"
@@ -698,6 +784,7 @@ int main(int argc, char **argv)
     s.max_line = 4096;
     s.max_queue = 4096;
     s.max_conn_queue = 64;
+    s.max_conns = 1024;
     s.drain_timeout_s = 30;
     if (getenv("MLART_SERVE_TEST_REFUSE"))
         s.test_refuse = strtol(getenv("MLART_SERVE_TEST_REFUSE"), NULL, 10);
@@ -750,6 +837,8 @@ int main(int argc, char **argv)
             ok = !parse_int(val, 1, 1 << 24, &v) && ((s.max_queue = (size_t)v), 1);
         else if (!strcmp(a, "--max-conn-queue"))
             ok = !parse_int(val, 1, 1 << 24, &v) && ((s.max_conn_queue = (int)v), 1);
+        else if (!strcmp(a, "--max-conns"))
+            ok = !parse_int(val, 1, 1 << 20, &v) && ((s.max_conns = (size_t)v), 1);
         else if (!strcmp(a, "--drain-timeout"))
             ok = !parse_int(val, 0, 86400, &s.drain_timeout_s);
         else if (!strcmp(a, "--weights"))
@@ -816,6 +905,7 @@ int main(int argc, char **argv)
         serve_engine_destroy(s.eng);
         return start_stopped();
     }
+    fd_room(s.max_conns);
     s.batch = calloc((size_t)s.max_batch_requests, sizeof *s.batch);
     s.loop = uv_default_loop();
     if (!s.batch || !s.loop) {

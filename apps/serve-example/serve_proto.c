@@ -15,6 +15,7 @@ const char *serve_err_code(serve_err e)
     case SERVE_EBUSY: return "busy";
     case SERVE_ESHUTDOWN: return "shutting_down";
     case SERVE_EINTERNAL: return "internal";
+    case SERVE_ECONNS: return "too_many_connections";
     }
     return "internal";
 }

@@ -19,7 +19,8 @@ typedef enum serve_err {
     SERVE_ETOOLONG,   /* "too_long": the line exceeds the server's line cap */
     SERVE_EBUSY,      /* "busy": the request queue is full */
     SERVE_ESHUTDOWN,  /* "shutting_down": arrived after SIGINT/SIGTERM */
-    SERVE_EINTERNAL   /* "internal": the decode step failed */
+    SERVE_EINTERNAL,  /* "internal": the decode step failed */
+    SERVE_ECONNS      /* "too_many_connections": --max-conns are open; the connection is closed */
 } serve_err;
 
 const char *serve_err_code(serve_err e);

@@ -444,6 +444,54 @@ static double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+/* Read one line (its newline dropped) from a non-blocking fd within
+ * limit_s: its length, or -1 at EOF, an error or the time limit. */
+static int read_line(int fd, char *buf, size_t cap, double limit_s)
+{
+    size_t n = 0;
+    const double t0 = now_s();
+    while (n + 1 < cap && now_s() - t0 < limit_s) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        ssize_t r;
+        if (poll(&pf, 1, 50) <= 0)
+            continue;
+        r = recv(fd, buf + n, 1, 0);
+        if (r <= 0)
+            return -1;
+        if (buf[n] == '\n') {
+            buf[n] = '\0';
+            return (int)n;
+        }
+        n++;
+    }
+    return -1;
+}
+
+/* Whether the server closed fd (EOF or a reset) within limit_s, reading
+ * and dropping whatever came before. */
+static int closed_within(int fd, double limit_s)
+{
+    const double t0 = now_s();
+    while (now_s() - t0 < limit_s) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        char sink[4096];
+        ssize_t r;
+        if (poll(&pf, 1, 20) <= 0)
+            continue;
+        r = recv(fd, sink, sizeof sink, 0);
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+            return 1;
+    }
+    return 0;
+}
+
+/* Send one request line and read its reply. */
+static void ask(int fd, const char *req, char *reply, size_t cap)
+{
+    ck_assert_int_eq(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+    ck_assert_msg(read_line(fd, reply, cap, 10.0) > 0, "no reply to %s", req);
+}
+
 /* ---- load test client -------------------------------------------------- */
 
 enum kind { K_OK, K_BADJSON, K_TOOLONG, K_RANGE, K_MISMATCH, K_NKINDS };
@@ -1298,6 +1346,66 @@ START_TEST(test_drain_timeout)
 }
 END_TEST
 
+/* --max-conns 2: with two connections open, a third gets one
+ * too_many_connections line and is closed (also one that sent a request
+ * first), while the two are served; once one of them closes, a new
+ * connection is served. */
+START_TEST(test_max_conns)
+{
+    static const char *const args[] = {"--max-conns", "2", NULL};
+    static const char req[] = "{\"id\":\"m\",\"tokens\":1,\"positions\":[5]}\n";
+    char line[1024];
+    proc p;
+    int a, b, d = -1, served = 0, refused = 0;
+    double t0;
+    spawn(&p, args);
+    a = connect_to(p.port);
+    b = connect_to(p.port);
+    ck_assert_int_ge(a, 0);
+    ck_assert_int_ge(b, 0);
+    ask(a, req, line, sizeof line); /* both accepted and counted */
+    ask(b, req, line, sizeof line);
+    for (int k = 0; k < 2; k++) {
+        int c = connect_to(p.port);
+        ck_assert_int_ge(c, 0);
+        if (k) { /* a client that does not wait to be greeted */
+            const ssize_t w = send(c, req, sizeof req - 1, MSG_NOSIGNAL);
+            ck_assert_int_eq(w, (ssize_t)sizeof req - 1);
+        }
+        ck_assert_msg(read_line(c, line, sizeof line, 10.0) > 0, "connection %d: no line", k);
+        printf("max-conns 2, a third connection%s: %s\n", k ? " that sent a request" : "", line);
+        ck_assert_msg(strstr(line, "\"id\":null,\"ok\":false") &&
+                          strstr(line, "\"code\":\"too_many_connections\"") &&
+                          strstr(line, "2 connections"),
+                      "reply: %s", line);
+        ck_assert_msg(closed_within(c, 5.0), "connection %d past the cap not closed", k);
+        close(c);
+    }
+    ask(a, req, line, sizeof line); /* the two are still served */
+    ck_assert_msg(strstr(line, "\"ok\":true"), "reply: %s", line);
+    ask(b, req, line, sizeof line);
+    ck_assert_msg(strstr(line, "\"ok\":true"), "reply: %s", line);
+    close(a); /* room for one more, once the server has seen it go */
+    t0 = now_s();
+    while (!served && now_s() - t0 < 5.0) {
+        d = connect_to(p.port);
+        ck_assert_int_ge(d, 0);
+        ck_assert_int_eq(send(d, req, sizeof req - 1, MSG_NOSIGNAL), (ssize_t)sizeof req - 1);
+        ck_assert_int_gt(read_line(d, line, sizeof line, 10.0), 0);
+        served = strstr(line, "\"ok\":true") != NULL;
+        refused += !served;
+        close(d);
+        if (!served)
+            nanosleep(&(struct timespec){0, 20000000}, NULL);
+    }
+    printf("max-conns 2: a connection after one of the two closed served after %d refusal(s)\n",
+           refused);
+    ck_assert_msg(served, "no connection served after one of the two closed: %s", line);
+    close(b);
+    ck_assert_int_eq(finish(&p, SIGTERM, 20.0), 0);
+}
+END_TEST
+
 /* A checkpoint holding more heads than the server's geometry: refused at
  * start with a message naming both counts (the server has no TP ranks to
  * take the other heads). */
@@ -1424,29 +1532,59 @@ START_TEST(test_signal_at_start)
 }
 END_TEST
 
+/* Bad command lines: exit 2 with a message naming the option and the value
+ * (a start-up failure, such as a missing weights file, exits 1). */
 START_TEST(test_bad_options)
 {
-    static const char *const bad[][3] = {
-        {"--port", "70000", NULL}, {"--device", "tpu", NULL}, {"--bogus", "1", NULL},
-        {"--max-request-tokens", "65", NULL}, {"--weights", "/nonexistent.safetensors", NULL},
-        {"--drain-timeout", "-1", NULL},
+    static const struct {
+        const char *opt, *val; /* val NULL: the option comes last, without it */
+        int status;
+        const char *said; /* a part of the message, when given */
+    } bad[] = {
+        {"--port", "70000", 2, "bad value '70000' for --port"},
+        {"--device", "tpu", 2, NULL},
+        {"--bogus", "1", 2, "unknown option --bogus"},
+        {"--max-request-tokens", "65", 2, NULL},
+        {"--weights", "/nonexistent.safetensors", 1, NULL},
+        {"--drain-timeout", "-1", 2, NULL},
+        {"--max-conns", "0", 2, "bad value '0' for --max-conns"},
+        {"--max-conns", "1048577", 2, "bad value '1048577' for --max-conns"},
+        {"--max-conns", "8x", 2, "bad value '8x' for --max-conns"},
+        {"--max-conns", "", 2, "bad value '' for --max-conns"},
+        {"--max-conns", NULL, 2, "--max-conns needs a value"},
     };
+    char dir[] = "/tmp/mlart-serve-o-XXXXXX", errp[80];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(errp, sizeof errp, "%s/stderr", dir);
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         pid_t pid = fork();
-        int status;
+        int status, fd;
+        char msg[4096];
+        ssize_t n;
         ck_assert_int_ge(pid, 0);
         if (pid == 0) {
             int devnull = open("/dev/null", O_WRONLY);
+            int e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
             dup2(devnull, 1);
-            dup2(devnull, 2);
-            execl(server_path, server_path, bad[i][0], bad[i][1], (char *)NULL);
+            dup2(e, 2);
+            execl(server_path, server_path, bad[i].opt, bad[i].val, (char *)NULL);
             _exit(127);
         }
         waitpid(pid, &status, 0);
-        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 127,
-                      "%s %s: status %d", bad[i][0], bad[i][1], status);
+        fd = open(errp, O_RDONLY);
+        ck_assert_int_ge(fd, 0);
+        n = read(fd, msg, sizeof msg - 1);
+        close(fd);
+        msg[n > 0 ? n : 0] = '\0';
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == bad[i].status,
+                      "%s %s: status %d, want exit %d; stderr: %s", bad[i].opt,
+                      bad[i].val ? bad[i].val : "(none)", status, bad[i].status, msg);
+        ck_assert_msg(!bad[i].said || strstr(msg, bad[i].said), "%s %s: stderr lacks '%s': %s",
+                      bad[i].opt, bad[i].val ? bad[i].val : "(none)", bad[i].said, msg);
     }
-    printf("bad options and a missing weights file: non-zero exit, no crash\n");
+    unlink(errp);
+    rmdir(dir);
+    printf("bad options: exit 2 naming them; a missing weights file: exit 1\n");
 }
 END_TEST
 
@@ -1489,6 +1627,7 @@ int main(int argc, char **argv)
     tcase_add_test(live, test_refused_connections);
     tcase_add_test(live, test_bad_options);
     tcase_add_test(live, test_signal_at_start);
+    tcase_add_test(live, test_max_conns);
     tcase_add_test(live, test_drain_timeout);
     if (!server_extra) {
         tcase_add_test(live, test_second_signal); /* needs about a second of CPU steps */
