@@ -4,7 +4,8 @@
  * (protocol: docs/serve.md), batches the pending ones into one decode step,
  * runs the step on a worker thread (one step in flight at a time: the layer
  * owns one set of buffers), and answers each request with its timing and a
- * checksum of its output.  SIGINT/SIGTERM: stop accepting, answer every
+ * checksum of its output.  At most --max-conns connections; one idle for
+ * --idle-timeout-s is closed.  SIGINT/SIGTERM: stop accepting, answer every
  * request already received, refuse new ones, close, exit 0; a drain that
  * takes longer than --drain-timeout closes what is left and exits 1; during
  * the start-up, exit 0 once the step in progress is done, without
@@ -59,6 +60,7 @@ struct conn {
     int writes;           /* its replies written but not yet sent */
     char *held;           /* bytes read but not framed yet: it was paused mid-read */
     size_t held_len, held_off;
+    uint64_t active_ms;   /* uv_now at its last read or its last reply sent (idle timeout) */
     conn *prev, *next;    /* the server's list of open connections */
 };
 
@@ -100,6 +102,8 @@ struct server {
     /* shutdown */
     int stopping;
     conn *conns;
+    uv_timer_t idle;         /* --idle-timeout-s: the sweep over conns */
+    long idle_timeout_s;     /* 0: none */
     uv_timer_t drain;        /* --drain-timeout, started by the signal */
     long drain_timeout_s;    /* 0: no limit */
     int drain_timed_out;
@@ -187,6 +191,7 @@ static void on_written(uv_write_t *w, int status)
     write_req *wr = (write_req *)w;
     conn *c = wr->c;
     c->writes--;
+    c->active_ms = uv_now(c->srv->loop);
     if (status == UV_ECANCELED && c->srv->drain_timed_out)
         c->srv->drain_unsent++;
     if (status < 0 && !c->closing)
@@ -448,6 +453,7 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
         conn_close(c); /* reset or error: its queued requests are dropped at reply time */
         return;
     }
+    c->active_ms = uv_now(c->srv->loop);
     {
         const size_t used = serve_framer_feed(&c->fr, buf->base, (size_t)n, on_line, c);
         if (used < (size_t)n && !c->closing) {
@@ -593,6 +599,24 @@ static void on_connection(uv_stream_t *l, int status)
     }
     uv_tcp_nodelay(&c->tcp, 1);
     c->reading = 1;
+    c->active_ms = uv_now(s->loop);
+}
+
+/* --idle-timeout-s.  One sweep timer for all the connections rather than a
+ * timer each: a timer per connection would be a second handle whose close
+ * the connection's free waits for, re-armed on every read; a walk over the
+ * list (at most --max-conns) every quarter of the timeout, at most every
+ * second, is cheap, and closes an idle connection at most one tick late.
+ * Idle: nothing queued, running or unsent, no bytes held back, and nothing
+ * read nor sent for the timeout; it is shut down like a drained one. */
+static void on_idle_sweep(uv_timer_t *t)
+{
+    server *s = t->data;
+    const uint64_t now = uv_now(s->loop), limit = (uint64_t)s->idle_timeout_s * 1000;
+    for (conn *c = s->conns; c; c = c->next)
+        if (!c->closing && !c->shut && !c->pending && !c->writes && !c->held &&
+            now - c->active_ms >= limit)
+            conn_shutdown(c);
 }
 
 /* ---- shutdown ---------------------------------------------------------- */
@@ -727,6 +751,9 @@ static void usage(FILE *f)
             "                         the server stops reading from it (default 64)\n"
             "  --max-conns N          open connections; one more is answered\n"
             "                         'too_many_connections' and closed (default 1024)\n"
+            "  --idle-timeout-s N     close a connection with nothing queued, running or\n"
+            "                         unsent after N seconds without input (default 300;\n"
+            "                         0: never)\n"
             "  --drain-timeout S      after SIGINT/SIGTERM, close what is left after S seconds\n"
             "                         and exit 1 (default 30; 0: no limit)\n"
             "  --no-graph             launch each step's kernels directly instead of\n"
@@ -785,6 +812,7 @@ int main(int argc, char **argv)
     s.max_queue = 4096;
     s.max_conn_queue = 64;
     s.max_conns = 1024;
+    s.idle_timeout_s = 300;
     s.drain_timeout_s = 30;
     if (getenv("MLART_SERVE_TEST_REFUSE"))
         s.test_refuse = strtol(getenv("MLART_SERVE_TEST_REFUSE"), NULL, 10);
@@ -839,6 +867,8 @@ int main(int argc, char **argv)
             ok = !parse_int(val, 1, 1 << 24, &v) && ((s.max_conn_queue = (int)v), 1);
         else if (!strcmp(a, "--max-conns"))
             ok = !parse_int(val, 1, 1 << 20, &v) && ((s.max_conns = (size_t)v), 1);
+        else if (!strcmp(a, "--idle-timeout-s"))
+            ok = !parse_int(val, 0, 86400, &s.idle_timeout_s);
         else if (!strcmp(a, "--drain-timeout"))
             ok = !parse_int(val, 0, 86400, &s.drain_timeout_s);
         else if (!strcmp(a, "--weights"))
@@ -934,6 +964,13 @@ int main(int argc, char **argv)
     }
     uv_timer_init(s.loop, &s.drain); /* cannot fail */
     s.drain.data = &s;
+    uv_timer_init(s.loop, &s.idle);
+    s.idle.data = &s;
+    if (s.idle_timeout_s > 0) {
+        const uint64_t ms = (uint64_t)s.idle_timeout_s * 1000 / 4;
+        uv_timer_start(&s.idle, on_idle_sweep, ms < 1000 ? ms : 1000, ms < 1000 ? ms : 1000);
+        uv_unref((uv_handle_t *)&s.idle); /* the connections hold the loop, not the sweep */
+    }
     for (int i = 0; i < 2; i++) {
         /* neither fails on a working loop; if one did, the server could
          * not drain on a signal, so it would rather not start */
@@ -961,6 +998,7 @@ int main(int argc, char **argv)
 
     uv_run(s.loop, UV_RUN_DEFAULT);
     uv_close((uv_handle_t *)&s.drain, NULL); /* the drain ended before it, or it fired */
+    uv_close((uv_handle_t *)&s.idle, NULL);
     uv_run(s.loop, UV_RUN_DEFAULT);
 
     fprintf(stderr,

@@ -1406,6 +1406,161 @@ START_TEST(test_max_conns)
 }
 END_TEST
 
+/* For secs seconds, or until all are closed, note when the server closes
+ * each of fds[0..n) (its time in t[i]; t[i] < 0 while open, and a closed
+ * one is not read again). */
+static void watch_close(const int *fds, double *t, int n, double secs)
+{
+    const double t0 = now_s();
+    do {
+        int open = 0;
+        for (int i = 0; i < n; i++) {
+            char sink[512];
+            ssize_t r;
+            if (t[i] >= 0)
+                continue;
+            r = recv(fds[i], sink, sizeof sink, 0);
+            if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+                t[i] = now_s();
+            else
+                open++;
+        }
+        if (!open)
+            return;
+        nanosleep(&(struct timespec){0, 2000000}, NULL);
+    } while (now_s() - t0 < secs);
+}
+
+/* --idle-timeout-s 1 (a sweep every 0.25 s): a connection that sends
+ * nothing, and one that sent half a line, are closed about a second after
+ * they connected; one that sends a request every 0.4 s stays open while it
+ * does, and is closed about a second after its last reply; one whose
+ * replies wait unsent (it sent lines and reads nothing, until the server
+ * stops reading from it) stays open well past the timeout, then gets every
+ * reply when it reads, is still served, and is closed about a second
+ * later. */
+START_TEST(test_idle_timeout)
+{
+    enum { L = 1000 }; /* bytes of a bad line: each answered bad_json at once */
+    static const char *const args[] = {"--idle-timeout-s", "1", NULL};
+    static const char req[] = "{\"id\":\"i\",\"tokens\":1,\"positions\":[5]}\n";
+    static char junk[64 * L];
+    char line[1024];
+    proc p;
+    int fds[4]; /* a: silent, b: half a line, c: a request every 0.4 s, d: does not read */
+    double t[4] = {-1, -1, -1, -1}, t0, t_stall = -1, t_c, t_d;
+    size_t sent = 0;
+    long got = 0;
+    for (size_t i = 0; i < sizeof junk; i++)
+        junk[i] = i % L == L - 1 ? '\n' : 'x';
+    spawn(&p, args);
+    t0 = now_s();
+    fds[0] = connect_to(p.port);
+    fds[1] = connect_to(p.port);
+    fds[3] = connect_buf(p.port, 4096);
+    ck_assert_int_ge(fds[0], 0);
+    ck_assert_int_ge(fds[1], 0);
+    ck_assert_int_ge(fds[3], 0);
+    ck_assert_int_eq(send(fds[1], req, 6, MSG_NOSIGNAL), 6);
+    /* d: lines until the server stops reading from it (sends refused for
+     * 0.3 s): its replies then wait unsent */
+    while (now_s() - t0 < 20.0) {
+        const size_t off = sent % L;
+        ssize_t w = send(fds[3], junk + off, sizeof junk - off, MSG_NOSIGNAL);
+        if (w > 0) {
+            sent += (size_t)w;
+            t_stall = -1;
+        } else {
+            ck_assert_msg(errno == EAGAIN || errno == EWOULDBLOCK, "send: %s", strerror(errno));
+            if (t_stall < 0)
+                t_stall = now_s();
+            else if (now_s() - t_stall > 0.3)
+                break;
+        }
+        watch_close(fds, t, 2, 0.0);
+    }
+    ck_assert_msg(t_stall >= 0 && now_s() - t_stall > 0.3, "the server kept reading");
+    /* c: four requests 0.4 s apart, all answered, meanwhile */
+    fds[2] = connect_to(p.port);
+    ck_assert_int_ge(fds[2], 0);
+    for (int i = 0; i < 4; i++) {
+        if (i)
+            watch_close(fds, t, 2, 0.4);
+        ask(fds[2], req, line, sizeof line);
+        ck_assert_msg(strstr(line, "\"ok\":true"), "c, request %d: %s", i, line);
+    }
+    t_c = now_s();
+    /* d, unread for longer than the timeout: every reply, then served */
+    while (now_s() - t_stall < 1.6)
+        watch_close(fds, t, 3, 0.05);
+    {
+        /* read in bulk: byte by byte, megabytes of replies take longer than
+         * the timeout, and once the system holds the last of them the
+         * connection is idle again */
+        static char buf[1 << 16];
+        const double t1 = now_s();
+        while (got < (long)(sent / L) && now_s() - t1 < 10.0) {
+            struct pollfd pf = {fds[3], POLLIN, 0};
+            ssize_t r;
+            if (poll(&pf, 1, 50) <= 0)
+                continue;
+            r = recv(fds[3], buf, sizeof buf, 0);
+            ck_assert_msg(r > 0, "d closed after %ld of %zu replies", got, sent / L);
+            for (ssize_t i = 0; i < r; i++)
+                got += buf[i] == '\n';
+        }
+    }
+    ck_assert_int_eq(got, (long)(sent / L));
+    if (sent % L) { /* the line cut by the stall */
+        const ssize_t w = send(fds[3], junk + sent % L, L - sent % L, MSG_NOSIGNAL);
+        ck_assert_int_eq(w, (ssize_t)(L - sent % L));
+        ck_assert_int_gt(read_line(fds[3], line, sizeof line, 10.0), 0);
+    }
+    ask(fds[3], req, line, sizeof line);
+    ck_assert_msg(strstr(line, "\"ok\":true"), "d, after its replies: %s", line);
+    t_d = now_s();
+    watch_close(fds, t, 4, 3.0);
+    printf("idle timeout 1 s (%.2f s in all): silent connection closed after %.2f s, half a "
+           "line after %.2f s; "
+           "after their last replies, a client that sent every 0.4 s after %.2f s, one that left "
+           "%zu lines' replies unread for %.2f s after %.2f s\n",
+           now_s() - t0, t[0] - t0, t[1] - t0, t[2] - t_c, sent / L, t_d - t_stall, t[3] - t_d);
+    ck_assert_msg(t[0] - t0 > 0.9 && t[0] - t0 < 3.0, "silent: closed at %.2f s", t[0] - t0);
+    ck_assert_msg(t[1] - t0 > 0.9 && t[1] - t0 < 3.0, "half a line: closed at %.2f s",
+                  t[1] - t0);
+    ck_assert_msg(t[2] - t_c > 0.9 && t[2] >= 0, "c: closed %.2f s after its last reply",
+                  t[2] - t_c);
+    ck_assert_msg(t[3] - t_d > 0.9 && t[3] >= 0, "d: closed %.2f s after its last reply",
+                  t[3] - t_d);
+    for (int i = 0; i < 4; i++)
+        close(fds[i]);
+    ck_assert_int_eq(finish(&p, SIGTERM, 20.0), 0);
+}
+END_TEST
+
+/* --idle-timeout-s 0: no timeout; a silent connection is still open and
+ * served after 1.5 s. */
+START_TEST(test_idle_timeout_off)
+{
+    static const char *const args[] = {"--idle-timeout-s", "0", NULL};
+    static const char req[] = "{\"id\":\"i\",\"tokens\":1,\"positions\":[5]}\n";
+    char line[1024];
+    proc p;
+    int fd;
+    double t = -1;
+    spawn(&p, args);
+    fd = connect_to(p.port);
+    ck_assert_int_ge(fd, 0);
+    watch_close(&fd, &t, 1, 1.5);
+    ck_assert_msg(t < 0, "closed without a timeout");
+    ask(fd, req, line, sizeof line);
+    ck_assert_msg(strstr(line, "\"ok\":true"), "reply: %s", line);
+    close(fd);
+    ck_assert_int_eq(finish(&p, SIGTERM, 20.0), 0);
+    printf("idle timeout 0: a silent connection still open and served after 1.5 s\n");
+}
+END_TEST
+
 /* A checkpoint holding more heads than the server's geometry: refused at
  * start with a message naming both counts (the server has no TP ranks to
  * take the other heads). */
@@ -1552,6 +1707,10 @@ START_TEST(test_bad_options)
         {"--max-conns", "8x", 2, "bad value '8x' for --max-conns"},
         {"--max-conns", "", 2, "bad value '' for --max-conns"},
         {"--max-conns", NULL, 2, "--max-conns needs a value"},
+        {"--idle-timeout-s", "-1", 2, "bad value '-1' for --idle-timeout-s"},
+        {"--idle-timeout-s", "86401", 2, "bad value '86401' for --idle-timeout-s"},
+        {"--idle-timeout-s", "1.5", 2, "bad value '1.5' for --idle-timeout-s"},
+        {"--idle-timeout-s", NULL, 2, "--idle-timeout-s needs a value"},
     };
     char dir[] = "/tmp/mlart-serve-o-XXXXXX", errp[80];
     ck_assert_ptr_nonnull(mkdtemp(dir));
@@ -1628,6 +1787,8 @@ int main(int argc, char **argv)
     tcase_add_test(live, test_bad_options);
     tcase_add_test(live, test_signal_at_start);
     tcase_add_test(live, test_max_conns);
+    tcase_add_test(live, test_idle_timeout);
+    tcase_add_test(live, test_idle_timeout_off);
     tcase_add_test(live, test_drain_timeout);
     if (!server_extra) {
         tcase_add_test(live, test_second_signal); /* needs about a second of CPU steps */
