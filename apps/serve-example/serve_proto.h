@@ -37,7 +37,11 @@ typedef struct serve_request {
 } serve_request;
 
 /* Parse one line (without its newline).  On failure returns the error and
- * writes a message; out->id holds the id if it was read before the error. */
+ * writes a message; out->id holds the id if it was read before the error.
+ * A line that is not one JSON object is SERVE_EJSON whatever else is wrong
+ * with it: SERVE_EREQUEST and SERVE_ERANGE only come for valid JSON.  Keys
+ * are compared unescaped; a \u escape of a lone UTF-16 surrogate, in any
+ * string, is SERVE_EJSON. */
 serve_err serve_parse_request(const char *line, size_t len, const serve_limits *lim,
                               serve_request *out, char *msg, size_t msg_cap);
 
