@@ -4,15 +4,19 @@
  * (protocol: docs/serve.md), batches the pending ones into one decode step,
  * runs the step on a worker thread (one step in flight at a time: the layer
  * owns one set of buffers), and answers each request with its timing and a
- * checksum of its output.  SIGINT/SIGTERM: stop accepting, answer every
+ * checksum of its output.  At most --max-conns connections; one idle for
+ * --idle-timeout-s is closed.  SIGINT/SIGTERM: stop accepting, answer every
  * request already received, refuse new ones, close, exit 0; a drain that
- * takes longer than --drain-timeout closes what is left and exits 1. */
+ * takes longer than --drain-timeout closes what is left and exits 1; during
+ * the start-up, exit 0 once the step in progress is done, without
+ * listening. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <uv.h>
 
 #include <mlart/config.h>
@@ -27,6 +31,10 @@
 /* ... or past this many replies, each a write of its own (a short error
  * reply costs the server several times its bytes). */
 #define WRITE_HIGH_COUNT 4096
+/* Open files the server needs besides its connections' (the standard
+ * streams, the listener, libuv's, a GPU driver's), for the open-file limit
+ * that --max-conns needs. */
+#define FD_SPARE 64
 
 typedef struct server server;
 typedef struct conn conn;
@@ -52,6 +60,7 @@ struct conn {
     int writes;           /* its replies written but not yet sent */
     char *held;           /* bytes read but not framed yet: it was paused mid-read */
     size_t held_len, held_off;
+    uint64_t active_ms;   /* uv_now at its last read or its last reply sent (idle timeout) */
     conn *prev, *next;    /* the server's list of open connections */
 };
 
@@ -71,6 +80,8 @@ struct server {
                            listener is paused until it is accepted */
     long test_refuse;   /* MLART_SERVE_TEST_REFUSE: refuse that many
                            connections as if out of memory (tests) */
+    size_t nconns;      /* open connections (in conns), closing ones too */
+    size_t max_conns;   /* --max-conns: past it, one error line and closed */
     uv_signal_t sig[2];
     uv_work_t work;
     serve_engine *eng;
@@ -91,6 +102,8 @@ struct server {
     /* shutdown */
     int stopping;
     conn *conns;
+    uv_timer_t idle;         /* --idle-timeout-s: the sweep over conns */
+    long idle_timeout_s;     /* 0: none */
     uv_timer_t drain;        /* --drain-timeout, started by the signal */
     long drain_timeout_s;    /* 0: no limit */
     int drain_timed_out;
@@ -121,6 +134,7 @@ static void on_closed(uv_handle_t *h)
 {
     conn *c = h->data;
     server *s = c->srv;
+    s->nconns--;
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -177,6 +191,7 @@ static void on_written(uv_write_t *w, int status)
     write_req *wr = (write_req *)w;
     conn *c = wr->c;
     c->writes--;
+    c->active_ms = uv_now(c->srv->loop);
     if (status == UV_ECANCELED && c->srv->drain_timed_out)
         c->srv->drain_unsent++;
     if (status < 0 && !c->closing)
@@ -438,6 +453,7 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
         conn_close(c); /* reset or error: its queued requests are dropped at reply time */
         return;
     }
+    c->active_ms = uv_now(c->srv->loop);
     {
         const size_t used = serve_framer_feed(&c->fr, buf->base, (size_t)n, on_line, c);
         if (used < (size_t)n && !c->closing) {
@@ -469,19 +485,71 @@ static void reject_closed(uv_handle_t *h)
 /* A connection that cannot be served (out of memory): accept it into the
  * server's spare handle and close it at once.  Left unaccepted, it would
  * make libuv stop watching the listening socket for good; so one that comes
- * while the spare is still closing waits for reject_closed. */
-static void reject(server *s, uv_stream_t *l)
+ * while the spare is still closing waits for reject_closed, which offers it
+ * to on_connection again.  Returns 1 when it was closed, 0 when it waits. */
+static int reject(server *s, uv_stream_t *l)
 {
     if (s->rejecting) {
         s->reject_waiting = 1;
-        return;
+        return 0;
     }
     if (uv_tcp_init(s->loop, &s->spare) < 0)
-        return;
+        return 0;
     s->spare.data = s;
     s->rejecting = 1;
     uv_accept(l, (uv_stream_t *)&s->spare);
     uv_close((uv_handle_t *)&s->spare, reject_closed);
+    return 1;
+}
+
+/* A connection past --max-conns: accepted into a handle of its own, told
+ * so in one line, and closed once the line is sent; it never counts as one
+ * of the server's connections, and holds only this until it is closed. */
+typedef struct refusal {
+    uv_tcp_t tcp;
+    uv_write_t w;
+    uv_shutdown_t sh;
+    char line[256];
+} refusal;
+
+static void refusal_closed(uv_handle_t *h)
+{
+    free(h->data);
+}
+
+static void refusal_written(uv_write_t *w, int status)
+{
+    (void)w, (void)status; /* the shutdown queued after it closes */
+}
+
+static void refusal_shut(uv_shutdown_t *sh, int status)
+{
+    (void)status;
+    uv_close((uv_handle_t *)sh->handle, refusal_closed);
+}
+
+static void refuse_full(server *s, uv_stream_t *l)
+{
+    refusal *r = malloc(sizeof *r);
+    char msg[96];
+    uv_buf_t b;
+    if (!r || uv_tcp_init(s->loop, &r->tcp) < 0) {
+        free(r);
+        reject(s, l); /* no memory for the line: closed without it */
+        return;
+    }
+    r->tcp.data = r;
+    if (uv_accept(l, (uv_stream_t *)&r->tcp) < 0) {
+        uv_close((uv_handle_t *)&r->tcp, refusal_closed);
+        return;
+    }
+    snprintf(msg, sizeof msg, "%zu connections already open (--max-conns)", s->nconns);
+    b = uv_buf_init(r->line,
+                    (unsigned)serve_format_error(r->line, sizeof r->line, NULL, SERVE_ECONNS, msg));
+    s->errors++;
+    if (uv_write(&r->w, (uv_stream_t *)&r->tcp, &b, 1, refusal_written) < 0 ||
+        uv_shutdown(&r->sh, (uv_stream_t *)&r->tcp, refusal_shut) < 0)
+        uv_close((uv_handle_t *)&r->tcp, refusal_closed);
 }
 
 static void on_connection(uv_stream_t *l, int status)
@@ -490,7 +558,17 @@ static void on_connection(uv_stream_t *l, int status)
     conn *c;
     if (status < 0 || s->stopping)
         return;
-    c = s->test_refuse > 0 ? (s->test_refuse--, NULL) : calloc(1, sizeof *c);
+    if (s->nconns >= s->max_conns) {
+        refuse_full(s, l);
+        return;
+    }
+    if (s->test_refuse > 0) {
+        /* counted when the connection is closed: one that waits comes
+         * back here, and is the same attempt */
+        s->test_refuse -= reject(s, l);
+        return;
+    }
+    c = calloc(1, sizeof *c);
     if (!c) {
         reject(s, l);
         return;
@@ -513,6 +591,7 @@ static void on_connection(uv_stream_t *l, int status)
     if (s->conns)
         s->conns->prev = c;
     s->conns = c;
+    s->nconns++;
     if (uv_accept(l, (uv_stream_t *)&c->tcp) < 0 ||
         uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) < 0) {
         conn_close(c);
@@ -520,6 +599,24 @@ static void on_connection(uv_stream_t *l, int status)
     }
     uv_tcp_nodelay(&c->tcp, 1);
     c->reading = 1;
+    c->active_ms = uv_now(s->loop);
+}
+
+/* --idle-timeout-s.  One sweep timer for all the connections rather than a
+ * timer each: a timer per connection would be a second handle whose close
+ * the connection's free waits for, re-armed on every read; a walk over the
+ * list (at most --max-conns) every quarter of the timeout, at most every
+ * second, is cheap, and closes an idle connection at most one tick late.
+ * Idle: nothing queued, running or unsent, no bytes held back, and nothing
+ * read nor sent for the timeout; it is shut down like a drained one. */
+static void on_idle_sweep(uv_timer_t *t)
+{
+    server *s = t->data;
+    const uint64_t now = uv_now(s->loop), limit = (uint64_t)s->idle_timeout_s * 1000;
+    for (conn *c = s->conns; c; c = c->next)
+        if (!c->closing && !c->shut && !c->pending && !c->writes && !c->held &&
+            now - c->active_ms >= limit)
+            conn_shutdown(c);
 }
 
 /* ---- shutdown ---------------------------------------------------------- */
@@ -591,6 +688,48 @@ static void on_signal(uv_signal_t *h, int signum)
 
 /* ---- main -------------------------------------------------------------- */
 
+/* Room for --max-conns connections in the open-file limit: a connection
+ * past that limit never reaches the server (libuv closes it without a
+ * word), so the soft limit is raised as far as the hard one allows, and
+ * when that is not enough the server says how many fit. */
+static void fd_room(size_t max_conns)
+{
+    struct rlimit rl;
+    const rlim_t want = (rlim_t)max_conns + FD_SPARE;
+    if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= want)
+        return;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want ? want : rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur >= want)
+        return;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    fprintf(stderr, "mlart-serve-example: --max-conns %zu needs about %llu open files, the "
+                    "limit is %llu: past about %llu connections they are closed without a "
+                    "reply\n",
+            max_conns, (unsigned long long)want, (unsigned long long)rl.rlim_cur,
+            (unsigned long long)(rl.rlim_cur > FD_SPARE ? rl.rlim_cur - FD_SPARE : 0));
+}
+
+/* SIGINT/SIGTERM that came before the loop watches them (the start-up:
+ * the config, the weights, the engine, which can take seconds on a GPU). */
+static volatile sig_atomic_t start_signal;
+
+static void on_start_signal(int sig)
+{
+    start_signal = sig;
+    /* a second one gets the default action, as during a drain */
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+}
+
+/* A signal during the start-up: nothing was received, so there is nothing
+ * to answer; exit as a drain that is done does. */
+static int start_stopped(void)
+{
+    fprintf(stderr, "mlart-serve-example: signal %d during start-up: exiting\n",
+            (int)start_signal);
+    return 0;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -610,6 +749,11 @@ static void usage(FILE *f)
             "  --max-queue N          queued requests before 'busy' replies (default 4096)\n"
             "  --max-conn-queue N     one connection's requests queued or in a step; past it\n"
             "                         the server stops reading from it (default 64)\n"
+            "  --max-conns N          open connections; one more is answered\n"
+            "                         'too_many_connections' and closed (default 1024)\n"
+            "  --idle-timeout-s N     close a connection with nothing queued, running or\n"
+            "                         unsent after N seconds without input (default 300;\n"
+            "                         0: never)\n"
             "  --drain-timeout S      after SIGINT/SIGTERM, close what is left after S seconds\n"
             "                         and exit 1 (default 30; 0: no limit)\n"
             "  --no-graph             launch each step's kernels directly instead of\n"
@@ -642,6 +786,16 @@ int main(int argc, char **argv)
     char err[512], backend_buf[64];
     int32_t graph_sizes[MLART_CONFIG_MAX_GRAPH_SIZES];
 
+    {
+        /* SA_RESTART: a config read from a FIFO goes on after the signal */
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_start_signal;
+        sa.sa_flags = SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+    }
     memset(&s, 0, sizeof s);
     memset(&eo, 0, sizeof eo);
     eo.device = SERVE_DEVICE_AUTO;
@@ -657,6 +811,8 @@ int main(int argc, char **argv)
     s.max_line = 4096;
     s.max_queue = 4096;
     s.max_conn_queue = 64;
+    s.max_conns = 1024;
+    s.idle_timeout_s = 300;
     s.drain_timeout_s = 30;
     if (getenv("MLART_SERVE_TEST_REFUSE"))
         s.test_refuse = strtol(getenv("MLART_SERVE_TEST_REFUSE"), NULL, 10);
@@ -709,6 +865,10 @@ int main(int argc, char **argv)
             ok = !parse_int(val, 1, 1 << 24, &v) && ((s.max_queue = (size_t)v), 1);
         else if (!strcmp(a, "--max-conn-queue"))
             ok = !parse_int(val, 1, 1 << 24, &v) && ((s.max_conn_queue = (int)v), 1);
+        else if (!strcmp(a, "--max-conns"))
+            ok = !parse_int(val, 1, 1 << 20, &v) && ((s.max_conns = (size_t)v), 1);
+        else if (!strcmp(a, "--idle-timeout-s"))
+            ok = !parse_int(val, 0, 86400, &s.idle_timeout_s);
         else if (!strcmp(a, "--drain-timeout"))
             ok = !parse_int(val, 0, 86400, &s.drain_timeout_s);
         else if (!strcmp(a, "--weights"))
@@ -764,11 +924,18 @@ int main(int argc, char **argv)
 
     /* a client that vanishes mid-reply must cost an error code, not the process */
     signal(SIGPIPE, SIG_IGN);
+    if (start_signal)
+        return start_stopped();
     rc = serve_engine_create(&eo, &s.eng, err, sizeof err);
     if (rc) {
         fprintf(stderr, "mlart-serve-example: %s: %s\n", mlart_status_name(rc), err);
         return 1;
     }
+    if (start_signal) {
+        serve_engine_destroy(s.eng);
+        return start_stopped();
+    }
+    fd_room(s.max_conns);
     s.batch = calloc((size_t)s.max_batch_requests, sizeof *s.batch);
     s.loop = uv_default_loop();
     if (!s.batch || !s.loop) {
@@ -797,6 +964,13 @@ int main(int argc, char **argv)
     }
     uv_timer_init(s.loop, &s.drain); /* cannot fail */
     s.drain.data = &s;
+    uv_timer_init(s.loop, &s.idle);
+    s.idle.data = &s;
+    if (s.idle_timeout_s > 0) {
+        const uint64_t ms = (uint64_t)s.idle_timeout_s * 1000 / 4;
+        uv_timer_start(&s.idle, on_idle_sweep, ms < 1000 ? ms : 1000, ms < 1000 ? ms : 1000);
+        uv_unref((uv_handle_t *)&s.idle); /* the connections hold the loop, not the sweep */
+    }
     for (int i = 0; i < 2; i++) {
         /* neither fails on a working loop; if one did, the server could
          * not drain on a signal, so it would rather not start */
@@ -812,12 +986,19 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    printf("mlart-serve-example listening on 127.0.0.1:%d (%s)\n",
-           ntohs(((struct sockaddr_in *)&bound)->sin_port), serve_engine_describe(s.eng));
-    fflush(stdout);
+    if (start_signal) {
+        /* it came after the check above, before libuv took the signals
+         * over: the same drain as after it, with nothing to answer */
+        on_signal(&s.sig[start_signal == SIGTERM], start_signal);
+    } else {
+        printf("mlart-serve-example listening on 127.0.0.1:%d (%s)\n",
+               ntohs(((struct sockaddr_in *)&bound)->sin_port), serve_engine_describe(s.eng));
+        fflush(stdout);
+    }
 
     uv_run(s.loop, UV_RUN_DEFAULT);
     uv_close((uv_handle_t *)&s.drain, NULL); /* the drain ended before it, or it fired */
+    uv_close((uv_handle_t *)&s.idle, NULL);
     uv_run(s.loop, UV_RUN_DEFAULT);
 
     fprintf(stderr,

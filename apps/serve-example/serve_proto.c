@@ -15,6 +15,7 @@ const char *serve_err_code(serve_err e)
     case SERVE_EBUSY: return "busy";
     case SERVE_ESHUTDOWN: return "shutting_down";
     case SERVE_EINTERNAL: return "internal";
+    case SERVE_ECONNS: return "too_many_connections";
     }
     return "internal";
 }
@@ -68,6 +69,28 @@ static int utf8_len(const unsigned char *p, const unsigned char *end)
     return n;
 }
 
+/* The value of the 4 hex digits at p (below end), -1 when they are not. */
+static long hex4(const char *p, const char *end)
+{
+    long v = 0;
+    if (end - p < 4)
+        return -1;
+    for (int i = 0; i < 4; i++) {
+        const char c = p[i];
+        int d;
+        if (c >= '0' && c <= '9')
+            d = c - '0';
+        else if (c >= 'a' && c <= 'f')
+            d = c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F')
+            d = c - 'A' + 10;
+        else
+            return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
 /* A JSON string; *b and *e get its raw span, quotes included. */
 static serve_err string(scan *s, const char **b, const char **e)
 {
@@ -90,11 +113,23 @@ static serve_err string(scan *s, const char **b, const char **e)
             if (++s->p >= s->end)
                 break;
             if (*s->p == 'u') {
-                for (int i = 1; i <= 4; i++)
-                    if (s->p + i >= s->end || !strchr("0123456789abcdefABCDEF", s->p[i]) ||
-                        s->p[i] == '\0')
-                        return fail(s, SERVE_EJSON, "bad \\u escape");
+                const long u = hex4(s->p + 1, s->end);
+                if (u < 0)
+                    return fail(s, SERVE_EJSON, "bad \\u escape");
                 s->p += 4;
+                /* UTF-16 in escapes: a high surrogate counts only with a low
+                 * one escaped right after it; alone, either is no character,
+                 * and an echoed id must decode to UTF-8 */
+                if (u >= 0xdc00 && u <= 0xdfff)
+                    return fail(s, SERVE_EJSON, "lone surrogate in a \\u escape");
+                if (u >= 0xd800 && u <= 0xdbff) {
+                    const long lo = s->end - s->p > 2 && s->p[1] == '\\' && s->p[2] == 'u'
+                                        ? hex4(s->p + 3, s->end)
+                                        : -1;
+                    if (lo < 0xdc00 || lo > 0xdfff)
+                        return fail(s, SERVE_EJSON, "lone surrogate in a \\u escape");
+                    s->p += 6;
+                }
             } else if (!strchr("\"\\/bfnrt", *s->p) || *s->p == '\0') {
                 return fail(s, SERVE_EJSON, "bad escape");
             }
@@ -156,6 +191,11 @@ static serve_err number(scan *s, int *is_int, int64_t *v)
     return SERVE_OK;
 }
 
+/* Arrays and objects nested deeper than this inside the request are
+ * refused (bad_json): skip recurses once per level. */
+#define NEST_MAX 16
+
+/* A JSON value at the given depth (the request's own values are at 1). */
 static serve_err skip(scan *s, int depth)
 {
     const char *b, *e;
@@ -165,8 +205,6 @@ static serve_err skip(scan *s, int depth)
     ws(s);
     if (s->p >= s->end)
         return fail(s, SERVE_EJSON, "unexpected end");
-    if (depth > 16)
-        return fail(s, SERVE_EJSON, "nesting too deep");
     switch (*s->p) {
     case '"':
         return string(s, &b, &e);
@@ -174,6 +212,8 @@ static serve_err skip(scan *s, int depth)
     case '[': {
         char close = *s->p == '{' ? '}' : ']';
         int obj = close == '}';
+        if (depth > NEST_MAX)
+            return fail(s, SERVE_EJSON, "arrays and objects nested more than 16 deep");
         s->p++;
         if (peek(s, close)) {
             s->p++;
@@ -223,20 +263,65 @@ static int starts_number(const scan *s)
 
 /* A value of the wrong type for a known field: still valid JSON (else
  * bad_json), so the request is a bad_request (docs/serve.md). */
-static serve_err wrong_type(scan *s, const char *what)
+static serve_err wrong_type(scan *s, int depth, const char *what)
 {
-    serve_err rc = skip(s, 1);
+    serve_err rc = skip(s, depth);
     return rc ? rc : fail(s, SERVE_EREQUEST, what);
 }
 
-static int key_is(const char *b, const char *e, const char *k)
+/* The text of a string that string() accepted (b..e: inside its quotes),
+ * unescaped into out as UTF-8.  Returns its length, or cap + 1 when it is
+ * longer than cap (keys are read into a few bytes: no field's name is
+ * longer). */
+static size_t unescape(const char *b, const char *e, char *out, size_t cap)
 {
-    size_t n = strlen(k);
-    return (size_t)(e - b) == n + 2 && !memcmp(b + 1, k, n);
+    size_t n = 0;
+    while (b < e) {
+        unsigned long u = (unsigned char)*b++;
+        unsigned char t[4];
+        size_t m = 1;
+        if (u == '\\') {
+            const char c = *b++;
+            if (c == 'u') {
+                u = (unsigned long)hex4(b, e);
+                b += 4;
+                if (u >= 0xd800 && u <= 0xdbff) { /* string() saw its low half */
+                    u = 0x10000 + ((u - 0xd800) << 10) + ((unsigned long)hex4(b + 2, e) - 0xdc00);
+                    b += 6;
+                }
+            } else {
+                u = c == 'b' ? '\b' : c == 'f' ? '\f' : c == 'n' ? '\n' : c == 'r' ? '\r'
+                  : c == 't' ? '\t' : (unsigned char)c;
+            }
+            if (u >= 0x10000)
+                m = 4, t[0] = (unsigned char)(0xf0 | u >> 18);
+            else if (u >= 0x800)
+                m = 3, t[0] = (unsigned char)(0xe0 | u >> 12);
+            else if (u >= 0x80)
+                m = 2, t[0] = (unsigned char)(0xc0 | u >> 6);
+            else
+                t[0] = (unsigned char)u;
+            for (size_t i = 1; i < m; i++)
+                t[i] = (unsigned char)(0x80 | ((u >> (6 * (m - 1 - i))) & 0x3f));
+        } else {
+            t[0] = (unsigned char)u; /* UTF-8 already */
+        }
+        if (n + m > cap)
+            return cap + 1;
+        memcpy(out + n, t, m);
+        n += m;
+    }
+    return n;
 }
 
-serve_err serve_parse_request(const char *line, size_t len, const serve_limits *lim,
-                              serve_request *out, char *msg, size_t msg_cap)
+/* Whether a key, unescaped (JSON allows "\u0069d" for "id"), is k. */
+static int key_is(const char *key, size_t len, const char *k)
+{
+    return len == strlen(k) && !memcmp(key, k, len);
+}
+
+static serve_err parse(const char *line, size_t len, const serve_limits *lim,
+                       serve_request *out, char *msg, size_t msg_cap)
 {
     scan s = {line, line + len, msg, msg_cap};
     serve_request r;
@@ -258,13 +343,16 @@ serve_err serve_parse_request(const char *line, size_t len, const serve_limits *
         return fail(&s, SERVE_EREQUEST, "empty request: needs id, tokens, positions");
     for (;;) {
         const char *kb, *ke;
+        char key[16];
+        size_t klen;
         if ((rc = string(&s, &kb, &ke)))
             return rc;
+        klen = unescape(kb + 1, ke - 1, key, sizeof key);
         if (!peek(&s, ':'))
             return fail(&s, SERVE_EJSON, "expected ':'");
         s.p++;
         ws(&s);
-        if (key_is(kb, ke, "id")) {
+        if (key_is(key, klen, "id")) {
             const char *vb = s.p, *ve;
             int is_int;
             int64_t v;
@@ -274,7 +362,7 @@ serve_err serve_parse_request(const char *line, size_t len, const serve_limits *
                 if ((rc = string(&s, &vb, &ve)))
                     return rc;
             } else if (!starts_number(&s)) {
-                return wrong_type(&s, "id must be a string or an integer");
+                return wrong_type(&s, 1, "id must be a string or an integer");
             } else {
                 if ((rc = number(&s, &is_int, &v)))
                     return rc;
@@ -287,19 +375,19 @@ serve_err serve_parse_request(const char *line, size_t len, const serve_limits *
             memcpy(r.id, vb, (size_t)(ve - vb));
             r.id[ve - vb] = '\0';
             memcpy(out->id, r.id, sizeof r.id);
-        } else if (key_is(kb, ke, "tokens")) {
+        } else if (key_is(key, klen, "tokens")) {
             int is_int;
             if (have_tokens++)
                 return fail(&s, SERVE_EREQUEST, "duplicate tokens");
             if (!starts_number(&s))
-                return wrong_type(&s, "tokens must be an integer");
+                return wrong_type(&s, 1, "tokens must be an integer");
             tok_text = s.p;
             if ((rc = number(&s, &is_int, &tokens)))
                 return rc;
             tok_len = (int)(s.p - tok_text < 40 ? s.p - tok_text : 40);
             if (!is_int)
                 return fail(&s, SERVE_EREQUEST, "tokens must be an integer");
-        } else if (key_is(kb, ke, "positions")) {
+        } else if (key_is(key, klen, "positions")) {
             if (npos >= 0)
                 return fail(&s, SERVE_EREQUEST, "duplicate positions");
             if (!peek(&s, '['))
@@ -315,7 +403,7 @@ serve_err serve_parse_request(const char *line, size_t len, const serve_limits *
                     const char *vb;
                     ws(&s);
                     if (!starts_number(&s))
-                        return wrong_type(&s, "positions must be integers");
+                        return wrong_type(&s, 2, "positions must be integers");
                     vb = s.p;
                     if ((rc = number(&s, &is_int, &v)))
                         return rc;
@@ -376,6 +464,27 @@ serve_err serve_parse_request(const char *line, size_t len, const serve_limits *
     r.tokens = (int32_t)tokens;
     *out = r;
     return SERVE_OK;
+}
+
+/* parse() returns at the first field it refuses, before it has read the
+ * rest of the line; docs/serve.md promises bad_json for every line that is
+ * not one JSON object, so a refused line is read again, as plain JSON,
+ * before it is answered bad_request or out_of_range.  Only refused lines
+ * pay for the second pass. */
+serve_err serve_parse_request(const char *line, size_t len, const serve_limits *lim,
+                              serve_request *out, char *msg, size_t msg_cap)
+{
+    serve_err e = parse(line, len, lim, out, msg, msg_cap);
+    if (e == SERVE_EREQUEST || e == SERVE_ERANGE) {
+        scan s = {line, line + len, msg, msg_cap};
+        serve_err rc = skip(&s, 0); /* parse() saw that it starts with '{' */
+        if (rc)
+            return rc;
+        ws(&s);
+        if (s.p != s.end)
+            return fail(&s, SERVE_EJSON, "bytes after the request object");
+    }
+    return e;
 }
 
 size_t serve_format_ok(char *buf, size_t cap, const serve_request *r, const serve_result *res)

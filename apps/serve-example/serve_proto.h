@@ -19,7 +19,8 @@ typedef enum serve_err {
     SERVE_ETOOLONG,   /* "too_long": the line exceeds the server's line cap */
     SERVE_EBUSY,      /* "busy": the request queue is full */
     SERVE_ESHUTDOWN,  /* "shutting_down": arrived after SIGINT/SIGTERM */
-    SERVE_EINTERNAL   /* "internal": the decode step failed */
+    SERVE_EINTERNAL,  /* "internal": the decode step failed */
+    SERVE_ECONNS      /* "too_many_connections": --max-conns are open; the connection is closed */
 } serve_err;
 
 const char *serve_err_code(serve_err e);
@@ -36,7 +37,11 @@ typedef struct serve_request {
 } serve_request;
 
 /* Parse one line (without its newline).  On failure returns the error and
- * writes a message; out->id holds the id if it was read before the error. */
+ * writes a message; out->id holds the id if it was read before the error.
+ * A line that is not one JSON object is SERVE_EJSON whatever else is wrong
+ * with it: SERVE_EREQUEST and SERVE_ERANGE only come for valid JSON.  Keys
+ * are compared unescaped; a \u escape of a lone UTF-16 surrogate, in any
+ * string, is SERVE_EJSON. */
 serve_err serve_parse_request(const char *line, size_t len, const serve_limits *lim,
                               serve_request *out, char *msg, size_t msg_cap);
 

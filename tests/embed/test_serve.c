@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -34,6 +35,12 @@ static const char *server_path;
 static char *const *server_extra;
 
 /* ---- protocol ---------------------------------------------------------- */
+
+/* 64 array elements and a comma; 16 arrays opened, and closed */
+#define Z8 "0,0,0,0,0,0,0,0,"
+#define Z64 Z8 Z8 Z8 Z8 Z8 Z8 Z8 Z8
+#define OPEN16 "[[[[[[[[[[[[[[[["
+#define CLOSE16 "]]]]]]]]]]]]]]]]"
 
 START_TEST(test_parse)
 {
@@ -59,6 +66,41 @@ START_TEST(test_parse)
         {"{\"id\":\"\xc0\xaf\",\"tokens\":1,\"positions\":[1]}", SERVE_EJSON, "", NULL},
         {"{\"id\":\"\xed\xa0\x80\",\"tokens\":1,\"positions\":[1]}", SERVE_EJSON, "", NULL},
         {"{\"id\":1,\"x\":\"\xe2\x82\",\"tokens\":1,\"positions\":[1]}", SERVE_EJSON, "1", NULL},
+        /* \u escapes: a surrogate pair is one character, kept as written; a
+         * lone surrogate (high without its low, a low alone, a pair the
+         * wrong way round) is no character at all, so no reply can echo it */
+        {"{\"id\":\"\\ud83d\\ude00\",\"tokens\":1,\"positions\":[1]}", SERVE_OK,
+         "\"\\ud83d\\ude00\"", NULL},
+        {"{\"id\":\"\\uD83D\\uDE00\\u00e9\",\"tokens\":1,\"positions\":[1]}", SERVE_OK,
+         "\"\\uD83D\\uDE00\\u00e9\"", NULL},
+        {"{\"id\":\"\\ud800\",\"tokens\":1,\"positions\":[1]}", SERVE_EJSON, "", "surrogate"},
+        {"{\"id\":\"\\udc00\",\"tokens\":1,\"positions\":[1]}", SERVE_EJSON, "", "surrogate"},
+        {"{\"id\":\"\\uDBFFx\",\"tokens\":1,\"positions\":[1]}", SERVE_EJSON, "", "surrogate"},
+        {"{\"id\":\"\\ud800\\u0041\",\"tokens\":1,\"positions\":[1]}", SERVE_EJSON, "",
+         "surrogate"},
+        {"{\"id\":\"\\ud800\\ud800\",\"tokens\":1,\"positions\":[1]}", SERVE_EJSON, "",
+         "surrogate"},
+        {"{\"id\":\"\\ude00\\ud83d\",\"tokens\":1,\"positions\":[1]}", SERVE_EJSON, "",
+         "surrogate"},
+        {"{\"id\":\"\\ud800\\n\",\"tokens\":1,\"positions\":[1]}", SERVE_EJSON, "",
+         "surrogate"},
+        {"{\"id\":1,\"x\":\"\\udfff\",\"tokens\":1,\"positions\":[1]}", SERVE_EJSON, "1",
+         "surrogate"},
+        {"{\"id\":\"\\ud800", SERVE_EJSON, "", NULL},
+        /* keys are compared unescaped: "\u0069d" is the key "id" */
+        {"{\"\\u0069d\":5,\"tokens\":1,\"positions\":[1]}", SERVE_OK, "5", NULL},
+        {"{\"\\u0069\\u0064\":\"a\",\"\\u0074okens\":2,\"posi\\u0074ions\":[1,2]}", SERVE_OK,
+         "\"a\"", NULL},
+        {"{\"id\":1,\"\\u0069d\":2,\"tokens\":1,\"positions\":[1]}", SERVE_EREQUEST, "1",
+         "duplicate id"},
+        {"{\"id\":1,\"tokens\":1,\"positions\":[1],\"po\\u0073itions\":[2]}", SERVE_EREQUEST,
+         "1", "duplicate positions"},
+        /* ... and only what unescapes to exactly a field's name is that field */
+        {"{\"id\\u0000\":1,\"tokens\":1,\"positions\":[1]}", SERVE_EREQUEST, "", "missing id"},
+        {"{\"\\u0069d \":1,\"tokens\":1,\"positions\":[1]}", SERVE_EREQUEST, "", "missing id"},
+        {"{\"\\u0049D\":1,\"tokens\":1,\"positions\":[1]}", SERVE_EREQUEST, "", "missing id"},
+        {"{\"id\":1,\"tokens\":1,\"positions\":[1],\"positions\\ud83d\\ude00\":[2]}",
+         SERVE_OK, "1", NULL},
         {"", SERVE_EJSON, "", NULL},
         {"[1,2]", SERVE_EJSON, "", NULL},
         {"{\"id\":1,\"tokens\":1,\"positions\":[1]", SERVE_EJSON, "1", NULL},
@@ -106,6 +148,37 @@ START_TEST(test_parse)
          "position 18446744073709551616 outside"},
         {"{\"id\":1,\"tokens\":4294967297,\"positions\":[1]}", SERVE_ERANGE, "1",
          "tokens = 4294967297,"},
+        /* a line that is not JSON is bad_json whatever else is wrong with
+         * it (docs/serve.md): cut short, bytes after the object, a
+         * malformed value where a field is refused */
+        {"{\"id\":1,\"id\":2", SERVE_EJSON, "1", NULL},
+        {"{\"id\":1.5,\"tokens\":1,\"positions\":[1]} x", SERVE_EJSON, "", "after"},
+        {"{} x", SERVE_EJSON, "", "after"},
+        {"{}}", SERVE_EJSON, "", "after"},
+        {"{\"id\":1,\"tokens\":\"1\"", SERVE_EJSON, "1", NULL},
+        {"{\"id\":1,\"tokens\":true,\"positions\":[1]}]", SERVE_EJSON, "1", NULL},
+        {"{\"id\":1,\"tokens\":1,\"positions\":{]}", SERVE_EJSON, "1", NULL},
+        {"{\"id\":1,\"tokens\":1,\"positions\":[null", SERVE_EJSON, "1", NULL},
+        {"{\"id\":1,\"tokens\":1,\"positions\":[1,2],\"positions\":", SERVE_EJSON, "1", NULL},
+        {"{\"id\":1,\"tokens\":1,\"positions\":[" Z64 "0", SERVE_EJSON, "1", NULL},
+        {"{\"id\":1,\"tokens\":0,\"positions\":[]", SERVE_EJSON, "1", NULL},
+        {"{\"id\":\"01234567890123456789012345678901234567890123456789012345678901234\"",
+         SERVE_EJSON, "", NULL},
+        /* ... and a top-level value that is not an object */
+        {"\"x\"", SERVE_EJSON, "", NULL},
+        {"5", SERVE_EJSON, "", NULL},
+        {"null", SERVE_EJSON, "", NULL},
+        {"{", SERVE_EJSON, "", NULL},
+        /* the same fields valid JSON: refused for what they hold */
+        {"{\"id\":1,\"tokens\":1,\"positions\":[" Z64 "0]}", SERVE_ERANGE, "1", "64"},
+        {"{} ", SERVE_EREQUEST, "", NULL},
+        /* arrays and objects nest at most 16 deep inside the request */
+        {"{\"x\":" OPEN16 "1" CLOSE16 ",\"id\":1,\"tokens\":1,\"positions\":[1]}", SERVE_OK,
+         "1", NULL},
+        {"{\"x\":" OPEN16 "[1]" CLOSE16 ",\"id\":1,\"tokens\":1,\"positions\":[1]}",
+         SERVE_EJSON, "", "nested more than 16"},
+        {"{\"id\":1,\"x\":" OPEN16 "{}" CLOSE16 ",\"tokens\":1,\"positions\":[1]}",
+         SERVE_EJSON, "1", "nested more than 16"},
         /* an integer id is echoed as written, however large */
         {"{\"id\":123456789012345678901234567890,\"tokens\":1,\"positions\":[1]}", SERVE_OK,
          "123456789012345678901234567890", ""},
@@ -369,6 +442,54 @@ static double now_s(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Read one line (its newline dropped) from a non-blocking fd within
+ * limit_s: its length, or -1 at EOF, an error or the time limit. */
+static int read_line(int fd, char *buf, size_t cap, double limit_s)
+{
+    size_t n = 0;
+    const double t0 = now_s();
+    while (n + 1 < cap && now_s() - t0 < limit_s) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        ssize_t r;
+        if (poll(&pf, 1, 50) <= 0)
+            continue;
+        r = recv(fd, buf + n, 1, 0);
+        if (r <= 0)
+            return -1;
+        if (buf[n] == '\n') {
+            buf[n] = '\0';
+            return (int)n;
+        }
+        n++;
+    }
+    return -1;
+}
+
+/* Whether the server closed fd (EOF or a reset) within limit_s, reading
+ * and dropping whatever came before. */
+static int closed_within(int fd, double limit_s)
+{
+    const double t0 = now_s();
+    while (now_s() - t0 < limit_s) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        char sink[4096];
+        ssize_t r;
+        if (poll(&pf, 1, 20) <= 0)
+            continue;
+        r = recv(fd, sink, sizeof sink, 0);
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+            return 1;
+    }
+    return 0;
+}
+
+/* Send one request line and read its reply. */
+static void ask(int fd, const char *req, char *reply, size_t cap)
+{
+    ck_assert_int_eq(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+    ck_assert_msg(read_line(fd, reply, cap, 10.0) > 0, "no reply to %s", req);
 }
 
 /* ---- load test client -------------------------------------------------- */
@@ -1074,7 +1195,10 @@ END_TEST
  * together: each is accepted and closed, or served once memory is back, and
  * the server goes on accepting (docs/serve.md); none is left hanging.  The
  * server is stopped while they connect, so that they wait in the backlog
- * and reach it in one accept round. */
+ * and reach it in one accept round: all but the first then wait for the
+ * one before to be closed, and each of the 4 refusals is one connection
+ * closed (a connection that waited once counted twice, so 2 were closed
+ * and 4 served). */
 START_TEST(test_refused_connections)
 {
     enum { N = 6 };
@@ -1113,8 +1237,8 @@ START_TEST(test_refused_connections)
     printf("%d connections while %d refusals were due: %d closed by the server, %d served, %d "
            "left hanging\n",
            N, 4, closed, served, N - closed - served);
-    ck_assert_int_ge(closed, 1);
-    ck_assert_int_eq(closed + served, N);
+    ck_assert_int_eq(closed, 4);
+    ck_assert_int_eq(served, N - 4);
     query(p.port, 2, pair_line, sums); /* and it still accepts */
     ck_assert_int_eq(finish(&p, SIGTERM, 20.0), 0);
 }
@@ -1222,6 +1346,221 @@ START_TEST(test_drain_timeout)
 }
 END_TEST
 
+/* --max-conns 2: with two connections open, a third gets one
+ * too_many_connections line and is closed (also one that sent a request
+ * first), while the two are served; once one of them closes, a new
+ * connection is served. */
+START_TEST(test_max_conns)
+{
+    static const char *const args[] = {"--max-conns", "2", NULL};
+    static const char req[] = "{\"id\":\"m\",\"tokens\":1,\"positions\":[5]}\n";
+    char line[1024];
+    proc p;
+    int a, b, d = -1, served = 0, refused = 0;
+    double t0;
+    spawn(&p, args);
+    a = connect_to(p.port);
+    b = connect_to(p.port);
+    ck_assert_int_ge(a, 0);
+    ck_assert_int_ge(b, 0);
+    ask(a, req, line, sizeof line); /* both accepted and counted */
+    ask(b, req, line, sizeof line);
+    for (int k = 0; k < 2; k++) {
+        int c = connect_to(p.port);
+        ck_assert_int_ge(c, 0);
+        if (k) { /* a client that does not wait to be greeted */
+            const ssize_t w = send(c, req, sizeof req - 1, MSG_NOSIGNAL);
+            ck_assert_int_eq(w, (ssize_t)sizeof req - 1);
+        }
+        ck_assert_msg(read_line(c, line, sizeof line, 10.0) > 0, "connection %d: no line", k);
+        printf("max-conns 2, a third connection%s: %s\n", k ? " that sent a request" : "", line);
+        ck_assert_msg(strstr(line, "\"id\":null,\"ok\":false") &&
+                          strstr(line, "\"code\":\"too_many_connections\"") &&
+                          strstr(line, "2 connections"),
+                      "reply: %s", line);
+        ck_assert_msg(closed_within(c, 5.0), "connection %d past the cap not closed", k);
+        close(c);
+    }
+    ask(a, req, line, sizeof line); /* the two are still served */
+    ck_assert_msg(strstr(line, "\"ok\":true"), "reply: %s", line);
+    ask(b, req, line, sizeof line);
+    ck_assert_msg(strstr(line, "\"ok\":true"), "reply: %s", line);
+    close(a); /* room for one more, once the server has seen it go */
+    t0 = now_s();
+    while (!served && now_s() - t0 < 5.0) {
+        d = connect_to(p.port);
+        ck_assert_int_ge(d, 0);
+        ck_assert_int_eq(send(d, req, sizeof req - 1, MSG_NOSIGNAL), (ssize_t)sizeof req - 1);
+        ck_assert_int_gt(read_line(d, line, sizeof line, 10.0), 0);
+        served = strstr(line, "\"ok\":true") != NULL;
+        refused += !served;
+        close(d);
+        if (!served)
+            nanosleep(&(struct timespec){0, 20000000}, NULL);
+    }
+    printf("max-conns 2: a connection after one of the two closed served after %d refusal(s)\n",
+           refused);
+    ck_assert_msg(served, "no connection served after one of the two closed: %s", line);
+    close(b);
+    ck_assert_int_eq(finish(&p, SIGTERM, 20.0), 0);
+}
+END_TEST
+
+/* For secs seconds, or until all are closed, note when the server closes
+ * each of fds[0..n) (its time in t[i]; t[i] < 0 while open, and a closed
+ * one is not read again). */
+static void watch_close(const int *fds, double *t, int n, double secs)
+{
+    const double t0 = now_s();
+    do {
+        int open = 0;
+        for (int i = 0; i < n; i++) {
+            char sink[512];
+            ssize_t r;
+            if (t[i] >= 0)
+                continue;
+            r = recv(fds[i], sink, sizeof sink, 0);
+            if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+                t[i] = now_s();
+            else
+                open++;
+        }
+        if (!open)
+            return;
+        nanosleep(&(struct timespec){0, 2000000}, NULL);
+    } while (now_s() - t0 < secs);
+}
+
+/* --idle-timeout-s 1 (a sweep every 0.25 s): a connection that sends
+ * nothing, and one that sent half a line, are closed about a second after
+ * they connected; one that sends a request every 0.4 s stays open while it
+ * does, and is closed about a second after its last reply; one whose
+ * replies wait unsent (it sent lines and reads nothing, until the server
+ * stops reading from it) stays open well past the timeout, then gets every
+ * reply when it reads, is still served, and is closed about a second
+ * later. */
+START_TEST(test_idle_timeout)
+{
+    enum { L = 1000 }; /* bytes of a bad line: each answered bad_json at once */
+    static const char *const args[] = {"--idle-timeout-s", "1", NULL};
+    static const char req[] = "{\"id\":\"i\",\"tokens\":1,\"positions\":[5]}\n";
+    static char junk[64 * L];
+    char line[1024];
+    proc p;
+    int fds[4]; /* a: silent, b: half a line, c: a request every 0.4 s, d: does not read */
+    double t[4] = {-1, -1, -1, -1}, t0, t_stall = -1, t_c, t_d;
+    size_t sent = 0;
+    long got = 0;
+    for (size_t i = 0; i < sizeof junk; i++)
+        junk[i] = i % L == L - 1 ? '\n' : 'x';
+    spawn(&p, args);
+    t0 = now_s();
+    fds[0] = connect_to(p.port);
+    fds[1] = connect_to(p.port);
+    fds[3] = connect_buf(p.port, 4096);
+    ck_assert_int_ge(fds[0], 0);
+    ck_assert_int_ge(fds[1], 0);
+    ck_assert_int_ge(fds[3], 0);
+    ck_assert_int_eq(send(fds[1], req, 6, MSG_NOSIGNAL), 6);
+    /* d: lines until the server stops reading from it (sends refused for
+     * 0.3 s): its replies then wait unsent */
+    while (now_s() - t0 < 20.0) {
+        const size_t off = sent % L;
+        ssize_t w = send(fds[3], junk + off, sizeof junk - off, MSG_NOSIGNAL);
+        if (w > 0) {
+            sent += (size_t)w;
+            t_stall = -1;
+        } else {
+            ck_assert_msg(errno == EAGAIN || errno == EWOULDBLOCK, "send: %s", strerror(errno));
+            if (t_stall < 0)
+                t_stall = now_s();
+            else if (now_s() - t_stall > 0.3)
+                break;
+        }
+        watch_close(fds, t, 2, 0.0);
+    }
+    ck_assert_msg(t_stall >= 0 && now_s() - t_stall > 0.3, "the server kept reading");
+    /* c: four requests 0.4 s apart, all answered, meanwhile */
+    fds[2] = connect_to(p.port);
+    ck_assert_int_ge(fds[2], 0);
+    for (int i = 0; i < 4; i++) {
+        if (i)
+            watch_close(fds, t, 2, 0.4);
+        ask(fds[2], req, line, sizeof line);
+        ck_assert_msg(strstr(line, "\"ok\":true"), "c, request %d: %s", i, line);
+    }
+    t_c = now_s();
+    /* d, unread for longer than the timeout: every reply, then served */
+    while (now_s() - t_stall < 1.6)
+        watch_close(fds, t, 3, 0.05);
+    {
+        /* read in bulk: byte by byte, megabytes of replies take longer than
+         * the timeout, and once the system holds the last of them the
+         * connection is idle again */
+        static char buf[1 << 16];
+        const double t1 = now_s();
+        while (got < (long)(sent / L) && now_s() - t1 < 10.0) {
+            struct pollfd pf = {fds[3], POLLIN, 0};
+            ssize_t r;
+            if (poll(&pf, 1, 50) <= 0)
+                continue;
+            r = recv(fds[3], buf, sizeof buf, 0);
+            ck_assert_msg(r > 0, "d closed after %ld of %zu replies", got, sent / L);
+            for (ssize_t i = 0; i < r; i++)
+                got += buf[i] == '\n';
+        }
+    }
+    ck_assert_int_eq(got, (long)(sent / L));
+    if (sent % L) { /* the line cut by the stall */
+        const ssize_t w = send(fds[3], junk + sent % L, L - sent % L, MSG_NOSIGNAL);
+        ck_assert_int_eq(w, (ssize_t)(L - sent % L));
+        ck_assert_int_gt(read_line(fds[3], line, sizeof line, 10.0), 0);
+    }
+    ask(fds[3], req, line, sizeof line);
+    ck_assert_msg(strstr(line, "\"ok\":true"), "d, after its replies: %s", line);
+    t_d = now_s();
+    watch_close(fds, t, 4, 3.0);
+    printf("idle timeout 1 s (%.2f s in all): silent connection closed after %.2f s, half a "
+           "line after %.2f s; "
+           "after their last replies, a client that sent every 0.4 s after %.2f s, one that left "
+           "%zu lines' replies unread for %.2f s after %.2f s\n",
+           now_s() - t0, t[0] - t0, t[1] - t0, t[2] - t_c, sent / L, t_d - t_stall, t[3] - t_d);
+    ck_assert_msg(t[0] - t0 > 0.9 && t[0] - t0 < 3.0, "silent: closed at %.2f s", t[0] - t0);
+    ck_assert_msg(t[1] - t0 > 0.9 && t[1] - t0 < 3.0, "half a line: closed at %.2f s",
+                  t[1] - t0);
+    ck_assert_msg(t[2] - t_c > 0.9 && t[2] >= 0, "c: closed %.2f s after its last reply",
+                  t[2] - t_c);
+    ck_assert_msg(t[3] - t_d > 0.9 && t[3] >= 0, "d: closed %.2f s after its last reply",
+                  t[3] - t_d);
+    for (int i = 0; i < 4; i++)
+        close(fds[i]);
+    ck_assert_int_eq(finish(&p, SIGTERM, 20.0), 0);
+}
+END_TEST
+
+/* --idle-timeout-s 0: no timeout; a silent connection is still open and
+ * served after 1.5 s. */
+START_TEST(test_idle_timeout_off)
+{
+    static const char *const args[] = {"--idle-timeout-s", "0", NULL};
+    static const char req[] = "{\"id\":\"i\",\"tokens\":1,\"positions\":[5]}\n";
+    char line[1024];
+    proc p;
+    int fd;
+    double t = -1;
+    spawn(&p, args);
+    fd = connect_to(p.port);
+    ck_assert_int_ge(fd, 0);
+    watch_close(&fd, &t, 1, 1.5);
+    ck_assert_msg(t < 0, "closed without a timeout");
+    ask(fd, req, line, sizeof line);
+    ck_assert_msg(strstr(line, "\"ok\":true"), "reply: %s", line);
+    close(fd);
+    ck_assert_int_eq(finish(&p, SIGTERM, 20.0), 0);
+    printf("idle timeout 0: a silent connection still open and served after 1.5 s\n");
+}
+END_TEST
+
 /* A checkpoint holding more heads than the server's geometry: refused at
  * start with a message naming both counts (the server has no TP ranks to
  * take the other heads). */
@@ -1271,29 +1610,140 @@ START_TEST(test_weights_head_count)
 }
 END_TEST
 
+/* SIGTERM or SIGINT while the server starts (here while it reads its config
+ * from a FIFO, which waits for the writer): it ends the start-up step in
+ * progress, says so and exits 0 without listening, as a drain with nothing
+ * to answer does (before, the signal's default action killed it: 143 or
+ * 130). */
+START_TEST(test_signal_at_start)
+{
+    static const char cfg[] = "[model]\nheads = 4\nqk_nope_dim = 64\nrope_dim = 64\n"
+                              "kv_lora_rank = 256\nv_head_dim = 64\ntopk = 64\n";
+    static const int sigs[] = {SIGTERM, SIGINT};
+    char dir[] = "/tmp/mlart-serve-s-XXXXXX", fifo[64], errp[80];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(fifo, sizeof fifo, "%s/config.ini", dir);
+    snprintf(errp, sizeof errp, "%s/stderr", dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    for (int k = 0; k < 2; k++) {
+        char msg[1024], out[256], want[64];
+        int outp[2], fd = -1, status = -1, efd;
+        ssize_t n, r;
+        double t0;
+        pid_t pid;
+        ck_assert_int_eq(pipe(outp), 0);
+        pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            int e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+            signal(SIGINT, SIG_DFL);
+            signal(SIGTERM, SIG_DFL);
+            if (e < 0 || dup2(e, 2) < 0 || dup2(outp[1], 1) < 0)
+                _exit(126);
+            close(outp[0]);
+            execl(server_path, server_path, "--port", "0", "--device", "cpu", "--config", fifo,
+                  (char *)NULL);
+            _exit(127);
+        }
+        close(outp[1]);
+        /* the server has opened the config once a writer can open it */
+        t0 = now_s();
+        while ((fd = open(fifo, O_WRONLY | O_NONBLOCK)) < 0 && now_s() - t0 < 10.0)
+            nanosleep(&(struct timespec){0, 5000000}, NULL);
+        ck_assert_msg(fd >= 0, "the server never opened its config: %s", strerror(errno));
+        kill(pid, sigs[k]); /* before it can have read a byte of it */
+        nanosleep(&(struct timespec){0, 50000000}, NULL);
+        n = write(fd, cfg, sizeof cfg - 1);
+        close(fd);
+        t0 = now_s();
+        while (waitpid(pid, &status, WNOHANG) != pid) {
+            if (now_s() - t0 > 20.0) {
+                kill(pid, SIGKILL);
+                waitpid(pid, &status, 0);
+                break;
+            }
+            nanosleep(&(struct timespec){0, 10000000}, NULL);
+        }
+        r = read(outp[0], out, sizeof out - 1);
+        out[r > 0 ? r : 0] = '\0';
+        close(outp[0]);
+        efd = open(errp, O_RDONLY);
+        ck_assert_int_ge(efd, 0);
+        r = read(efd, msg, sizeof msg - 1);
+        msg[r > 0 ? r : 0] = '\0';
+        close(efd);
+        printf("signal %d during start-up (config %zd bytes after it): status %d, stdout '%s', "
+               "stderr: %s",
+               sigs[k], n, status, out, msg);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d (%s)", status,
+                      WIFSIGNALED(status) ? "killed by its signal" : "exited");
+        ck_assert_msg(!strstr(out, "listening"), "it listened: %s", out);
+        snprintf(want, sizeof want, "signal %d during start-up", sigs[k]);
+        ck_assert_msg(strstr(msg, want), "stderr: %s", msg);
+    }
+    unlink(errp);
+    unlink(fifo);
+    rmdir(dir);
+}
+END_TEST
+
+/* Bad command lines: exit 2 with a message naming the option and the value
+ * (a start-up failure, such as a missing weights file, exits 1). */
 START_TEST(test_bad_options)
 {
-    static const char *const bad[][3] = {
-        {"--port", "70000", NULL}, {"--device", "tpu", NULL}, {"--bogus", "1", NULL},
-        {"--max-request-tokens", "65", NULL}, {"--weights", "/nonexistent.safetensors", NULL},
-        {"--drain-timeout", "-1", NULL},
+    static const struct {
+        const char *opt, *val; /* val NULL: the option comes last, without it */
+        int status;
+        const char *said; /* a part of the message, when given */
+    } bad[] = {
+        {"--port", "70000", 2, "bad value '70000' for --port"},
+        {"--device", "tpu", 2, NULL},
+        {"--bogus", "1", 2, "unknown option --bogus"},
+        {"--max-request-tokens", "65", 2, NULL},
+        {"--weights", "/nonexistent.safetensors", 1, NULL},
+        {"--drain-timeout", "-1", 2, NULL},
+        {"--max-conns", "0", 2, "bad value '0' for --max-conns"},
+        {"--max-conns", "1048577", 2, "bad value '1048577' for --max-conns"},
+        {"--max-conns", "8x", 2, "bad value '8x' for --max-conns"},
+        {"--max-conns", "", 2, "bad value '' for --max-conns"},
+        {"--max-conns", NULL, 2, "--max-conns needs a value"},
+        {"--idle-timeout-s", "-1", 2, "bad value '-1' for --idle-timeout-s"},
+        {"--idle-timeout-s", "86401", 2, "bad value '86401' for --idle-timeout-s"},
+        {"--idle-timeout-s", "1.5", 2, "bad value '1.5' for --idle-timeout-s"},
+        {"--idle-timeout-s", NULL, 2, "--idle-timeout-s needs a value"},
     };
+    char dir[] = "/tmp/mlart-serve-o-XXXXXX", errp[80];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(errp, sizeof errp, "%s/stderr", dir);
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         pid_t pid = fork();
-        int status;
+        int status, fd;
+        char msg[4096];
+        ssize_t n;
         ck_assert_int_ge(pid, 0);
         if (pid == 0) {
             int devnull = open("/dev/null", O_WRONLY);
+            int e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
             dup2(devnull, 1);
-            dup2(devnull, 2);
-            execl(server_path, server_path, bad[i][0], bad[i][1], (char *)NULL);
+            dup2(e, 2);
+            execl(server_path, server_path, bad[i].opt, bad[i].val, (char *)NULL);
             _exit(127);
         }
         waitpid(pid, &status, 0);
-        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 127,
-                      "%s %s: status %d", bad[i][0], bad[i][1], status);
+        fd = open(errp, O_RDONLY);
+        ck_assert_int_ge(fd, 0);
+        n = read(fd, msg, sizeof msg - 1);
+        close(fd);
+        msg[n > 0 ? n : 0] = '\0';
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == bad[i].status,
+                      "%s %s: status %d, want exit %d; stderr: %s", bad[i].opt,
+                      bad[i].val ? bad[i].val : "(none)", status, bad[i].status, msg);
+        ck_assert_msg(!bad[i].said || strstr(msg, bad[i].said), "%s %s: stderr lacks '%s': %s",
+                      bad[i].opt, bad[i].val ? bad[i].val : "(none)", bad[i].said, msg);
     }
-    printf("bad options and a missing weights file: non-zero exit, no crash\n");
+    unlink(errp);
+    rmdir(dir);
+    printf("bad options: exit 2 naming them; a missing weights file: exit 1\n");
 }
 END_TEST
 
@@ -1335,6 +1785,10 @@ int main(int argc, char **argv)
     tcase_add_test(live, test_clients_vanish);
     tcase_add_test(live, test_refused_connections);
     tcase_add_test(live, test_bad_options);
+    tcase_add_test(live, test_signal_at_start);
+    tcase_add_test(live, test_max_conns);
+    tcase_add_test(live, test_idle_timeout);
+    tcase_add_test(live, test_idle_timeout_off);
     tcase_add_test(live, test_drain_timeout);
     if (!server_extra) {
         tcase_add_test(live, test_second_signal); /* needs about a second of CPU steps */
