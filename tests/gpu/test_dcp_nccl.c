@@ -364,11 +364,12 @@ static void local_pair(mlart_context *ctx, mlart_context *host, uint64_t seed)
     g = f.g;
     bpt = mlart_kv_bytes_per_token(&g);
     whole = whole_cache(&f, host, &g);
-    MLART_OR_DIE(mlart_comm_group_create(2, device, 10000, &grp));
     for (int differ = 0; differ < 2; differ++) {
         double t0, secs;
         pthread_t th[2];
         struct timespec a, b;
+        /* a group each: a rank whose communicator is destroyed has left it */
+        MLART_OR_DIE(mlart_comm_group_create(2, device, 10000, &grp));
         for (int k = 0; k < 2; k++) {
             int64_t i = 0;
             memset(&p[k], 0, sizeof p[k]);
@@ -408,8 +409,8 @@ static void local_pair(mlart_context *ctx, mlart_context *host, uint64_t seed)
             rank_free(&p[k].r);
             mlart_comm_destroy(lc[k]);
         }
+        mlart_comm_group_destroy(grp);
     }
-    mlart_comm_group_destroy(grp);
     free(whole);
     fx_free(&f);
 }
