@@ -76,7 +76,7 @@ int mlart_kv_write_cpu(const mlart_geometry *g, const mlart_tensor *cache,
 int mlart_kv_write_cuda(const mlart_geometry *g, const mlart_tensor *cache,
                         const mlart_tensor *latent, const mlart_tensor *slots, void *stream);
 
-/* Decode-context parallel (DESIGN 7; include/mlart/comm.h for the placement).
+/* Decode-context parallel (docs/dcp.md; include/mlart/comm.h for the placement).
  * Plain arrays, dense, on the host (_cpu) or the device (_cuda, on `stream`,
  * allocation- and sync-free).
  *

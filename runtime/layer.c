@@ -1,6 +1,6 @@
 /* A layer: one MLA attention layer bound to a backend, its weights and its KV
  * cache.  This is where the runtime enforces the backend's layout contract
- * (DESIGN section 4): weights made dense once at create, the query operand
+ * (include/mlart/backend.h): weights made dense once at create, the query operand
  * materialised or passed as a strided view, buffers for q_mqa / attention
  * output / LSE / workspace preallocated for the largest step, and every view
  * of a step validated before the backend sees it. */

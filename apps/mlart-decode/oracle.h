@@ -1,4 +1,4 @@
-/* Naive float64 oracle of one decode step (DESIGN section 1), written
+/* Naive float64 oracle of one decode step (docs/reference.md), written
  * straight from the formula and independent of every backend and op. */
 #ifndef MLART_APPS_DECODE_ORACLE_H
 #define MLART_APPS_DECODE_ORACLE_H

@@ -1,4 +1,4 @@
-/* A naive float64 oracle of the whole decode step (DESIGN section 1), from
+/* A naive float64 oracle of the whole decode step (docs/reference.md), from
  * the original inputs, with no intermediate rounding: the latent query, the
  * scores, the softmax, the attention output and the V up-projection are all
  * kept in double.  Slow and obviously right; for tests and for

@@ -1,8 +1,9 @@
 /* The reference backend on CUDA: plain kernels, one thread block per output
  * row, FP32 arithmetic, no tensor cores and no tiling, so that each one can
  * be checked by reading it.  Same semantics as the host reference
- * (reference_cpu.c): DESIGN.md section 1.  Slow by design; used to compare
- * the fast backend at sizes the CPU cannot reach in a test. */
+ * (reference_cpu.c): docs/reference.md, "Numerics, stage by stage".  Slow
+ * by design; used to compare the fast backend at sizes the CPU cannot
+ * reach in a test. */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>

@@ -1,4 +1,4 @@
-/* mlart — ranks and their collectives (decode-context parallel, DESIGN 7).
+/* mlart — ranks and their collectives (decode-context parallel, docs/dcp.md).
  *
  * A communicator joins the ranks of one DCP group.  Two implementations
  * share one interface and one protocol:
@@ -143,7 +143,7 @@ MLART_API int mlart_comm_wait(mlart_comm *comm, void *stream, int timeout_ms);
 /* ---- where a cached token lives under DCP ------------------------------ */
 
 /* Interleave I: logical position p of a request lives on rank (p / I) % size
- * at local position (p / (I*size)) * I + p % I (DESIGN 7; I = 1: rank
+ * at local position (p / (I*size)) * I + p % I (docs/dcp.md; I = 1: rank
  * p % size, local p / size); an interleave of 0 (or less) counts as 1, as
  * the layer descriptor's dcp_interleave 0 does. */
 MLART_API int32_t mlart_dcp_owner(int64_t pos, int32_t size, int32_t interleave);

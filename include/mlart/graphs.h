@@ -1,4 +1,4 @@
-/* mlart — a CUDA graph of a layer's step for each batch bucket (DESIGN 6).
+/* mlart — a CUDA graph of a layer's step for each batch bucket (docs/embedding.md).
  *
  * A serving loop whose steps carry a varying number of tokens T runs each
  * step in the smallest bucket >= T: rows T..bucket-1 are padding (every

@@ -240,7 +240,7 @@ typedef struct mlart_layer_desc {
                                    caller's previous kernel on the stream ends and read its
                                    weights then (it reads q only after that kernel).
                                    0: it starts after that kernel. */
-    /* Decode-context parallel (DESIGN 7).  NULL: none.  A communicator of
+    /* Decode-context parallel (docs/dcp.md).  NULL: none.  A communicator of
      * D ranks: kv_cache, num_slots, block_table and the
      * cache writes hold this rank's shard of each request (logical position
      * p lives on rank mlart_dcp_owner(p, D, dcp_interleave) at position

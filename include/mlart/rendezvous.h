@@ -1,4 +1,4 @@
-/* mlart — the TCP rendezvous of a launch's ranks (DESIGN 7), in the static
+/* mlart — the TCP rendezvous of a launch's ranks (docs/dcp.md), in the static
  * library libmlart_rendezvous.a, which a program links beside libmlart
  * (it carries libuv; Debian's libuv archive is not position-independent, so
  * this part cannot live in libmlart.so).
