@@ -27,7 +27,7 @@ typedef struct key_def {
 
 enum {
     K_HEADS, K_QK_NOPE, K_ROPE, K_KV_LORA, K_V_HEAD, K_TOPK, K_PAGE, K_SCALE, K_KV_FORMAT,
-    K_BACKEND, K_DEVICE, K_GRAPH_SIZES, K_LAYERS, K_EARLY_WEIGHTS,
+    K_BACKEND, K_DEVICE, K_GRAPH_SIZES, K_LAYERS, K_EARLY_WEIGHTS, K_VALIDATE,
     K_TP, K_DCP, K_ROUTING, K_INTERLEAVE,
     K_BATCH, K_CONTEXT, K_STEPS, K_SEED,
     K_COUNT
@@ -49,6 +49,7 @@ static const key_def keys[K_COUNT] = {
     [K_GRAPH_SIZES] = {"graph_sizes", "runtime", "MLART_GRAPH_SIZES", V_LIST, 0, 1, 65536},
     [K_LAYERS] = {"layers", "runtime", "MLART_LAYERS", V_INT, 0, 1, 4096},
     [K_EARLY_WEIGHTS] = {"early_weights", "runtime", "MLART_EARLY_WEIGHTS", V_INT, 0, 0, 1},
+    [K_VALIDATE] = {"validate_indices", "runtime", "MLART_VALIDATE_INDICES", V_INT, 0, 0, 1},
     [K_TP] = {"tp_size", "parallel", "MLART_TP_SIZE", V_INT, 0, 1, 4096},
     [K_DCP] = {"dcp_size", "parallel", "MLART_DCP_SIZE", V_INT, 0, 1, 4096},
     [K_ROUTING] = {"dcp_routing", "parallel", "MLART_DCP_ROUTING", V_ROUTING, 0, 0, 0},
@@ -209,6 +210,7 @@ static int set_value(mlart_config *cfg, int k, const char *value, const char *or
         case K_PAGE: cfg->geom.page_size = (int32_t)v; break;
         case K_LAYERS: cfg->layers = (int32_t)v; break;
         case K_EARLY_WEIGHTS: cfg->early_weights = (int32_t)v; break;
+        case K_VALIDATE: cfg->validate_indices = (int32_t)v; break;
         case K_TP: cfg->tp_size = (int32_t)v; break;
         case K_DCP: cfg->dcp_size = (int32_t)v; break;
         case K_INTERLEAVE: cfg->dcp_interleave = (int32_t)v; break;

@@ -453,6 +453,9 @@ static int setup_layer(run *r, int li)
     /* [runtime] early_weights: this program writes the weights once, before
      * the first step, so it may make the promise */
     d.early_weights = r->cfg.early_weights;
+    /* [runtime] validate_indices: each step's indices checked on the host
+     * first (and under DCP the ranks' steps compared), no CUDA graph */
+    d.validate_indices = r->cfg.validate_indices;
     /* checkpoint layout: strided views, which the layer makes dense once */
     kvb = view(lr->d_kv_b_proj, MLART_DTYPE_BF16, r->dev, 2, H * (P + V), L, 0);
     if ((rc = mlart_weights_from_kv_b_proj(g, &kvb, &d.w_uk_t, &d.w_uv)) < 0)
@@ -909,9 +912,12 @@ static int run_decode(run *r)
             printf("# the graph (KV write and decode of every layer) was captured and instantiated "
                    "once in %.3f ms, outside the timing\n", 1e3 * t_capture);
         else if (r->dev >= 0 && r->graph && r->cfg.steps > 1)
-            printf("# no CUDA graph: %s\n", graph_safe(r) ? "the local communicator's collectives "
-                   "synchronise (a local DCP group is not capturable)"
-                                                    : "a backend does not declare itself graph-safe");
+            printf("# no CUDA graph: %s\n",
+                   r->cfg.validate_indices ? "validate_indices = 1 (each step copies its indices "
+                                             "to the host and checks them first)"
+                   : graph_safe(r)         ? "the local communicator's collectives synchronise (a "
+                                             "local DCP group is not capturable)"
+                                           : "a backend does not declare itself graph-safe");
         if (r->comm)
             printf("# dcp: %d ranks (%s communicator), interleave %d, routing %s; each rank "
                    "holds its shard of every request's cache and attends its group's %d heads "

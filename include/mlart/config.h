@@ -12,7 +12,8 @@
  *   [runtime]   backend (name; empty: the device's default), device (cpu | cuda | auto; auto),
  *               graph_sizes (comma list, increasing; 1,2,4,8,16,32,64), layers (1),
  *               early_weights (0 | 1; 0: mlart_layer_desc.early_weights, the caller's
- *               promise that no kernel it enqueues writes the layers' weights)
+ *               promise that no kernel it enqueues writes the layers' weights),
+ *               validate_indices (0 | 1; 0: mlart_layer_desc.validate_indices)
  *   [parallel]  tp_size (1), dcp_size (1), dcp_routing (ag_rs | a2a; ag_rs),
  *               dcp_interleave (1)
  *   [run]       batch (4), context (2048), steps (16), seed (1): what mlart-decode runs;
@@ -27,7 +28,8 @@
  * environment variable MLART_<KEY in upper case>: MLART_HEADS, MLART_QK_NOPE_DIM,
  * MLART_ROPE_DIM, MLART_KV_LORA_RANK, MLART_V_HEAD_DIM, MLART_TOPK,
  * MLART_PAGE_SIZE, MLART_SOFTMAX_SCALE, MLART_KV_FORMAT, MLART_BACKEND,
- * MLART_DEVICE, MLART_GRAPH_SIZES, MLART_LAYERS, MLART_EARLY_WEIGHTS, MLART_TP_SIZE,
+ * MLART_DEVICE, MLART_GRAPH_SIZES, MLART_LAYERS, MLART_EARLY_WEIGHTS,
+ * MLART_VALIDATE_INDICES, MLART_TP_SIZE,
  * MLART_DCP_SIZE,
  * MLART_DCP_ROUTING, MLART_DCP_INTERLEAVE, MLART_BATCH, MLART_CONTEXT,
  * MLART_STEPS, MLART_SEED.  An empty variable counts as unset.
@@ -64,6 +66,8 @@ typedef struct mlart_config {
     int32_t num_graph_sizes;
     int32_t layers;
     int32_t early_weights; /* [runtime] early_weights: for mlart_layer_desc.early_weights */
+    int32_t validate_indices; /* [runtime] validate_indices: for
+                                 mlart_layer_desc.validate_indices */
     int32_t tp_size, dcp_size;
     mlart_dcp_routing dcp_routing;
     int32_t dcp_interleave;

@@ -66,6 +66,10 @@ run decode_glm5_dcp_local_ag_rs "$dec" --config "$src/configs/glm5-tp4-dcp4.ini"
 # one token a step: attend reads the all-gather's buffer (no head gather)
 run decode_glm5_dcp_local_one_token "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda \
   --batch 1 --context 4096 --steps 2 --verify --dcp-local
+# validate_indices: every step's indices checked on the host and the ranks' steps compared
+# (docs/dcp.md), eagerly; the same outputs
+run decode_glm5_dcp_local_validate "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda \
+  --batch 4 --context 2048 --steps 2 --verify --dcp-local --set validate_indices=1
 run comm_nccl_gpu "$build/tests/test_comm_nccl_gpu"
 run dcp_nccl_gpu "$build/tests/test_dcp_nccl_gpu"
 if command -v mpirun >/dev/null; then
@@ -81,6 +85,10 @@ if command -v mpirun >/dev/null; then
     run decode_glm5_dcp_np$n "${mp[@]}" -np $n "$dec" --config "$src/configs/glm5-tp4-dcp4.ini" \
       --device cuda --set heads=$((16 * n)) --set tp_size=$n --set dcp_size=$n --batch 8 \
       --context 4096 --steps 3 --verify
+    run decode_glm5_dcp_np${n}_validate "${mp[@]}" -np $n "$dec" \
+      --config "$src/configs/glm5-tp4-dcp4.ini" --device cuda --set heads=$((16 * n)) \
+      --set tp_size=$n --set dcp_size=$n --batch 4 --context 2048 --steps 2 --verify \
+      --set validate_indices=1
     # a rank that leaves: the others' collective ends in an error within 90 s, not a hang
     run comm_nccl_dead_peer_np2 timeout 150 "${mp[@]}" -np 2 "$build/tests/test_comm_nccl_gpu" \
       --dead-peer

@@ -62,7 +62,8 @@ static void clear_env(void)
                                  "MLART_TOPK", "MLART_SEED", "MLART_GRAPH_SIZES", "MLART_TP_SIZE",
                                  "MLART_DCP_SIZE", "MLART_STEPS", "MLART_BATCH", "MLART_CONTEXT",
                                  "MLART_SOFTMAX_SCALE", "MLART_EARLY_WEIGHTS", "MLART_QK_NOPE_DIM",
-                                 "MLART_ROPE_DIM", "MLART_KV_LORA_RANK", "MLART_V_HEAD_DIM"};
+                                 "MLART_ROPE_DIM", "MLART_KV_LORA_RANK", "MLART_V_HEAD_DIM",
+                                 "MLART_VALIDATE_INDICES"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
         unsetenv(vars[i]);
 }
@@ -88,6 +89,7 @@ START_TEST(parse_good)
     ck_assert_int_eq(c.device, MLART_DEVICE_AUTO);
     ck_assert_int_eq(c.layers, 1);
     ck_assert_int_eq(c.early_weights, 0); /* default: no promise */
+    ck_assert_int_eq(c.validate_indices, 0);
     ck_assert_ptr_nonnull(strstr(mlart_config_origin(&c, "heads"), ":3"));
     ck_assert_str_eq(mlart_config_origin(&c, "page_size"), ""); /* default */
     ck_assert_ptr_null(mlart_config_origin(&c, "nosuchkey"));
@@ -127,6 +129,7 @@ START_TEST(errors_name_key_and_line)
     expect_error("[runtime]\ngraph_sizes = 1,,2\n", "'graph_sizes'", ":2");
     expect_error("[runtime]\nbackend = ../evil\n", "'backend'", ":2");
     expect_error("[runtime]\nearly_weights = 2\n", "'early_weights'", ":2");
+    expect_error("[runtime]\nvalidate_indices = -1\n", "'validate_indices'", ":2");
     expect_error("[parallel]\ndcp_routing = ring\n", "'dcp_routing'", ":2");
     expect_error("[model]\nsoftmax_scale = nan\n", "'softmax_scale'", ":2");
     expect_error("[runtime]\nheads = 4\n", "belongs in section [model]", ":2");
@@ -521,6 +524,11 @@ START_TEST(precedence)
         ck_assert_int_eq(c.early_weights, 1);
         ck_assert_int_eq(env.early_weights, 0);
         ck_assert_str_eq(mlart_config_origin(&env, "early_weights"), "environment MLART_EARLY_WEIGHTS");
+        file_then_env("[runtime]\nvalidate_indices = 0\n", "MLART_VALIDATE_INDICES", "1", &c, &env);
+        ck_assert_int_eq(c.validate_indices, 0);
+        ck_assert_int_eq(env.validate_indices, 1);
+        ck_assert_str_eq(mlart_config_origin(&env, "validate_indices"),
+                         "environment MLART_VALIDATE_INDICES");
     }
     printf("precedence: command line > environment > file\n");
 }
